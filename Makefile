@@ -1,0 +1,36 @@
+# tracegen — the two set-up commands are `make demo` and `make test`; everything else is a step of those.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+STATE := $(CURDIR)/.state
+
+.PHONY: test lint unit venv system-deps clean
+
+# The venv is rebuilt when a requirements file changes. uv resolves in seconds where pip takes minutes.
+$(VENV)/.installed: requirements.txt requirements-test.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check uv
+	$(UV) pip install --quiet --python $(PY) -r requirements-test.txt
+	# Make `include/` importable as the `tracegen` package, as Airflow workers see it.
+	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tracegen-include.pth"
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Debian packages the tests start for real (sshd for the fleet tests). Installed only when missing.
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+lint: venv
+	$(VENV)/bin/ruff check dags plugins include tests bench
+
+unit: venv
+	$(PY) -m pytest -q
+
+test: venv system-deps lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) $(STATE)
