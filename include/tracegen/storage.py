@@ -1,0 +1,399 @@
+"""One small object-store interface over a local directory or an S3 prefix.
+
+Everything tracegen keeps (parts, ledger entries, run files, dataset indexes) goes through
+`Storage`, so the same code runs against `file:///...` in the demo and `s3://...` in production.
+Writes are whole-object and atomic: a reader sees the old object or the new one, never a torn one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlparse
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Local temp files start with this; `list` hides them so a crashed writer's leftovers never look like data.
+_TMP_PREFIX = ".tmp-"
+_BAD_SEGMENTS = {"", ".", ".."}
+
+
+class StorageError(Exception):
+    """A storage operation failed (after retries, for transient errors)."""
+
+
+class StorageKeyError(StorageError, KeyError):
+    """The key does not exist."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.uri = uri
+
+    def __str__(self) -> str:  # KeyError would repr() the argument; keep the message readable.
+        return f"no such object: {self.uri}"
+
+
+def check_key(key: str) -> str:
+    """Reject keys that could escape the root or mean different things on the two backends."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"storage key must be a non-empty string, got {key!r}")
+    if key.startswith("/") or "\\" in key or "\x00" in key:
+        raise ValueError(f"storage key {key!r} must be relative, with '/' separators")
+    parts = key.split("/")
+    if any(p in _BAD_SEGMENTS for p in parts) or parts[-1].startswith(_TMP_PREFIX):
+        raise ValueError(f"storage key {key!r} has an empty, '.', '..' or reserved segment")
+    return key
+
+
+def _check_prefix(prefix: str) -> str:
+    if prefix == "":
+        return prefix
+    if prefix.startswith("/") or "\\" in prefix or any(p in (".", "..") for p in prefix.split("/")):
+        raise ValueError(f"storage prefix {prefix!r} must be relative, with '/' separators")
+    return prefix
+
+
+class Storage(ABC):
+    """Whole-object store rooted at `uri`. Keys are '/'-separated paths relative to the root."""
+
+    uri: str
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Write the whole object atomically (replacing any previous one)."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """The whole object; StorageKeyError if missing."""
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """`length` bytes from `start` (fewer at the end of the object; b"" past it)."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """Size in bytes; StorageKeyError if missing."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted keys (relative to the root) that start with `prefix` (a plain string prefix, as on S3)."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object; missing is not an error (deletes are idempotent)."""
+
+    @abstractmethod
+    def uri_for(self, key: str) -> str:
+        """The full URI of `key`, for messages and for other tools."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+def _check_range(start: int, length: int) -> None:
+    if start < 0 or length < 0:
+        raise ValueError(f"byte range start={start} length={length} must be non-negative")
+
+
+class LocalStorage(Storage):
+    """A directory. put = temp file in the same dir + fsync + os.replace + fsync(dir)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        path = Path(root)
+        if not path.is_absolute():
+            raise ValueError(f"local storage root must be an absolute path, got {str(root)!r}")
+        self.root = path
+        self.uri = path.as_uri() + "/"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        # The rename is durable only once the directory entry is on disk.
+        fsync_dir(path.parent)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise StorageKeyError(self.uri_for(key)) from None
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        _check_range(start, length)
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read(length)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise StorageKeyError(self.uri_for(key)) from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        if not path.is_file():
+            raise StorageKeyError(self.uri_for(key))
+        return path.stat().st_size
+
+    def list(self, prefix: str = "") -> list[str]:
+        _check_prefix(prefix)
+        # Walk only the deepest directory the prefix names, not the whole root.
+        base_rel = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        base = self.root / base_rel if base_rel else self.root
+        if not base.is_dir():
+            return []
+        out: list[str] = []
+        for dirpath, _dirnames, filenames in os.walk(base):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for name in filenames:
+                if name.startswith(_TMP_PREFIX):
+                    continue
+                key = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
+                if key.startswith(prefix):
+                    out.append(key)
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def uri_for(self, key: str) -> str:
+        return self.uri + check_key(key)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# S3 error codes worth retrying: throttling and server-side trouble. Everything else (403, 404, bad
+# request) is permanent and retrying would only delay a clear error.
+_RETRYABLE_CODES = {
+    "Throttling",
+    "ThrottlingException",
+    "SlowDown",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+def _is_transient(exc: BaseException) -> bool:
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(exc, EndpointConnectionError | ConnectionClosedError | ConnectTimeoutError | ReadTimeoutError):
+        return True
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        return code in _RETRYABLE_CODES or status >= 500 or status == 429
+    # urllib3/socket level errors that botocore did not wrap.
+    return isinstance(exc, ConnectionError | TimeoutError)
+
+
+def _error_code(exc: BaseException) -> str:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+class S3Storage(Storage):
+    """An S3 prefix reached through Airflow's S3Hook (so endpoint and credentials come from the connection).
+
+    Each call is retried with exponential backoff and jitter on transient errors for up to
+    `retry_deadline_s`, so a commit rides out an S3 blip; then it fails naming the object.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        aws_conn_id: str = "aws_default",
+        *,
+        retry_deadline_s: float = 120.0,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 10.0,
+        client: Any = None,
+    ) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+            raise ValueError(f"invalid S3 bucket name {bucket!r}")
+        if retry_deadline_s < 0 or backoff_initial_s <= 0 or backoff_max_s < backoff_initial_s:
+            raise ValueError(
+                f"bad retry settings: deadline={retry_deadline_s} initial={backoff_initial_s} max={backoff_max_s}"
+            )
+        prefix = prefix.strip("/")
+        if prefix:
+            check_key(prefix)
+        self.bucket = bucket
+        self.prefix = prefix + "/" if prefix else ""
+        self.aws_conn_id = aws_conn_id
+        self.uri = f"s3://{bucket}/{self.prefix}"
+        self.retry_deadline_s = retry_deadline_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        # Created lazily: building the hook reads the Airflow connection, which a constructor should not do.
+        if self._client is None:
+            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+            self._client = S3Hook(aws_conn_id=self.aws_conn_id).get_conn()
+        return self._client
+
+    def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay = self.backoff_initial_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except Exception as exc:
+                if _error_code(exc) in _MISSING_CODES:
+                    raise StorageKeyError(self.uri + key) from None
+                if not _is_transient(exc):
+                    raise StorageError(f"S3 {what} {self.uri + key} failed: {exc}") from exc
+                now = time.monotonic()
+                if now >= deadline:
+                    raise StorageError(
+                        f"S3 {what} {self.uri + key} failed after {attempt} attempts over "
+                        f"{self.retry_deadline_s:.0f}s (bucket {self.bucket!r}): {exc}"
+                    ) from exc
+                sleep = min(delay * (0.5 + random.random()), deadline - now)
+                log.warning("S3 %s %s: transient error (%s); retry %d in %.2fs", what, key, exc, attempt, sleep)
+                time.sleep(max(sleep, 0.0))
+                delay = min(delay * 2, self.backoff_max_s)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        # One PutObject is atomic on S3: readers see the previous object or this one.
+        self._call("put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
+
+    def get(self, key: str) -> bytes:
+        def fetch() -> bytes:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+
+        return self._call("get", key, fetch)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        _check_range(start, length)
+        if length == 0:
+            self.size(key)  # still raise for a missing key
+            return b""
+
+        def fetch() -> bytes:
+            from botocore.exceptions import ClientError
+
+            try:
+                resp = self.client.get_object(
+                    Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
+                )
+            except ClientError as exc:
+                if _error_code(exc) == "InvalidRange":  # start is past the end: same as a local read
+                    return b""
+                raise
+            return resp["Body"].read()
+
+        return self._call("get_range", key, fetch)
+
+    def _head(self, key: str) -> dict[str, Any]:
+        return self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key)))
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._head(key)
+        except StorageKeyError:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        return int(self._head(key)["ContentLength"])
+
+    def list(self, prefix: str = "") -> list[str]:
+        _check_prefix(prefix)
+        full = self.prefix + prefix
+
+        def fetch() -> list[str]:
+            keys: list[str] = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
+            return keys
+
+        return sorted(self._call("list", prefix, fetch))
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)))
+
+    def uri_for(self, key: str) -> str:
+        return self.uri + check_key(key)
+
+
+def open_storage(uri: str, aws_conn_id: str = "aws_default", **s3_options: Any) -> Storage:
+    """`file:///abs/dir`, `/abs/dir` or `s3://bucket/prefix` → a Storage rooted there."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise ValueError(f"storage URI must be a non-empty string, got {uri!r}")
+    uri = uri.strip()
+    if uri.startswith("/"):
+        return LocalStorage(uri)
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"file URI {uri!r} names a host; use file:///absolute/path")
+        return LocalStorage(unquote(parsed.path))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise ValueError(f"S3 URI {uri!r} has no bucket; use s3://bucket/prefix")
+        return S3Storage(parsed.netloc, parsed.path, aws_conn_id=aws_conn_id, **s3_options)
+    raise ValueError(f"unsupported storage URI {uri!r}: use file:///abs/dir, /abs/dir or s3://bucket/prefix")
