@@ -1,0 +1,291 @@
+"""Async client that turns one dataset row into one `GeneratedRow` via SGLang's `/v1/chat/completions`.
+
+The chunk engine calls `SGLangClient.complete()` once per row, with up to `client.capacity` calls in
+flight. Every call ends in exactly one of:
+- an `ok` row (finish_reason stop/length/tool_calls, token counts from `usage`);
+- a `rejected` row: the server refused the request itself (400, e.g. context overflow), recorded once;
+- a `failed` row: transient failures (5xx, dropped connections, timeouts, `abort`, malformed bodies)
+  used up the retry budget; a later run retries the row;
+- `FatalClientError` raised: the configuration is wrong (401, no server reachable for a long time) and
+  every further row would fail the same way.
+Routing, quarantine and probes live in `tracegen.routing`; failure kinds and backoff in `tracegen.retry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tracegen.chat_api import PATH, Completion, MalformedResponse, build_body, error_message, parse_completion
+from tracegen.records import FAILED, OK, REJECTED, GeneratedRow
+from tracegen.retry import FATAL, TRANSIENT, FatalClientError, TransientError, backoff_delay, classify_status
+from tracegen.routing import ServerEndpoint, ServerPool, ServerState
+
+__all__ = ["ClientConfig", "FatalClientError", "Sampling", "SGLangClient", "ServerEndpoint"]
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters sent with every row of a run."""
+
+    max_tokens: int
+    temperature: float = 0.6
+    top_p: float = 0.95
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.max_tokens) is not int or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) or not (
+            0.0 <= self.temperature <= 2.0
+        ):
+            raise ValueError(f"temperature must be a number in [0, 2], got {self.temperature!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and type(self.seed) is not int:
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Timeouts, retry budget and quarantine policy. Defaults are for 8K-token generations on a busy GPU."""
+
+    # A client timeout makes SGLang abort the request and throw the GPU work away, so this is sized for an
+    # 8192-token completion at a slow ~10 tok/s under a full batch, plus queueing: generous on purpose.
+    request_deadline_s: float = 1800.0
+    connect_timeout_s: float = 10.0
+    # Below uvicorn's 5 s keep-alive, so the client never reuses a connection the server is closing.
+    keepalive_expiry_s: float = 4.0
+    # HTTP attempts per row before it is recorded `failed` (a later run retries it).
+    max_attempts: int = 6
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    # Consecutive failures (connect errors, timeouts, 5xx, aborts, malformed bodies) before quarantine.
+    quarantine_after: int = 3
+    probe_interval_s: float = 5.0
+    probe_timeout_s: float = 60.0
+    # Every server quarantined for this long -> FatalClientError: the fleet is gone, stop the chunk.
+    all_down_fatal_s: float = 900.0
+    # Seed for the backoff jitter (tests); None = fresh randomness.
+    jitter_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "request_deadline_s",
+            "connect_timeout_s",
+            "keepalive_expiry_s",
+            "backoff_base_s",
+            "backoff_max_s",
+            "probe_interval_s",
+            "probe_timeout_s",
+            "all_down_fatal_s",
+        ):
+            _positive(name, getattr(self, name))
+        for name in ("max_attempts", "quarantine_after"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ValueError(
+                f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"
+            )
+
+
+class SGLangClient:
+    """Completes rows against a set of SGLang servers. Use as `async with SGLangClient(...) as client:`."""
+
+    def __init__(self, servers: Sequence[ServerEndpoint], config: ClientConfig | None = None) -> None:
+        self.config = config or ClientConfig()
+        self._pool = ServerPool(list(servers), self.config)
+        self._rng = random.Random(self.config.jitter_seed)
+        self._fatal: FatalClientError | None = None
+
+    async def __aenter__(self) -> SGLangClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+    @property
+    def capacity(self) -> int:
+        """Sum of the servers' in-flight limits: how many `complete()` calls are worth running at once."""
+        return self._pool.capacity
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per-server counters (sent, completed, failures, quarantined, ...)."""
+        return self._pool.snapshot()
+
+    async def complete(
+        self,
+        index: int,
+        messages: list[dict[str, Any]],
+        *,
+        sampling: Sampling,
+        model: str,
+        tools: list[dict[str, Any]] | None = None,
+        run_id: str = "",
+        chunk: int = 0,
+        category: str | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> GeneratedRow:
+        """Generate the completion of dataset row `index`. Raises FatalClientError on configuration problems."""
+        if self._fatal is not None:
+            raise self._fatal
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"row {index}: messages must be a non-empty list, got {type(messages).__name__}")
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError(f"row {index}: tools must be a list or None, got {type(tools).__name__}")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty string, got {model!r}")
+        body = build_body(
+            messages,
+            model=model,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            tools=tools,
+            extra=extra_body,
+        )
+        self._pool.probe_model = model
+        pool = self._pool
+        last_error = ""
+        previous: ServerState | None = None
+        attempt = 0
+        while attempt < self.config.max_attempts:
+            try:
+                server = await pool.acquire(avoid=previous)
+            except FatalClientError as exc:
+                self._fatal = exc
+                raise
+            attempt += 1
+            started = time.monotonic()
+            try:
+                result = await self._attempt(server, body, started)
+            except TransientError as exc:
+                last_error = f"{server.url}: {exc}"
+            else:
+                if isinstance(result, str):
+                    return GeneratedRow(
+                        index=index,
+                        status=REJECTED,
+                        max_tokens=sampling.max_tokens,
+                        run_id=run_id,
+                        chunk=chunk,
+                        attempt=attempt,
+                        server=server.url,
+                        category=category,
+                        error=result,
+                    )
+                return GeneratedRow(
+                    index=index,
+                    status=OK,
+                    max_tokens=sampling.max_tokens,
+                    run_id=run_id,
+                    chunk=chunk,
+                    id=result.id,
+                    content=result.content,
+                    reasoning_content=result.reasoning_content,
+                    tool_calls=result.tool_calls,
+                    finish_reason=result.finish_reason,
+                    prompt_tokens=result.prompt_tokens,
+                    completion_tokens=result.completion_tokens,
+                    reasoning_tokens=result.reasoning_tokens,
+                    attempt=attempt,
+                    server=server.url,
+                    latency_s=time.monotonic() - started,
+                    category=category,
+                )
+            finally:
+                pool.release(server)
+            previous = server
+            if attempt < self.config.max_attempts:
+                await asyncio.sleep(
+                    backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s, self._rng)
+                )
+        return GeneratedRow(
+            index=index,
+            status=FAILED,
+            max_tokens=sampling.max_tokens,
+            run_id=run_id,
+            chunk=chunk,
+            attempt=attempt,
+            server="",
+            category=category,
+            error=f"{attempt} attempts failed; last: {last_error}",
+        )
+
+    async def _attempt(self, server: ServerState, body: bytes, started: float) -> Completion | str:
+        """One HTTP attempt. Returns a Completion (ok) or a str (rejected: the server's message);
+        raises TransientError (retry) or FatalClientError (stop)."""
+        pool = self._pool
+        task = asyncio.create_task(server.http.post(PATH, content=body))
+        server.tasks.add(task)
+        try:
+            response = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and current is not None and not current.cancelling():
+                # Cancelled by the pool because this server was found wedged: re-route, not a crash.
+                raise TransientError(f"server wedged ({server.reason}); request re-routed") from None
+            raise
+        except httpx.TimeoutException as exc:
+            kind = type(exc).__name__
+            if isinstance(exc, httpx.ReadTimeout):
+                reason = f"no response within the {self.config.request_deadline_s:g} s deadline"
+                pool.record_timeout(server, started, reason)
+            else:
+                reason = f"{kind}: {exc}"
+                pool.record_failure(server, reason)
+            raise TransientError(reason) from None
+        except httpx.TransportError as exc:
+            # Dropped connections (RemoteProtocolError "Server disconnected"), refused connects, resets.
+            reason = f"{type(exc).__name__}: {exc}"
+            pool.record_failure(server, reason)
+            raise TransientError(reason) from None
+        finally:
+            server.tasks.discard(task)
+
+        status = response.status_code
+        if status == 200:
+            try:
+                completion = parse_completion(response.content)
+            except MalformedResponse as exc:
+                reason = f"malformed response: {exc}"
+                pool.record_failure(server, reason)
+                raise TransientError(reason) from None
+            if completion.finish_reason == "abort":
+                pool.record_failure(server, "finish_reason abort")
+                raise TransientError("finish_reason abort (the server aborted the request)")
+            pool.record_success(server)
+            return completion
+
+        message = error_message(response.content, status)
+        kind = classify_status(status)
+        if kind == TRANSIENT:
+            reason = f"HTTP {status}: {message}"
+            pool.record_failure(server, reason)
+            raise TransientError(reason)
+        if kind == FATAL:
+            hint = " (check the api key for this server)" if status in (401, 403) else ""
+            self._fatal = FatalClientError(f"{server.url} answered HTTP {status}: {message}{hint}")
+            raise self._fatal
+        # REJECTED: the request itself is wrong for this server (context overflow): never retried. The
+        # server answered, so it is alive.
+        server.consecutive_failures = 0
+        return f"HTTP {status}: {message}"
