@@ -1,0 +1,180 @@
+"""The truncation gate: should a run spend GPU-days at this cap? A pure decision over counts.
+
+Rule (Wilson score interval at ``confidence`` on the truncated share p = truncated / total):
+
+1. no rows                                       -> ``warn``  (nothing to judge; look at the errors)
+2. lower bound > threshold                       -> ``stop``  (truncation is above the threshold beyond noise)
+3. upper bound <= threshold                      -> ``pass``  (truncation is below the threshold beyond noise)
+4. the interval straddles the threshold:
+   - total >= min_sample and p <= threshold      -> ``pass``  (a big sample sits at or under the threshold; any
+                                                               excess it hides is smaller than the interval)
+   - otherwise                                   -> ``warn``  (inconclusive: a bigger pilot would settle it)
+
+So a handful of rows never stops or passes a run on noise: with 3 of 20 truncated against 5% the interval is
+5.2-36%, a stop; with 1 of 20 it is 0.9-24%, a warn, not a pass. ``warn`` does not block (``blocks`` is False):
+the caller logs it loudly and the report shows it first. The default min_sample (300) is where the 95% interval
+around a 5% rate is about +-2.5 points, i.e. it tells 5% from 2.5% or 7.5%.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import Any
+
+PASS, STOP, WARN = "pass", "stop", "warn"
+DEFAULT_MIN_SAMPLE = 300
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for k successes out of n (exact 0 / 1 bounds at k = 0 / k = n)."""
+    if n <= 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    # Rounding can leave a bound a hair off 0 or 1, which would flip a threshold-0 or threshold-1 gate.
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """The verdict, why, and what to do about it."""
+
+    verdict: str
+    reason: str
+    action: str
+    truncated: int
+    total: int
+    rate: float | None
+    ci_low: float
+    ci_high: float
+    threshold: float
+    confidence: float
+    min_sample: int
+    max_tokens: int | None = None
+    suggested_cap: int | None = None
+    suggested_truncation: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.verdict not in (PASS, STOP, WARN):
+            raise ValueError(f"verdict must be one of pass/stop/warn, got {self.verdict!r}")
+
+    @property
+    def blocks(self) -> bool:
+        """True when the run must not go on to generation."""
+        return self.verdict == STOP
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"blocks": self.blocks}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def decide(
+    truncated: int,
+    total: int,
+    threshold: float,
+    confidence: float = 0.95,
+    min_sample: int = DEFAULT_MIN_SAMPLE,
+    *,
+    max_tokens: int | None = None,
+    suggested_cap: int | None = None,
+    suggested_truncation: float | None = None,
+) -> GateDecision:
+    """Judge ``truncated`` of ``total`` rows against ``threshold`` (a share in [0, 1]); see the module rule.
+
+    ``suggested_cap``/``suggested_truncation`` (from the cap table) are only quoted in the reason and action.
+    """
+    _check_count("truncated", truncated)
+    _check_count("total", total)
+    _check_count("min_sample", min_sample)
+    if truncated > total:
+        raise ValueError(f"truncated ({truncated}) cannot exceed total ({total})")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold must be a share within [0, 1] (0.05 = 5%), got {threshold!r}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be within (0, 1), got {confidence!r}")
+
+    lo, hi = wilson_interval(truncated, total, confidence)
+    rate = truncated / total if total else None
+    at = f" at max_tokens={max_tokens}" if max_tokens is not None else ""
+    counts = f"({truncated:,} of {total:,} rows; {round(confidence * 100)}% CI {_pct(lo)}–{_pct(hi)})"
+    if suggested_cap is not None:
+        pred = f" (predicted {_pct(suggested_truncation)})" if suggested_truncation is not None else ""
+        suggestion = f"smallest cap meeting {_pct(threshold)}: {suggested_cap}{pred}"
+        fix = f"trigger again with max_tokens={suggested_cap}{pred}"
+    else:
+        suggestion = f"no candidate cap is predicted to meet {_pct(threshold)}"
+        fix = "raise max_tokens as far as the context allows, or accept a higher truncation threshold"
+
+    def make(verdict: str, reason: str, action: str) -> GateDecision:
+        return GateDecision(
+            verdict=verdict, reason=reason, action=action, truncated=truncated, total=total, rate=rate,
+            ci_low=lo, ci_high=hi, threshold=float(threshold), confidence=confidence, min_sample=min_sample,
+            max_tokens=max_tokens, suggested_cap=suggested_cap, suggested_truncation=suggested_truncation,
+        )
+
+    if total == 0:
+        return make(
+            WARN,
+            f"no completed rows to judge{at}: the truncation gate cannot decide",
+            "check the errors section (failed/rejected rows) before spending GPU time; rerun the pilot",
+        )
+    assert rate is not None
+    if lo > threshold:
+        return make(
+            STOP,
+            f"truncation {_pct(rate)} > {_pct(threshold)}{at} {counts}; {suggestion}",
+            f"{fix}; or raise the truncation threshold if this much truncation is acceptable",
+        )
+    if hi <= threshold:
+        return make(PASS, f"truncation {_pct(rate)} ≤ {_pct(threshold)}{at} {counts}", "proceed with generation")
+    if total >= min_sample and rate <= threshold:
+        return make(
+            PASS,
+            f"truncation {_pct(rate)} ≤ {_pct(threshold)}{at} {counts}; the interval reaches past the threshold "
+            f"but {total:,} rows ≥ min_sample {min_sample:,}",
+            "proceed with generation; the final audit re-measures truncation on every row",
+        )
+    gap = abs(rate - threshold)
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    need = math.ceil(z * z * max(rate * (1 - rate), 1e-4) / gap**2) if gap > 0 else None
+    size = f"a pilot of about {need:,} rows" if need else "a larger pilot"
+    return make(
+        WARN,
+        f"inconclusive: truncation {_pct(rate)} vs threshold {_pct(threshold)}{at} {counts}; "
+        f"the sample cannot tell them apart",
+        f"generation proceeds, but {size} would settle it; if truncation matters, {fix}",
+    )
+
+
+def decide_for_audit(
+    truncation: dict[str, Any],
+    threshold: float,
+    *,
+    max_tokens: int,
+    cap_table: Any | None = None,
+    confidence: float = 0.95,
+    min_sample: int = DEFAULT_MIN_SAMPLE,
+) -> GateDecision:
+    """Gate on an audit's ``truncation`` section (rows generated under this cap) and a cap table's advice."""
+    return decide(
+        int(truncation["at_cap_truncated"]), int(truncation["at_cap_rows"]), threshold, confidence, min_sample,
+        max_tokens=max_tokens,
+        suggested_cap=getattr(cap_table, "recommended_cap", None),
+        suggested_truncation=getattr(cap_table, "recommended_truncation", None),
+    )
