@@ -1,0 +1,238 @@
+"""Pure builders: the exact launch argv of one server and the POSIX shell scripts run on its host.
+
+Nothing here touches a host. The scripts are fed to `sh -s` on stdin by a transport, so no
+secret and no script text appears in a remote command line or in the hook's command log.
+Every value interpolated into a script is either a constant of this module, an integer, or
+passed through `shlex.quote` after `FleetSpec` validated it.
+
+The pid file records pid, process group, the kernel start time of the process (field 22 of
+/proc/PID/stat) and a hash of the launch configuration. Stopping signals the recorded process
+group only after checking that the recorded pid is still the same process (same start time):
+a recycled pid is never signalled, and nothing is ever stopped by name pattern.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass
+
+from tracegen.fleet.spec import FleetSpec, FleetSpecError, HostSpec
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class ServerPaths:
+    """Where one server's pid file and log live on its host (relative paths are under $HOME)."""
+
+    work_dir: str
+    pid_file: str
+    log_file: str
+
+
+def server_paths(spec: FleetSpec, host: HostSpec, gpu: int) -> ServerPaths:
+    stem = f"sglang-gpu{int(gpu)}-port{host.port(gpu)}"
+    return ServerPaths(spec.work_dir, f"{stem}.pid", f"{stem}.log")
+
+
+def _flag_args(flag: str, value: object) -> list[str]:
+    if value is True:
+        return [flag]
+    if value is False or value is None:
+        return []
+    if isinstance(value, list | tuple):
+        return [flag, *(str(v) for v in value)]
+    return [flag, str(value)]
+
+
+def launch_argv(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None = None) -> list[str]:
+    """The exact argv of the server on `gpu` of `host` (the same for SGLang and the stand-in)."""
+    if gpu not in host.gpus:
+        raise FleetSpecError(f"gpu {gpu!r} is not one of host {host.conn_id}'s GPUs {list(host.gpus)}")
+    argv = [spec.python, "-m", spec.launch_module, "--model-path", spec.model_path]
+    if spec.served_model_name:
+        argv += ["--served-model-name", spec.served_model_name]
+    argv += ["--host", spec.bind_host, "--port", str(host.port(gpu))]
+    if api_key is not None:
+        if not api_key or _CONTROL.search(api_key) or api_key.startswith("-"):
+            raise FleetSpecError(
+                f"api key from connection {spec.api_key_conn_id!r} is empty or has control characters"
+            )
+        argv += ["--api-key", api_key]
+    for flag, value in spec.sglang_flags.items():
+        argv += _flag_args(flag, value)
+    return argv
+
+
+def server_env(spec: FleetSpec, gpu: int) -> dict[str, str]:
+    """Environment added to the server process: its own GPU, plus the spec's extras."""
+    return {"CUDA_VISIBLE_DEVICES": str(int(gpu)), **spec.env}
+
+
+def config_hash(argv: list[str], env: dict[str, str]) -> str:
+    """A short digest of what the server was launched with; a changed flag means a restart.
+
+    The API key enters only as its own digest so the pid file never holds the secret.
+    """
+    safe = list(argv)
+    for i, arg in enumerate(safe[:-1]):
+        if arg == "--api-key":
+            safe[i + 1] = "sha256:" + hashlib.sha256(safe[i + 1].encode()).hexdigest()
+    blob = json.dumps({"argv": safe, "env": sorted(env.items())}, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+# Shell helpers shared by every script. Fields of /proc/PID/stat are read after the *last* ") "
+# because the command name in between parentheses may itself contain spaces or parentheses;
+# after it, $1 is the state (field 3), $3 the process group (field 5), ${20} the start time (22).
+_HELPERS = r"""
+proc_stat() { s=''; read -r s < "/proc/$1/stat" 2>/dev/null; printf '%s' "${s##*) }"; }
+starttime_of() {  # start time of a live (non-zombie) process, empty when gone
+  r=$(proc_stat "$1"); [ -n "$r" ] || return 0
+  set -- $r; [ "$1" = Z ] && return 0; printf '%s' "${20}"
+}
+pgid_of() { r=$(proc_stat "$1"); [ -n "$r" ] || return 0; set -- $r; printf '%s' "$3"; }
+group_members() {  # live (non-zombie) processes of process group $1, space separated
+  out=''
+  for f in /proc/[0-9]*/stat; do
+    s=''; read -r s < "$f" 2>/dev/null || continue
+    r=${s##*) }; set -- $r
+    if [ "$3" = "$G" ] && [ "$1" != Z ]; then p=${f#/proc/}; out="$out ${p%/stat}"; fi
+  done
+  printf '%s' "$out"
+}
+field() { sed -n "s/^$1=\([0-9a-f]*\)\$/\1/p" "$PIDFILE" 2>/dev/null | head -n 1; }
+inspect() {  # sets STATE to absent | corrupt | stale | running | orphaned
+  PID=''; PGID=''; START=''; CONFIG=''; AGE=''
+  if [ ! -f "$PIDFILE" ]; then STATE=absent; return 0; fi
+  PID=$(field pid); PGID=$(field pgid); START=$(field start); CONFIG=$(field config)
+  LAUNCHED=$(field launched); [ -n "$LAUNCHED" ] && AGE=$(( $(date +%s) - LAUNCHED ))
+  if [ -z "$PID" ] || [ -z "$PGID" ] || [ -z "$START" ]; then STATE=corrupt; return 0; fi
+  NOW=$(starttime_of "$PID")
+  G=$PGID
+  if [ -n "$NOW" ] && [ "$NOW" = "$START" ]; then STATE=running
+  elif [ -n "$NOW" ]; then STATE=stale  # the pid was recycled by an unrelated process
+  elif [ -n "$(group_members)" ]; then STATE=orphaned  # leader gone, its children still hold the group
+  else STATE=stale
+  fi
+}
+report() {
+  printf 'state=%s\npid=%s\npgid=%s\nstart=%s\nconfig=%s\nage=%s\n' "$STATE" "$PID" "$PGID" "$START" "$CONFIG" "$AGE"
+}
+"""
+
+
+def _prelude(spec: FleetSpec, host: HostSpec, gpu: int) -> str:
+    paths = server_paths(spec, host, gpu)
+    enter_home = "" if paths.work_dir.startswith("/") else 'cd "$HOME" || exit 3\n'
+    wd = shlex.quote(paths.work_dir)
+    return (
+        "set -u\numask 077\n"
+        + enter_home
+        + f"mkdir -p {wd} 2>/dev/null\n"
+        + f'cd {wd} || {{ echo "error=cannot enter work dir {paths.work_dir}"; exit 3; }}\n'
+        + f"PIDFILE={shlex.quote(paths.pid_file)}\nLOGFILE={shlex.quote(paths.log_file)}\n"
+        + _HELPERS
+    )
+
+
+def inspect_script(spec: FleetSpec, host: HostSpec, gpu: int) -> str:
+    """Prints key=value lines: state, pid, pgid, start, config of the server's pid file."""
+    return _prelude(spec, host, gpu) + "inspect\nreport\n"
+
+
+def launch_script(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None = None) -> str:
+    """Launches the server detached in its own session and writes its pid file.
+
+    Refuses (exit 6) when the pid file names a live process: a second launcher racing this one
+    must not start a twin on the same GPU and port.
+    """
+    argv = launch_argv(spec, host, gpu, api_key)
+    env = server_env(spec, gpu)
+    digest = config_hash(argv, env)
+    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    command = " ".join(shlex.quote(arg) for arg in argv)
+    return (
+        _prelude(spec, host, gpu)
+        + r"""
+inspect
+case "$STATE" in running|orphaned) report; echo "error=a server is already running from $PIDFILE"; exit 6;; esac
+for tool in setsid nohup; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "error=$tool not found on this host"; exit 3; }
+done
+rm -f "$PIDFILE"
+[ -f "$LOGFILE" ] && mv -f "$LOGFILE" "$LOGFILE.1"
+"""
+        + f'printf "# tracegen launch %s config={digest}\\n" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$LOGFILE"\n'
+        # stdin from /dev/null: this script itself arrives on sh's stdin and must not be eaten.
+        + f'{assignments} setsid nohup {command} < /dev/null >> "$LOGFILE" 2>&1 &\n'
+        + r"""PID=$!
+i=0
+while :; do
+  G=$(pgid_of "$PID")
+  [ -n "$G" ] || { echo "error=server process vanished right after launch"; exit 4; }
+  [ "$G" = "$PID" ] && break  # setsid has run: the server leads its own session and group
+  i=$((i + 1)); [ "$i" -lt 500 ] || { echo "error=server never became a process group leader"; exit 4; }
+  sleep 0.01
+done
+START=$(starttime_of "$PID")
+[ -n "$START" ] || { echo "error=server exited right after launch"; exit 4; }
+"""
+        + "printf 'pid=%s\\npgid=%s\\nstart=%s\\nconfig=%s\\nport=%s\\ngpu=%s\\nlaunched=%s\\n' "
+        + f'"$PID" "$PID" "$START" {digest} {host.port(gpu)} {int(gpu)} "$(date +%s)" > "$PIDFILE.tmp"\n'
+        + r"""mv -f "$PIDFILE.tmp" "$PIDFILE"
+STATE=launched PGID=$PID AGE=0 CONFIG=""" + digest + "\nreport\n"
+    )
+
+
+def stop_script(spec: FleetSpec, host: HostSpec, gpu: int) -> str:
+    """Stops the server recorded in the pid file: SIGTERM to its group, wait, SIGKILL, verify.
+
+    Prints `result=absent|stale|stopped|killed`; exits 5 if the group survives SIGKILL.
+    """
+    grace = max(1, int(round(spec.stop_timeout_s * 5)))  # in 0.2 s steps
+    return (
+        _prelude(spec, host, gpu)
+        + r"""
+inspect
+report
+case "$STATE" in
+  absent) echo result=absent; exit 0;;
+  stale|corrupt) rm -f "$PIDFILE"; echo result=stale; exit 0;;
+esac
+G=$PGID
+kill -s TERM -- "-$PGID" 2>/dev/null
+i=0
+"""
+        + f'while [ -n "$(group_members)" ] && [ "$i" -lt {grace} ]; do sleep 0.2; i=$((i + 1)); done\n'
+        + r"""RESULT=stopped
+if [ -n "$(group_members)" ]; then
+  RESULT=killed
+  kill -s KILL -- "-$PGID" 2>/dev/null
+  i=0
+  while [ -n "$(group_members)" ] && [ "$i" -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
+fi
+LEFT=$(group_members)
+if [ -n "$LEFT" ]; then echo "error=process group $PGID survived SIGKILL:$LEFT"; exit 5; fi
+rm -f "$PIDFILE"
+echo "result=$RESULT"
+"""
+    )
+
+
+def log_tail_script(spec: FleetSpec, host: HostSpec, gpu: int, lines: int = 40) -> str:
+    """Prints the last `lines` lines of the server's log (nothing when there is no log yet)."""
+    return _prelude(spec, host, gpu) + f'[ -f "$LOGFILE" ] && tail -n {int(lines)} "$LOGFILE"\nexit 0\n'
+
+
+def parse_kv(text: str) -> dict[str, str]:
+    """The key=value lines a script printed (later keys win)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isidentifier():
+            out[key] = value
+    return out

@@ -1,0 +1,324 @@
+"""The life of one SGLang server per GPU: find it, reuse or (re)launch it, wait for health, stop it.
+
+`FleetConnection` holds one transport per host (and the SSH tunnels to loopback-bound servers)
+for the life of a task, and answers which URLs the HTTP client should use. The functions in
+`tracegen.fleet` (`provision`, `status`, `teardown`) are built on the per-server steps here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import httpx
+
+from tracegen.fleet import command
+from tracegen.fleet.spec import FleetSpec, HostSpec
+from tracegen.fleet.transport import FleetError, Transport, open_transport
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+LOG_TAIL_LINES = 40
+PROBE_TIMEOUT_S = 10.0  # /health runs a 1-token generation; a busy server answers slowly
+POLL_INTERVAL_S = 0.5
+
+
+def resolve_api_key(conn_id: str) -> str:
+    """The API key stored as the password of an Airflow connection."""
+    from airflow.sdk import BaseHook
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as exc:  # the SDK raises its own not-found type; the message is what matters
+        raise FleetError(f"api key connection {conn_id!r} not found: {exc}") from None
+    if not conn.password:
+        raise FleetError(f"api key connection {conn_id!r} has no password (the API key goes there)")
+    return conn.password
+
+
+@dataclass(frozen=True)
+class PidState:
+    """What a host's pid file says about one server slot."""
+
+    state: str  # absent | corrupt | stale | running | orphaned | launched
+    pid: int | None
+    pgid: int | None
+    config: str
+    age_s: int | None  # seconds since launch, by the host's clock
+
+    @classmethod
+    def parse(cls, values: dict[str, str]) -> PidState:
+        def num(key: str) -> int | None:
+            raw = values.get(key, "")
+            return int(raw) if raw.lstrip("-").isdigit() else None
+
+        return cls(values.get("state", "unknown"), num("pid"), num("pgid"), values.get("config", ""), num("age"))
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("running", "orphaned", "launched")
+
+
+@dataclass(frozen=True)
+class ServerHandle:
+    """A healthy server of the fleet. `url` is valid while the FleetConnection that made it is open."""
+
+    host: str
+    gpu: int
+    port: int
+    url: str
+    pid: int
+    pgid: int
+    config: str
+    reused: bool
+    model: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.host}:gpu{self.gpu}"
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """One GPU slot as `status()` sees it."""
+
+    host: str
+    gpu: int
+    port: int
+    state: str  # pid-file state: absent | stale | corrupt | running | orphaned
+    pid: int | None
+    config_matches: bool  # launched with the flags the spec asks for now
+    healthy: bool  # /health 200 and /model_info names the spec's model
+    detail: str
+    url: str | None
+
+
+@dataclass(frozen=True)
+class StopResult:
+    host: str
+    gpu: int
+    result: str  # absent | stale | stopped | killed
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class Probe:
+    healthy: bool
+    model_ok: bool | None  # None when /model_info was not reached
+    detail: str
+
+
+class FleetConnection:
+    """Open transports (and tunnels) to every host of a fleet; close it to drop them.
+
+    Use as a context manager for the life of a task::
+
+        with FleetConnection(spec) as fleet:
+            urls = fleet.urls()          # what the HTTP client should call
+            headers = fleet.headers()    # Authorization when the fleet uses an API key
+    """
+
+    def __init__(self, spec: FleetSpec, api_key: str | None = None) -> None:
+        self.spec = spec
+        self._api_key = api_key
+        self._transports: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> FleetConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def api_key(self) -> str | None:
+        if self._api_key is None and self.spec.api_key_conn_id:
+            self._api_key = resolve_api_key(self.spec.api_key_conn_id)
+        return self._api_key
+
+    def headers(self) -> dict[str, str]:
+        key = self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def transport(self, host: HostSpec) -> Transport:
+        # One lock: the first SSH connect and each tunnel must not race between worker threads.
+        with self._lock:
+            if host.conn_id not in self._transports:
+                self._transports[host.conn_id] = open_transport(host.conn_id, self.spec.ssh_cmd_timeout_s)
+            return self._transports[host.conn_id]
+
+    def url(self, host: HostSpec, gpu: int) -> str:
+        transport = self.transport(host)
+        with self._lock:
+            return transport.url(self.spec.bind_host, host.port(gpu))
+
+    def urls(self) -> list[str]:
+        """Client URLs of every server in the spec, in `spec.servers()` order."""
+        return [self.url(host, gpu) for host, gpu in self.spec.servers()]
+
+    def run(self, host: HostSpec, gpu: int, script: str, what: str, timeout: float | None = None) -> dict[str, str]:
+        result = self.transport(host).run(script, timeout or self.spec.ssh_cmd_timeout_s)
+        values = command.parse_kv(result.stdout)
+        if result.exit_status != 0:
+            reason = values.get("error") or result.stderr.strip()[-500:] or f"exit status {result.exit_status}"
+            raise FleetError(f"{host.conn_id}:gpu{gpu}: {what} failed: {reason}")
+        return values
+
+    def close(self) -> None:
+        with self._lock:
+            for transport in self._transports.values():
+                transport.close()
+            self._transports.clear()
+
+
+# --- per-server steps ---------------------------------------------------------------------------
+
+
+def expected_config(fleet: FleetConnection, host: HostSpec, gpu: int) -> str:
+    argv = command.launch_argv(fleet.spec, host, gpu, fleet.api_key)
+    return command.config_hash(argv, command.server_env(fleet.spec, gpu))
+
+
+def inspect(fleet: FleetConnection, host: HostSpec, gpu: int) -> PidState:
+    return PidState.parse(fleet.run(host, gpu, command.inspect_script(fleet.spec, host, gpu), "inspect"))
+
+
+def launch(fleet: FleetConnection, host: HostSpec, gpu: int) -> PidState:
+    script = command.launch_script(fleet.spec, host, gpu, fleet.api_key)
+    try:
+        return PidState.parse(fleet.run(host, gpu, script, "launch"))
+    except FleetError as exc:
+        raise FleetError(f"{exc}\n--- log tail ---\n{log_tail(fleet, host, gpu)}") from None
+
+
+def stop(fleet: FleetConnection, host: HostSpec, gpu: int) -> StopResult:
+    script = command.stop_script(fleet.spec, host, gpu)
+    # The remote side waits out the grace period and the SIGKILL check itself.
+    values = fleet.run(host, gpu, script, "stop", timeout=fleet.spec.stop_timeout_s + fleet.spec.ssh_cmd_timeout_s)
+    return StopResult(host.conn_id, gpu, values.get("result", "unknown"), PidState.parse(values).pid)
+
+
+def log_tail(fleet: FleetConnection, host: HostSpec, gpu: int, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        result = fleet.transport(host).run(
+            command.log_tail_script(fleet.spec, host, gpu, lines), fleet.spec.ssh_cmd_timeout_s
+        )
+    except FleetError as exc:
+        return f"(log unavailable: {exc})"
+    return result.stdout.rstrip() or "(log is empty)"
+
+
+def model_matches(spec: FleetSpec, info: dict[str, Any]) -> bool:
+    """`/model_info` names the configured model (path and, when reported, the served name)."""
+    path, served = info.get("model_path"), info.get("served_model_name")
+    if path is None and served is None:
+        return False
+    return (path is None or path == spec.model_path) and (served is None or served == spec.model_name)
+
+
+def probe(url: str, spec: FleetSpec, headers: dict[str, str], timeout: float = PROBE_TIMEOUT_S) -> Probe:
+    """Healthy = `/health` answers 200 and `/model_info` names the configured model."""
+    try:
+        with httpx.Client(base_url=url, timeout=timeout, headers=headers, trust_env=False) as client:
+            health = client.get("/health")
+            if health.status_code != 200:
+                return Probe(False, None, f"/health answered {health.status_code}")
+            info = client.get("/model_info")
+            if info.status_code != 200:
+                return Probe(False, None, f"/model_info answered {info.status_code}")
+            body = info.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return Probe(False, None, f"{type(exc).__name__}: {exc}")
+    if not isinstance(body, dict) or not model_matches(spec, body):
+        shown = {k: body.get(k) for k in ("model_path", "served_model_name")} if isinstance(body, dict) else body
+        return Probe(False, False, f"/model_info names {shown}, expected {spec.model_name!r}")
+    return Probe(True, True, "healthy")
+
+
+def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """fn over items concurrently (one thread per server; remote steps mostly wait), in order."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+@dataclass
+class _Pending:
+    host: HostSpec
+    gpu: int
+    url: str
+    state: PidState
+    reused: bool
+    deadline: float
+    last: str = "not probed yet"
+
+
+def wait_healthy(fleet: FleetConnection, pending: list[_Pending]) -> list[ServerHandle]:
+    """Poll every pending server until healthy; fail fast when a server dies or serves another model."""
+    done: dict[int, ServerHandle] = {}
+    headers = fleet.headers()
+    while len(done) < len(pending):
+        for i, item in enumerate(pending):
+            if i in done:
+                continue
+            result = probe(item.url, fleet.spec, headers, timeout=5.0)
+            item.last = result.detail
+            now = inspect(fleet, item.host, item.gpu)
+            if not now.alive or now.pid != item.state.pid:
+                raise FleetError(
+                    f"{item.host.conn_id}:gpu{item.gpu}: server process {item.state.pid} exited before "
+                    f"becoming healthy ({now.state}); last probe: {item.last}\n--- log tail ---\n"
+                    f"{log_tail(fleet, item.host, item.gpu)}"
+                )
+            if result.model_ok is False:
+                raise FleetError(f"{item.host.conn_id}:gpu{item.gpu} at {item.url}: {result.detail}")
+            if result.healthy:
+                done[i] = ServerHandle(
+                    host=item.host.conn_id,
+                    gpu=item.gpu,
+                    port=item.host.port(item.gpu),
+                    url=item.url,
+                    pid=now.pid or 0,
+                    pgid=now.pgid or 0,
+                    config=now.config,
+                    reused=item.reused,
+                    model=fleet.spec.model_name,
+                )
+            elif time.monotonic() > item.deadline:
+                raise FleetError(
+                    f"{item.host.conn_id}:gpu{item.gpu}: not healthy after {fleet.spec.health_timeout_s:.0f} s "
+                    f"(last probe of {item.url}: {item.last})\n--- log tail ---\n"
+                    f"{log_tail(fleet, item.host, item.gpu)}"
+                )
+        if len(done) < len(pending):
+            time.sleep(POLL_INTERVAL_S)
+    return [done[i] for i in range(len(pending))]
+
+
+def prepare(fleet: FleetConnection, host: HostSpec, gpu: int) -> _Pending:
+    """Decide reuse / wait / restart / launch for one slot, and act on it (no health wait)."""
+    spec = fleet.spec
+    wanted = expected_config(fleet, host, gpu)
+    state = inspect(fleet, host, gpu)
+    now = time.monotonic()
+    if state.state == "running" and state.config == wanted:
+        age = state.age_s if state.age_s is not None else 0
+        remaining = spec.health_timeout_s - age
+        if remaining > 0:
+            # Same model and flags: reuse it. If it is still warming up, wait out what is left of
+            # its own health timeout rather than throwing away minutes of weight loading.
+            return _Pending(host, gpu, fleet.url(host, gpu), state, True, now + remaining)
+        if probe(fleet.url(host, gpu), spec, fleet.headers()).healthy:
+            return _Pending(host, gpu, fleet.url(host, gpu), state, True, now)
+        # Older than its health timeout and still not healthy: wedged. Restart it below.
+    if state.alive:
+        stop(fleet, host, gpu)
+    launched = launch(fleet, host, gpu)
+    return _Pending(host, gpu, fleet.url(host, gpu), launched, False, now + spec.health_timeout_s)

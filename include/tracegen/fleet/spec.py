@@ -1,0 +1,247 @@
+"""The fleet description: which hosts, which GPUs, which model, which SGLang flags.
+
+`FleetSpec` is validated on construction so that every value that later reaches a remote
+shell has already passed a strict pattern (names, paths) or is a plain value that the
+command builder quotes. Build it from a dict or JSON with `FleetSpec.from_dict` /
+`FleetSpec.from_json`; errors name the offending field and value.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+LOCAL = "local"  # host id meaning "this machine, no SSH"
+
+# Flags the fleet sets itself from dedicated fields; accepting them in `sglang_flags` too would
+# make two sources of truth for the port, the bind address or the model.
+MANAGED_FLAGS = frozenset(
+    {"--model-path", "--model", "--host", "--port", "--api-key", "--served-model-name", "--base-gpu-id"}
+)
+
+_FLAG_NAME = re.compile(r"--[a-z0-9][a-z0-9-]*")
+# Paths and Hugging Face repo ids: no spaces, no shell metacharacters, no `..` components.
+_PATH_SEGMENT = r"[A-Za-z0-9_.+=@-]+"
+_MODEL_PATH = re.compile(rf"/?{_PATH_SEGMENT}(/{_PATH_SEGMENT})*/?")
+_SERVED_NAME = re.compile(r"[A-Za-z0-9_.+=@/-]+")  # SGLang forbids ':' in served model names
+_EXECUTABLE = re.compile(rf"/?{_PATH_SEGMENT}(/{_PATH_SEGMENT})*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_CONN_ID = re.compile(r"[A-Za-z0-9_.-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+FlagValue = str | int | float | bool | None | list[str | int | float]
+
+
+class FleetSpecError(ValueError):
+    """A fleet description field is missing or invalid; the message names the field and value."""
+
+
+def _check_pattern(name: str, value: Any, pattern: re.Pattern[str], what: str) -> None:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise FleetSpecError(f"{name}: {value!r} is not {what}")
+    if ".." in value.split("/"):
+        raise FleetSpecError(f"{name}: {value!r} must not contain '..' path components")
+
+
+def _check_plain_value(name: str, value: Any) -> None:
+    # Quoting makes any printable value safe for the shell; control characters (newline, NUL)
+    # are never legitimate in a flag or env value and would corrupt the pid/log protocol.
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise FleetSpecError(f"{name}: {value!r} must be a string or a number")
+    if isinstance(value, str) and _CONTROL.search(value):
+        raise FleetSpecError(f"{name}: {value!r} contains a control character (newline, NUL, ...)")
+
+
+def is_loopback(bind_host: str) -> bool:
+    """True when `bind_host` only accepts connections from the host itself."""
+    if bind_host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind_host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One GPU host: how to reach it, which GPUs to use, and the port of GPU 0."""
+
+    conn_id: str  # an Airflow SSH connection id, or "local" for this machine
+    gpus: tuple[int, ...]
+    base_port: int = 30000  # the server on GPU g listens on base_port + g
+
+    def __post_init__(self) -> None:
+        _check_pattern("hosts[].conn_id", self.conn_id, _CONN_ID, "an Airflow connection id or 'local'")
+        if isinstance(self.gpus, list):
+            object.__setattr__(self, "gpus", tuple(self.gpus))
+        if not isinstance(self.gpus, tuple) or not self.gpus:
+            raise FleetSpecError(f"hosts[{self.conn_id}].gpus: {self.gpus!r} must be a non-empty list of ids")
+        for gpu in self.gpus:
+            if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu < 1024:
+                raise FleetSpecError(f"hosts[{self.conn_id}].gpus: {gpu!r} is not a GPU id (0..1023)")
+        if len(set(self.gpus)) != len(self.gpus):
+            raise FleetSpecError(f"hosts[{self.conn_id}].gpus: {list(self.gpus)} lists a GPU twice")
+        if not isinstance(self.base_port, int) or isinstance(self.base_port, bool):
+            raise FleetSpecError(f"hosts[{self.conn_id}].base_port: {self.base_port!r} must be an integer")
+        if self.base_port < 1024 or self.base_port + max(self.gpus) > 65535:
+            raise FleetSpecError(
+                f"hosts[{self.conn_id}].base_port: {self.base_port} + GPU id must stay within 1024..65535"
+            )
+
+    @property
+    def is_local(self) -> bool:
+        return self.conn_id == LOCAL
+
+    def port(self, gpu: int) -> int:
+        return self.base_port + gpu
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """Everything needed to launch, find, check and stop one SGLang server per GPU."""
+
+    hosts: tuple[HostSpec, ...]
+    model_path: str
+    served_model_name: str | None = None  # None: SGLang serves the model under its path
+    python: str = "python3"  # the interpreter on the GPU host (a venv's python, usually)
+    launch_module: str = "sglang.launch_server"  # `tracegen.simulator` in tests and the demo
+    sglang_flags: dict[str, FlagValue] = field(default_factory=dict)
+    bind_host: str = "127.0.0.1"
+    api_key_conn_id: str | None = None  # Airflow connection whose password is the API key
+    work_dir: str = ".tracegen/fleet"  # on each host; relative paths are under the login's $HOME
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for the server process
+    health_timeout_s: float = 900.0  # large models take minutes to load
+    stop_timeout_s: float = 120.0  # SIGTERM drains in-flight requests before SIGKILL
+    ssh_cmd_timeout_s: float = 120.0  # one remote command (launch, status, log tail)
+
+    def __post_init__(self) -> None:
+        hosts = self.hosts
+        if isinstance(hosts, list):
+            hosts = tuple(HostSpec(**h) if isinstance(h, dict) else h for h in hosts)
+            object.__setattr__(self, "hosts", hosts)
+        if not isinstance(hosts, tuple) or not hosts or not all(isinstance(h, HostSpec) for h in hosts):
+            raise FleetSpecError(f"hosts: {self.hosts!r} must be a non-empty list of hosts")
+        seen = [h.conn_id for h in hosts]
+        if len(set(seen)) != len(seen):
+            raise FleetSpecError(f"hosts: {seen} lists a host twice; put all its GPUs in one entry")
+
+        _check_pattern("model_path", self.model_path, _MODEL_PATH, "a model path or Hugging Face repo id")
+        if self.served_model_name is not None:
+            _check_pattern(
+                "served_model_name", self.served_model_name, _SERVED_NAME, "a served model name (no ':')"
+            )
+        _check_pattern("python", self.python, _EXECUTABLE, "an executable name or path")
+        _check_pattern("launch_module", self.launch_module, _MODULE, "a dotted Python module name")
+        _check_pattern("work_dir", self.work_dir, _EXECUTABLE, "a directory path")
+        if not is_loopback(self.bind_host):
+            try:
+                ipaddress.ip_address(self.bind_host)
+            except ValueError:
+                _check_pattern("bind_host", self.bind_host, _HOSTNAME, "an IP address or host name")
+            if not self.api_key_conn_id:
+                raise FleetSpecError(
+                    f"bind_host: {self.bind_host!r} is a network address; set api_key_conn_id so the "
+                    "servers require an API key (or bind 127.0.0.1 and reach them through SSH tunnels)"
+                )
+        if self.api_key_conn_id is not None:
+            _check_pattern("api_key_conn_id", self.api_key_conn_id, _CONN_ID, "an Airflow connection id")
+
+        if not isinstance(self.sglang_flags, dict):
+            raise FleetSpecError(f"sglang_flags: {self.sglang_flags!r} must be a mapping of flag to value")
+        for flag, value in self.sglang_flags.items():
+            if not isinstance(flag, str) or not _FLAG_NAME.fullmatch(flag):
+                raise FleetSpecError(f"sglang_flags: flag name {flag!r} must look like --[a-z0-9-]+")
+            if flag in MANAGED_FLAGS:
+                raise FleetSpecError(
+                    f"sglang_flags: {flag} is set by the fleet itself (model_path, served_model_name, "
+                    "bind_host, base_port, api_key_conn_id); remove it from sglang_flags"
+                )
+            if isinstance(value, bool) or value is None:
+                continue
+            if isinstance(value, list | tuple):
+                if not value:
+                    raise FleetSpecError(f"sglang_flags[{flag}]: empty list; use false/null to omit a flag")
+                for item in value:
+                    _check_plain_value(f"sglang_flags[{flag}]", item)
+            else:
+                _check_plain_value(f"sglang_flags[{flag}]", value)
+
+        if not isinstance(self.env, dict):
+            raise FleetSpecError(f"env: {self.env!r} must be a mapping of name to value")
+        for name, value in self.env.items():
+            if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+                raise FleetSpecError(f"env: {name!r} is not an environment variable name")
+            if name == "CUDA_VISIBLE_DEVICES":
+                raise FleetSpecError("env: CUDA_VISIBLE_DEVICES is set per server from hosts[].gpus")
+            if not isinstance(value, str):
+                raise FleetSpecError(f"env[{name}]: {value!r} must be a string")
+            _check_plain_value(f"env[{name}]", value)
+
+        for name, low in (("health_timeout_s", 1.0), ("stop_timeout_s", 0.5), ("ssh_cmd_timeout_s", 5.0)):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= 86400:
+                raise FleetSpecError(f"{name}: {value!r} must be a number of seconds in {low}..86400")
+
+    @property
+    def model_name(self) -> str:
+        """The name the servers answer to (`/model_info` served_model_name)."""
+        return self.served_model_name or self.model_path
+
+    def servers(self) -> list[tuple[HostSpec, int]]:
+        """Every (host, gpu) pair, in a stable order."""
+        return [(host, gpu) for host in self.hosts for gpu in host.gpus]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FleetSpec:
+        if not isinstance(data, dict):
+            raise FleetSpecError(f"fleet description must be a JSON object, got {type(data).__name__}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise FleetSpecError(f"unknown field(s) {unknown}; known fields are {sorted(known)}")
+        hosts = data.get("hosts")
+        if not isinstance(hosts, list):
+            raise FleetSpecError(f"hosts: {hosts!r} must be a list of host objects")
+        parsed = []
+        for i, host in enumerate(hosts):
+            if not isinstance(host, dict):
+                raise FleetSpecError(f"hosts[{i}]: {host!r} must be an object with conn_id and gpus")
+            extra = sorted(set(host) - set(HostSpec.__dataclass_fields__))
+            if extra:
+                raise FleetSpecError(f"hosts[{i}]: unknown field(s) {extra}")
+            if "conn_id" not in host or "gpus" not in host:
+                raise FleetSpecError(f"hosts[{i}]: conn_id and gpus are required")
+            parsed.append(HostSpec(**host))
+        if "model_path" not in data:
+            raise FleetSpecError("model_path: required")
+        return cls(**{**data, "hosts": tuple(parsed)})
+
+    @classmethod
+    def from_json(cls, text: str) -> FleetSpec:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise FleetSpecError(f"fleet description is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hosts": [{"conn_id": h.conn_id, "gpus": list(h.gpus), "base_port": h.base_port} for h in self.hosts],
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "python": self.python,
+            "launch_module": self.launch_module,
+            "sglang_flags": dict(self.sglang_flags),
+            "bind_host": self.bind_host,
+            "api_key_conn_id": self.api_key_conn_id,
+            "work_dir": self.work_dir,
+            "env": dict(self.env),
+            "health_timeout_s": self.health_timeout_s,
+            "stop_timeout_s": self.stop_timeout_s,
+            "ssh_cmd_timeout_s": self.ssh_cmd_timeout_s,
+        }
