@@ -1,0 +1,6 @@
+"""`python -m tracegen.simulator`: start the SGLang stand-in (same flags as `python -m sglang.launch_server`)."""
+
+from tracegen.simulator.app import main
+
+if __name__ == "__main__":
+    main()

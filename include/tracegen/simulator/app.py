@@ -1,0 +1,612 @@
+"""The stand-in's HTTP server: SGLang's endpoints, auth, warm-up, drain on SIGTERM, faults.
+
+Handlers validate the request, ask the fault injector what happens to it, plan its length from the
+length model, and hand it to the continuous-batching engine; they wake up only when it finishes (or
+every stream interval when streaming), never once per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tracegen.simulator import faults as fault_kinds
+from tracegen.simulator import metrics as prom
+from tracegen.simulator import protocol as p
+from tracegen.simulator.batching import AsyncBatcher, BatchEngine, Job, QueueFull, StepModel
+from tracegen.simulator.cli import SimSettings
+from tracegen.simulator.faults import FaultInjector
+from tracegen.simulator.lengths import draw, prompt_tokens, text_tokens
+
+log = logging.getLogger("tracegen.simulator")
+READY_LINE = "The server is fired up and ready to roll!"
+# Paths reachable without the API key (SGLang: prefix match).
+_AUTH_EXEMPT = ("/health", "/ready", "/metrics")
+
+
+@dataclass
+class State:
+    settings: SimSettings
+    batcher: AsyncBatcher
+    injector: FaultInjector
+    metrics: prom.Metrics = field(default_factory=prom.Metrics)
+    started_wall: float = field(default_factory=time.time)
+    warm: bool = False
+    warm_at: float | None = None  # loop time
+    unready_until: float = 0.0  # loop time before which /health is 503 (slow start)
+    draining: bool = False
+    hung: int = 0
+    active: int = 0  # generation handlers running (hung ones excluded)
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self.settings.args
+
+    def healthy(self) -> bool:
+        return self.warm and not self.draining and asyncio.get_running_loop().time() >= self.unready_until
+
+    def sync_wedge(self) -> None:
+        if self.batcher.engine.wedged != self.injector.config.wedged:
+            self.batcher.set_wedged(self.injector.config.wedged)
+            log.warning("simulated fault: server %s", "wedged" if self.injector.config.wedged else "unwedged")
+
+
+STATE = web.AppKey("state", State)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+def _error(request: web.Request, message: str, status: int) -> web.Response:
+    """SGLang's error shape: nested on the native /generate route, flat on OpenAI routes."""
+    if request.path.startswith("/generate"):
+        return _json(p.native_error(message), status)
+    return _json(p.openai_error(message, status, p.ERROR_TYPES.get(status, "InternalServerError")), status)
+
+
+# -- middlewares ------------------------------------------------------------------------------------
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    key = request.app[STATE].args["api_key"]
+    if key and not request.path.startswith(_AUTH_EXEMPT):
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or token.strip() != key:
+            return _json({"error": "Unauthorized"}, 401)
+    return await handler(request)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except p.BadRequest as exc:
+        return _error(request, str(exc), 400)
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, 404)
+    except web.HTTPMethodNotAllowed:
+        return _json({"detail": "Method Not Allowed"}, 405)
+    except web.HTTPException:
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:  # never a traceback page: log it, answer a JSON 500
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(request, f"Internal server error: {type(exc).__name__}: {exc}", 500)
+
+
+# -- health and info --------------------------------------------------------------------------------
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[STATE].healthy() else 503)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    a = request.app[STATE].args
+    lower = a["model_path"].lower()
+    moe = "a3b" in lower or "a22b" in lower or "moe" in lower
+    model_type = ("qwen3_moe" if moe else "qwen3") if "qwen3" in lower else "llama"
+    arch = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(model_type, "LlamaForCausalLM")
+    return _json({
+        "model_path": a["model_path"], "served_model_name": a["served_model_name"],
+        "tokenizer_path": a["tokenizer_path"], "is_generation": True, "preferred_sampling_params": None,
+        "weight_version": a["weight_version"] or "default", "reasoning_parser": a["reasoning_parser"],
+        "model_type": model_type, "architectures": [arch],
+    })  # fmt: skip
+
+
+def occupancy(state: State) -> dict[str, Any]:
+    b = state.batcher
+    b.sync()
+    e = b.engine
+    available = e.available_slot_s()
+    return {
+        "busy_slot_sim_s": round(e.busy_slot_s, 6),
+        "available_slot_sim_s": round(available, 6),
+        "occupancy": round(e.busy_slot_s / available, 6) if available > 0 else 0.0,
+        "tokens_generated": e.tokens_generated(),
+        "sim_seconds_since_warm": round(e.now - e.accounting_since, 6) if e.accounting_since is not None else 0.0,
+        "time_scale": b.time_scale,
+        "max_running_requests": e.max_running,
+        "num_running_reqs": len(e.running),
+        "num_queue_reqs": len(e.waiting),
+        "finished_requests": e.finished_count,
+        "aborted_requests": e.aborted_count,
+    }
+
+
+def _gen_throughput(state: State) -> float:
+    """Current decode throughput in tokens per wall second (what a client of the stand-in sees)."""
+    e = state.batcher.engine
+    return len(e.running) * e.rate() * state.batcher.time_scale
+
+
+async def server_info(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    a = state.args
+    info = dict(a)
+    info["launch_command"] = shlex.join([sys.executable, "-m", "tracegen.simulator", *state.settings.argv])
+    info["max_total_num_tokens"] = a["max_total_tokens"] or a["max_running_requests"] * 4096
+    info["max_req_input_len"] = a["max_req_input_len"]
+    occ = occupancy(state)
+    info["internal_states"] = [{
+        "last_gen_throughput": round(_gen_throughput(state), 3),
+        "avg_spec_accept_length": state.settings.accept_length if a["speculative_algorithm"] else None,
+        "num_running_reqs": occ["num_running_reqs"], "num_queue_reqs": occ["num_queue_reqs"],
+    }]  # fmt: skip
+    info["version"] = p.SGLANG_VERSION
+    info["sim_occupancy"] = occ
+    info["sim_faults"] = state.injector.config.to_json()
+    return _json(info)
+
+
+async def models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    name = state.args["served_model_name"]
+    return _json({"object": "list", "data": [{
+        "id": name, "object": "model", "created": int(state.started_wall), "owned_by": "sglang",
+        "root": name, "parent": None, "max_model_len": state.args["context_length"],
+    }]})  # fmt: skip
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    occ = occupancy(state)
+    e = state.batcher.engine
+    m = state.metrics
+    gauges = {
+        "num_running_reqs": occ["num_running_reqs"],
+        "num_queue_reqs": occ["num_queue_reqs"],
+        "gen_throughput": round(_gen_throughput(state), 3),
+        "token_usage": round(len(e.running) / e.max_running, 6),
+        "spec_accept_length": state.settings.accept_length,
+    }
+    counters = {
+        "prompt_tokens_total": m.prompt_tokens_total,
+        "generation_tokens_total": occ["tokens_generated"],
+        "num_requests_total": m.num_requests_total,
+        "num_aborted_requests_total": m.num_aborted_requests_total,
+    }
+    sim = {
+        "busy_slot_seconds_total": occ["busy_slot_sim_s"],
+        "available_slot_seconds_total": occ["available_slot_sim_s"],
+        "occupancy": occ["occupancy"],
+        "generated_tokens_total": occ["tokens_generated"],
+    }
+    body = prom.render(state.args["served_model_name"], m, gauges, counters, sim)
+    return web.Response(text=body, content_type="text/plain", charset="utf-8")
+
+
+# -- faults control ---------------------------------------------------------------------------------
+async def get_faults(request: web.Request) -> web.Response:
+    return _json(request.app[STATE].injector.config.to_json())
+
+
+async def set_faults(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = p.parse_json_object(await request.read())
+    try:
+        config = state.injector.update(body)
+    except (TypeError, ValueError) as exc:
+        raise p.BadRequest(str(exc)) from None
+    if "slow_start_s" in body:
+        state.unready_until = asyncio.get_running_loop().time() + config.slow_start_s
+    state.sync_wedge()
+    log.info("fault settings updated: %s", body)
+    return _json(config.to_json())
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = p.parse_json_object(await request.read())
+    rid = body.get("rid")
+    if body.get("abort_all") is True:
+        n = state.batcher.abort_all()
+        log.info("aborted all %d requests", n)
+    elif isinstance(rid, str) and rid:
+        state.batcher.abort(rid)
+    else:
+        raise p.BadRequest("abort_request needs a non-empty string rid or abort_all: true")
+    return web.Response(status=200)
+
+
+# -- generation -------------------------------------------------------------------------------------
+async def _apply_fault(request: web.Request, state: State) -> tuple[str, web.StreamResponse | None]:
+    """Apply the injected fault for this request; returns (fault, response to send instead or None)."""
+    fault = state.injector.decide()
+    state.sync_wedge()
+    if fault == fault_kinds.CRASH:
+        log.error("simulated fault: crashing after %d requests", state.injector.requests_seen - 1)
+        logging.shutdown()
+        os._exit(1)
+    if fault == fault_kinds.ERROR:
+        status = state.injector.config.error_status
+        return fault, _error(request, f"simulated fault: HTTP {status}", status)
+    if fault in (fault_kinds.DROP, fault_kinds.HANG):
+        if fault == fault_kinds.DROP and request.transport is not None:
+            request.transport.close()
+        state.hung += 1
+        try:
+            # Never answer. The handler is cancelled when the connection goes away.
+            await asyncio.Event().wait()
+        finally:
+            state.hung -= 1
+    return fault, None
+
+
+def _admit(state: State, request: web.Request, plan: p.Plan, rid: str, fault: str) -> Job:
+    job = Job(rid=rid, target=plan.target)
+    if fault == fault_kinds.ABORT:
+        job.target = int(plan.target * state.injector.abort_fraction())
+        job.aborted = True
+        job.abort_message = "Abort request"
+    job.meta["t_arrival"] = time.monotonic()
+    try:
+        return state.batcher.submit(job)
+    except QueueFull:
+        raise _QueueFullResponse() from None
+    except ValueError as exc:
+        raise p.BadRequest(str(exc)) from None
+
+
+class _QueueFullResponse(Exception):
+    pass
+
+
+def _record(state: State, job: Job, prompt_toks: int) -> None:
+    m = state.metrics
+    now = time.monotonic()
+    t0 = job.meta["t_arrival"]
+    e2e = now - t0
+    m.e2e.observe(e2e)
+    if job.admitted is not None:
+        queue_wall = state.batcher.wall_seconds(job.admitted - job.arrival)
+        m.queue_time.observe(queue_wall)
+        m.ttft.observe(queue_wall + state.batcher.wall_seconds(state.batcher.engine.step.step_time(1)))
+    if job.aborted:
+        m.num_aborted_requests_total += 1
+    else:
+        m.num_requests_total += 1
+        m.prompt_tokens_total += prompt_toks
+
+
+def _plan(state: State, prompt: Any, cap: int, thinking: bool, ignore_eos: bool,
+          tools: list[dict[str, Any]] | None) -> p.Plan:
+    d = draw(prompt, state.args["sim_seed"], state.settings.length_model)
+    reasoning = d.reasoning if thinking else 0
+    natural = d.total if thinking else max(1, d.answer)
+    tool_name = None
+    if tools and (d.digest >> 8) % 10_000 < state.args["sim_tool_call_rate"] * 10_000:
+        fn = tools[d.digest % len(tools)].get("function")
+        tool_name = fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else "tool"
+    if ignore_eos or natural > cap:
+        return p.Plan(d.digest, reasoning, cap, "length", cap)
+    return p.Plan(d.digest, reasoning, natural, "tool_calls" if tool_name else "stop", cap, tool_name)
+
+
+async def _wait(job: Job, state: State) -> None:
+    """Wait for the job; a client disconnect cancels us and aborts it server-side, as SGLang does."""
+    try:
+        await job.future
+    except asyncio.CancelledError:
+        state.batcher.abort(job.rid, "Abort: client disconnected")
+        raise
+
+
+def _refuse_if_draining(request: web.Request, state: State) -> web.Response | None:
+    if state.draining:
+        return _error(request, "The server is shutting down.", 503)
+    return None
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    if (refused := _refuse_if_draining(request, state)) is not None:
+        return refused
+    req = p.parse_chat(p.parse_json_object(await request.read()))
+    ctx = state.settings.context_length
+    n_prompt = prompt_tokens(req.messages, req.tools)
+    p.check_context(n_prompt, req.max_tokens, ctx)
+    cap = req.max_tokens if req.max_tokens is not None else ctx - n_prompt
+    fault, replacement = await _apply_fault(request, state)
+    if replacement is not None:
+        return replacement
+    plan = _plan(state, req.messages, cap, req.enable_thinking, req.ignore_eos, req.tools)
+    rid = req.rid or p.new_id()
+    parsed = bool(state.args["reasoning_parser"]) and req.separate_reasoning
+    count_reasoning = bool(state.args["reasoning_parser"])
+    state.active += 1
+    try:
+        try:
+            job = _admit(state, request, plan, rid, fault)
+        except _QueueFullResponse:
+            return _error(request, "The request queue is full.", 503)
+        model = req.model if req.model is not None else state.args["served_model_name"]
+        if req.stream:
+            return await _stream_chat(request, state, req, plan, job, n_prompt, model, parsed, count_reasoning)
+        await _wait(job, state)
+        _record(state, job, n_prompt)
+        n = job.tokens
+        finish = "abort" if job.aborted else (plan.finish if n == plan.target else "abort")
+        reasoning_text, content = p.chat_texts(plan, 0, n, parsed)
+        r_tokens = p.split(plan, n)[0] if count_reasoning else 0
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning_text if parsed and p.split(plan, n)[0] else None,
+            "tool_calls": p.tool_calls(plan) if finish == "tool_calls" else None,
+        }
+        return _json({
+            "id": rid, "object": "chat.completion", "created": p.now(), "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                         "matched_stop": p.EOS_TOKEN_ID if finish == "stop" else None}],
+            "usage": p.usage(n_prompt, n, r_tokens),
+            "metadata": {"weight_version": state.args["weight_version"] or "default"},
+        })  # fmt: skip
+    finally:
+        state.active -= 1
+
+
+async def _sse(resp: web.StreamResponse, payload: Any) -> None:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    await resp.write(f"data: {data}\n\n".encode())
+
+
+async def _progress(state: State, job: Job) -> int:
+    """Wait one stream interval (or until done), then return tokens produced so far."""
+    interval = state.args["sim_stream_interval_ms"] / 1000.0
+    try:
+        await asyncio.wait_for(asyncio.shield(job.future), interval)
+    except TimeoutError:
+        pass
+    except asyncio.CancelledError:
+        state.batcher.abort(job.rid, "Abort: client disconnected")
+        raise
+    return state.batcher.produced(job)
+
+
+async def _stream_chat(request: web.Request, state: State, req: p.ChatRequest, plan: p.Plan, job: Job,
+                       n_prompt: int, model: str, parsed: bool, count_reasoning: bool) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    created = p.now()
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"id": job.rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                             "matched_stop": p.EOS_TOKEN_ID if finish == "stop" else None}],
+                "usage": None}  # fmt: skip
+
+    await _sse(resp, chunk({"role": "assistant", "content": ""}))
+    sent = 0
+    try:
+        while True:
+            n = await _progress(state, job)
+            if n > sent:
+                thinking, content = p.chat_texts(plan, sent, n, parsed)
+                delta: dict[str, Any] = {}
+                if thinking:
+                    delta["reasoning_content"] = thinking
+                if content:
+                    delta["content"] = content
+                if delta:
+                    await _sse(resp, chunk(delta))
+                sent = n
+            if job.future.done():
+                break
+    except (ConnectionResetError, asyncio.CancelledError):
+        state.batcher.abort(job.rid, "Abort: client disconnected")
+        raise
+    _record(state, job, n_prompt)
+    finish = "abort" if job.aborted else plan.finish
+    final_delta: dict[str, Any] = {}
+    if finish == "tool_calls":
+        final_delta["tool_calls"] = p.tool_calls(plan)
+    await _sse(resp, chunk(final_delta, finish))
+    if req.include_usage:
+        r_tokens = p.split(plan, job.tokens)[0] if count_reasoning else 0
+        await _sse(resp, {"id": job.rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                          "choices": [], "usage": p.usage(n_prompt, job.tokens, r_tokens)})
+    await _sse(resp, "[DONE]")
+    await resp.write_eof()
+    return resp
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    if (refused := _refuse_if_draining(request, state)) is not None:
+        return refused
+    req = p.parse_generate(p.parse_json_object(await request.read()))
+    ctx = state.settings.context_length
+    n_prompt = text_tokens(req.prompt) if isinstance(req.prompt, str) else len(req.prompt)
+    p.check_context(n_prompt, req.max_new_tokens, ctx)
+    fault, replacement = await _apply_fault(request, state)
+    if replacement is not None:
+        return replacement
+    plan = _plan(state, req.prompt, req.max_new_tokens, True, req.ignore_eos, None)
+    rid = req.rid or p.new_id()
+    count_reasoning = bool(state.args["reasoning_parser"])
+    accept = state.settings.accept_length
+    spec = bool(state.args["speculative_algorithm"])
+    state.active += 1
+    try:
+        try:
+            job = _admit(state, request, plan, rid, fault)
+        except _QueueFullResponse:
+            return _error(request, "The request queue is full.", 503)
+        t0 = job.meta["t_arrival"]
+
+        def body(n: int, done: bool) -> dict[str, Any]:
+            _, text = p.chat_texts(plan, 0, n, parsed=False)
+            meta: dict[str, Any] = {"id": rid, "finish_reason": None}
+            if done and job.aborted:
+                meta["finish_reason"] = p.finish_reason_native("abort", plan.cap, job.abort_message)
+                meta["e2e_latency"] = round(time.monotonic() - t0, 6)
+                return {"text": text, "output_ids": p.output_ids(plan, n), "meta_info": meta}
+            if done:
+                meta["finish_reason"] = p.finish_reason_native(plan.finish, plan.cap, None)
+            meta.update({
+                "prompt_tokens": n_prompt, "completion_tokens": n, "cached_tokens": 0,
+                "reasoning_tokens": p.split(plan, n)[0] if count_reasoning else 0, "num_retractions": 0,
+                "weight_version": state.args["weight_version"] or "default",
+                "e2e_latency": round(time.monotonic() - t0, 6),
+            })  # fmt: skip
+            if spec:
+                meta.update({"spec_accept_length": accept, "spec_accept_rate": round((accept - 1) / accept, 4),
+                             "spec_verify_ct": p.ceil_div(n, accept)})
+            return {"text": text, "output_ids": p.output_ids(plan, n), "meta_info": meta}
+
+        if not req.stream:
+            await _wait(job, state)
+            _record(state, job, n_prompt)
+            return _json(body(job.tokens, True))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        sent = 0
+        try:
+            while not job.future.done():
+                n = await _progress(state, job)
+                if n > sent and not job.future.done():
+                    # Native streaming sends the cumulative text each time, like SGLang.
+                    await _sse(resp, body(n, False))
+                    sent = n
+        except (ConnectionResetError, asyncio.CancelledError):
+            state.batcher.abort(job.rid, "Abort: client disconnected")
+            raise
+        _record(state, job, n_prompt)
+        await _sse(resp, body(job.tokens, True))
+        await _sse(resp, "[DONE]")
+        await resp.write_eof()
+        return resp
+    finally:
+        state.active -= 1
+
+
+# -- lifecycle --------------------------------------------------------------------------------------
+def build_app(state: State) -> web.Application:
+    app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=64 * 1024**2)
+    app[STATE] = state
+    r = app.router
+    for path in ("/health", "/health_generate", "/ready"):
+        r.add_get(path, health)
+    r.add_get("/model_info", model_info)
+    r.add_get("/get_model_info", model_info)
+    r.add_get("/server_info", server_info)
+    r.add_get("/get_server_info", server_info)
+    r.add_get("/v1/models", models)
+    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/generate", generate)
+    r.add_post("/abort_request", abort_request)
+    r.add_get("/sim/faults", get_faults)
+    r.add_post("/sim/faults", set_faults)
+    if state.args["enable_metrics"]:
+        r.add_get("/metrics", metrics_endpoint)
+    return app
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        stream=sys.stderr,
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        force=True,
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING if level != "debug" else logging.DEBUG)
+
+
+async def serve(settings: SimSettings) -> int:
+    """Run the server until drained after SIGTERM/SIGINT. Returns the process exit code."""
+    loop = asyncio.get_running_loop()
+    a = settings.args
+    step = StepModel(a["sim_step_base_ms"] / 1000.0, a["sim_step_per_req_ms"] / 1000.0, settings.accept_length)
+    engine = BatchEngine(a["max_running_requests"], step, a["max_queued_requests"])
+    state = State(settings=settings, batcher=AsyncBatcher(engine, a["sim_time_scale"]),
+                  injector=FaultInjector(settings.faults))
+    state.sync_wedge()
+    # Hung (fault-injected) handlers never finish: do not let them hold shutdown for a minute.
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, a["host"], a["port"])
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot bind %s:%s: %s", a["host"], a["port"], exc)
+        await runner.cleanup()
+        return 1
+    log.info("Uvicorn running on http://%s:%s (stand-in for sglang %s)", a["host"], a["port"], p.SGLANG_VERSION)
+
+    stop = asyncio.Event()
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:  # a second signal: stop draining, exit now
+            log.warning("second signal %d: exiting without draining", signum)
+            os._exit(1)
+        log.info("received signal %d: draining %d in-flight requests", signum, state.batcher.in_flight())
+        state.draining = True
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    warmup = 0.0 if a["skip_server_warmup"] else a["sim_warmup_s"]
+    state.unready_until = loop.time() + warmup + settings.faults.slow_start_s
+
+    async def warm_up() -> None:
+        await asyncio.sleep(warmup)
+        state.warm = True
+        state.warm_at = loop.time()
+        state.batcher.start_accounting()
+        log.info(READY_LINE)
+
+    warm_task = asyncio.create_task(warm_up())
+    await stop.wait()
+    warm_task.cancel()
+    deadline = loop.time() + a["sim_drain_timeout_s"]
+    while (state.batcher.in_flight() or state.active > 0) and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    if state.batcher.in_flight():
+        log.warning("drain timeout: %d requests still in flight", state.batcher.in_flight())
+    log.info("drained; shutting down")
+    await runner.cleanup()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tracegen.simulator.cli import parse_args
+
+    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    _configure_logging(settings.args["log_level"])
+    sys.exit(asyncio.run(serve(settings)))

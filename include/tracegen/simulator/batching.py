@@ -1,0 +1,328 @@
+"""Continuous batching for the stand-in, as a continuous-time event model.
+
+Every running request decodes at the same rate, `accept_length / step_time(n)` tokens per simulated
+second, where n is the batch size and the step time grows with n — so throughput rises with
+concurrency while per-request speed falls, as on a GPU. Instead of one wakeup per token, the model
+keeps a single "virtual progress" counter V (tokens every running request has gained since time 0):
+a request admitted at V0 with T tokens to produce finishes when V reaches V0 + T. Finish times only
+change when the batch size changes, so the driver needs one timer for the next finish, whatever
+the number of requests. `BatchEngine` is the pure core (explicit simulated times, testable without
+a clock); `AsyncBatcher` drives it from the event loop with a time scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+# Float slack when deciding that a request reached its target (V is a float sum).
+_EPS = 1e-6
+
+
+class QueueFull(Exception):
+    """The waiting queue already holds --max-queued-requests requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepModel:
+    """Decode-step timing: `base_s + per_request_s * batch` simulated seconds per step."""
+
+    base_s: float = 0.015
+    per_request_s: float = 0.00015
+    accept_length: float = 1.0  # tokens per request per step (> 1 with speculative decoding)
+
+    def __post_init__(self) -> None:
+        if self.base_s <= 0 or self.per_request_s < 0:
+            raise ValueError(f"step timing must be base > 0, per-request >= 0; got {self.base_s}, {self.per_request_s}")
+        if self.accept_length < 1:
+            raise ValueError(f"accept_length must be >= 1, got {self.accept_length}")
+
+    def step_time(self, batch: int) -> float:
+        return self.base_s + self.per_request_s * batch
+
+    def rate(self, batch: int) -> float:
+        """Tokens per simulated second each running request gains at this batch size."""
+        return self.accept_length / self.step_time(batch)
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """One generation request inside the engine."""
+
+    rid: str
+    target: int  # tokens it will produce before finishing (natural length, cap or fault cut)
+    arrival: float = 0.0
+    admitted: float | None = None
+    finished: float | None = None
+    v0: float = 0.0
+    state: str = "new"  # new -> waiting -> running -> done
+    tokens: int = 0  # final token count once done
+    aborted: bool = False
+    abort_message: str | None = None
+    future: Any = None  # asyncio.Future set by the driver, resolved when done
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.target < 0:
+            raise ValueError(f"job {self.rid!r}: target {self.target} must be >= 0")
+
+
+class BatchEngine:
+    """The pure scheduler state: running batch, waiting queue, progress and occupancy accounting."""
+
+    def __init__(self, max_running: int, step: StepModel, max_queued: int | None = None) -> None:
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        if max_queued is not None and max_queued < 0:
+            raise ValueError(f"max_queued must be >= 0 or None, got {max_queued}")
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.step = step
+        self.now = 0.0
+        self.v = 0.0
+        self.wedged = False
+        self.running: dict[str, Job] = {}
+        self.waiting: deque[Job] = deque()
+        self._heap: list[tuple[float, int, Job]] = []
+        self._seq = 0
+        self._sum_v0 = 0.0
+        # Occupancy accounting starts when the server is warm (start_accounting).
+        self.accounting_since: float | None = None
+        self.busy_slot_s = 0.0
+        self.tokens_done = 0
+        self.finished_count = 0
+        self.aborted_count = 0
+
+    # -- queries --------------------------------------------------------------------------------
+    def rate(self) -> float:
+        if self.wedged or not self.running:
+            return 0.0
+        return self.step.rate(len(self.running))
+
+    def produced(self, job: Job) -> int:
+        """Tokens `job` has produced so far (as of the last advance)."""
+        if job.state == "running":
+            return min(job.target, int(self.v - job.v0 + _EPS))
+        if job.state == "done":
+            return job.tokens
+        return 0
+
+    def tokens_generated(self) -> int:
+        return self.tokens_done + int(len(self.running) * self.v - self._sum_v0 + _EPS)
+
+    def next_event_time(self) -> float | None:
+        """Simulated time of the next finish, or None when nothing will finish without new input."""
+        rate = self.rate()
+        head = self._head()
+        if head is None or rate <= 0:
+            return None
+        return self.now + max(0.0, head[0] - self.v) / rate
+
+    def available_slot_s(self) -> float:
+        if self.accounting_since is None:
+            return 0.0
+        return self.max_running * (self.now - self.accounting_since)
+
+    # -- transitions ----------------------------------------------------------------------------
+    def start_accounting(self, t: float) -> None:
+        self.advance(t)
+        self.accounting_since = self.now
+        self.busy_slot_s = 0.0
+
+    def submit(self, job: Job, t: float) -> list[Job]:
+        """Add `job` at simulated time t; returns jobs that finished while advancing to t."""
+        done = self.advance(t)
+        if len(self.running) >= self.max_running and self.max_queued is not None:
+            if len(self.waiting) >= self.max_queued:
+                raise QueueFull("The request queue is full.")
+        job.arrival = self.now
+        job.state = "waiting"
+        self.waiting.append(job)
+        done.extend(self._admit())
+        return done
+
+    def abort(self, rid: str, t: float, message: str | None = None) -> tuple[Job | None, list[Job]]:
+        """Abort request `rid`; returns (the aborted job or None, other jobs finished meanwhile)."""
+        done = self.advance(t)
+        job = self.running.get(rid)
+        if job is not None:
+            tokens = self.produced(job)
+            self._remove_running(job)
+            self._finish(job, tokens, aborted=True, message=message or "Abort request")
+            done.extend(self._admit())
+            return job, done
+        for queued in self.waiting:
+            if queued.rid == rid:
+                self.waiting.remove(queued)
+                self._finish(queued, 0, aborted=True, message=message or "Abort in waiting queue")
+                return queued, done
+        return None, done
+
+    def advance(self, t: float) -> list[Job]:
+        """Move simulated time to t, finishing (and admitting) requests in order. Returns finished jobs."""
+        finished: list[Job] = []
+        t = max(t, self.now)
+        while True:
+            rate = self.rate()
+            head = self._head()
+            if head is None or rate <= 0:
+                self._elapse(t - self.now, rate)
+                return finished
+            dt = max(0.0, head[0] - self.v) / rate
+            if self.now + dt > t:
+                self._elapse(t - self.now, rate)
+                return finished
+            self._elapse(dt, rate)
+            self.v = max(self.v, head[0])  # land exactly on the finish, not a rounding error short of it
+            while (head := self._head()) is not None and head[0] <= self.v + _EPS:
+                job = head[2]
+                self._remove_running(job)
+                self._finish(job, job.target, aborted=False, message=None)
+                finished.append(job)
+            finished.extend(self._admit())
+
+    # -- internals ------------------------------------------------------------------------------
+    def _elapse(self, dt: float, rate: float) -> None:
+        if dt <= 0:
+            return
+        if self.accounting_since is not None:
+            self.busy_slot_s += len(self.running) * dt
+        self.v += rate * dt
+        self.now += dt
+
+    def _head(self) -> tuple[float, int, Job] | None:
+        # Lazy deletion: aborted jobs stay in the heap until they surface.
+        while self._heap and self._heap[0][2].state != "running":
+            heapq.heappop(self._heap)
+        return self._heap[0] if self._heap else None
+
+    def _admit(self) -> list[Job]:
+        finished = []
+        while self.waiting and len(self.running) < self.max_running:
+            job = self.waiting.popleft()
+            job.admitted = self.now
+            if job.target == 0:  # nothing to decode (e.g. max_tokens reached by a fault cut at 0)
+                self._finish(job, 0, aborted=job.aborted, message=job.abort_message)
+                finished.append(job)
+                continue
+            job.state = "running"
+            job.v0 = self.v
+            self._sum_v0 += job.v0
+            self.running[job.rid] = job
+            self._seq += 1
+            heapq.heappush(self._heap, (job.v0 + job.target, self._seq, job))
+        return finished
+
+    def _remove_running(self, job: Job) -> None:
+        del self.running[job.rid]
+        self._sum_v0 -= job.v0
+        job.state = "removed"
+        if not self.running:
+            self._sum_v0 = 0.0  # drop accumulated float error whenever the batch empties
+
+    def _finish(self, job: Job, tokens: int, aborted: bool, message: str | None) -> None:
+        job.state = "done"
+        job.tokens = tokens
+        job.finished = self.now
+        job.aborted = job.aborted or aborted
+        if message is not None:
+            job.abort_message = message
+        self.tokens_done += tokens
+        if job.aborted:
+            self.aborted_count += 1
+        else:
+            self.finished_count += 1
+
+
+class AsyncBatcher:
+    """Runs a BatchEngine on the event loop: simulated time = wall time x time_scale."""
+
+    def __init__(self, engine: BatchEngine, time_scale: float = 1.0) -> None:
+        if time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.engine = engine
+        self.time_scale = time_scale
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        self._timer: asyncio.TimerHandle | None = None
+        self._rid_seq = 0
+
+    def sim_now(self) -> float:
+        return (self._loop.time() - self._t0) * self.time_scale
+
+    def wall_seconds(self, sim_seconds: float) -> float:
+        return sim_seconds / self.time_scale
+
+    def sync(self) -> None:
+        """Bring the engine up to now, resolve finished requests and re-arm the timer."""
+        self._resolve(self.engine.advance(self.sim_now()))
+        self._rearm()
+
+    def submit(self, job: Job) -> Job:
+        """Queue `job`; its `future` resolves when it finishes. Raises QueueFull."""
+        if job.rid in self.engine.running or any(j.rid == job.rid for j in self.engine.waiting):
+            raise ValueError(f"request id {job.rid!r} is already in flight")
+        job.future = self._loop.create_future()
+        self._resolve(self.engine.submit(job, self.sim_now()))
+        self._rearm()
+        return job
+
+    def abort(self, rid: str, message: str | None = None) -> Job | None:
+        job, done = self.engine.abort(rid, self.sim_now(), message)
+        if job is not None:
+            done.append(job)
+        self._resolve(done)
+        self._rearm()
+        return job
+
+    def abort_all(self) -> int:
+        rids = list(self.engine.running) + [j.rid for j in self.engine.waiting]
+        for rid in rids:
+            self.abort(rid)
+        return len(rids)
+
+    def set_wedged(self, wedged: bool) -> None:
+        self.sync()
+        self.engine.wedged = wedged
+        self._rearm()
+
+    def produced(self, job: Job) -> int:
+        self.sync()
+        return self.engine.produced(job)
+
+    def start_accounting(self) -> None:
+        self.engine.start_accounting(self.sim_now())
+        self._rearm()
+
+    def in_flight(self) -> int:
+        return len(self.engine.running) + len(self.engine.waiting)
+
+    def _tick(self, when: float) -> None:
+        self._timer = None
+        # The loop may fire a hair early: advance at least to the scheduled finish.
+        self._resolve(self.engine.advance(max(self.sim_now(), when)))
+        self._rearm()
+
+    def _rearm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        when = self.engine.next_event_time()
+        if when is None:
+            return
+        wall = self._t0 + when / self.time_scale
+        self._timer = self._loop.call_at(wall, self._tick, when)
+
+    @staticmethod
+    def _resolve(jobs: list[Job]) -> None:
+        for job in jobs:
+            if job.future is not None and not job.future.done():
+                job.future.set_result(job)
+
+
+def ceil_div(a: float, b: float) -> int:
+    return int(math.ceil(a / b))
