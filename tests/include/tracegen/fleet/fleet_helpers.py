@@ -1,0 +1,64 @@
+"""Helpers for the fleet tests: probe-server specs and /proc inspection."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from tracegen.fleet import FleetSpec
+
+HERE = Path(__file__).resolve().parent
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, pgid) of a process, or None when it does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = raw[raw.rindex(") ") + 2 :].split()
+    return fields[0], int(fields[2])
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Non-zombie processes of a process group, read straight from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st and st[1] == pgid and st[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def is_alive(pid: int) -> bool:
+    st = proc_stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def probe_spec(tmp_path: Path, conn_id: str = "local", **over) -> FleetSpec:
+    """A fleet whose launched program is fleet_probe_server (records argv, never serves)."""
+    data = {
+        "hosts": [{"conn_id": conn_id, "gpus": [2], "base_port": 31000}],
+        "model_path": "Qwen/Qwen3-8B",
+        "python": sys.executable,
+        "launch_module": "fleet_probe_server",
+        "work_dir": str(tmp_path / "work"),
+        "env": {"PYTHONPATH": str(HERE), "PROBE_OUT": str(tmp_path / "probe.json")},
+        "health_timeout_s": 2,
+        "stop_timeout_s": 2,
+    }
+    data.update(over)
+    return FleetSpec.from_dict(data)
