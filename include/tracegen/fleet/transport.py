@@ -84,6 +84,10 @@ def _known_hosts_key(path: str, host: str, port: int) -> Any:
     return next(iter(found.values()))
 
 
+class _Transient(Exception):
+    """A connect failure worth retrying (network, sshd throttling); the cause is chained."""
+
+
 class SSHTransport:
     """A host behind an Airflow SSH connection.
 
@@ -92,12 +96,17 @@ class SSHTransport:
     connection asking for `no_host_key_check` or `allow_host_key_change` is refused.
     """
 
-    def __init__(self, conn_id: str, cmd_timeout: float = 120.0) -> None:
+    def __init__(self, conn_id: str, cmd_timeout: float = 120.0, connect_attempts: int = 3) -> None:
         from airflow.providers.ssh.hooks.ssh import SSHHook
 
         self.name = conn_id
-        # no_host_key_check=False as a constructor argument wins over the connection's extra.
-        self.hook = SSHHook(ssh_conn_id=conn_id, cmd_timeout=cmd_timeout, no_host_key_check=False)
+        self.connect_attempts = max(1, connect_attempts)
+        # no_host_key_check=False as a constructor argument wins over the connection's extra. The
+        # hook's own retry is off: it would also retry a wrong host key; `_client` retries only
+        # what can be transient.
+        self.hook = SSHHook(
+            ssh_conn_id=conn_id, cmd_timeout=cmd_timeout, no_host_key_check=False, conn_retry_attempts=1
+        )
         if self.hook.allow_host_key_change:
             raise FleetError(
                 f"connection {conn_id}: allow_host_key_change=true disables host-key verification; "
@@ -117,6 +126,20 @@ class SSHTransport:
         self._urls: dict[int, str] = {}
 
     def _client(self) -> Any:
+
+        for attempt in range(1, self.connect_attempts + 1):
+            try:
+                return self._connect_once()
+            except _Transient as exc:
+                if attempt == self.connect_attempts:
+                    raise FleetError(
+                        f"connection {self.name}: cannot reach SSH server after {attempt} attempts: {exc.__cause__}"
+                    ) from None
+                # sshd's MaxStartups throttling and restarts are short-lived: back off and retry.
+                time.sleep(min(8.0, 1.0 * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")
+
+    def _connect_once(self) -> Any:
         import paramiko
 
         try:
@@ -126,10 +149,14 @@ class SSHTransport:
                 f"connection {self.name}: host key of {exc.hostname} does not match the recorded key "
                 f"(got {exc.key.get_name()} {exc.key.get_fingerprint().hex()}); refusing to connect"
             ) from None
+        except paramiko.AuthenticationException as exc:
+            raise FleetError(f"connection {self.name}: SSH authentication failed: {exc}") from None
         except paramiko.SSHException as exc:
+            if "banner" in str(exc).lower():  # sshd dropped us before the handshake (MaxStartups)
+                raise _Transient() from exc
             raise FleetError(f"connection {self.name}: SSH connection refused: {exc}") from None
         except OSError as exc:
-            raise FleetError(f"connection {self.name}: cannot reach SSH server: {exc}") from None
+            raise _Transient() from exc
 
     def run(self, script: str, timeout: float) -> ScriptResult:
         client = self._client()
