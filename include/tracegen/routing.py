@@ -228,17 +228,22 @@ class ServerPool:
 
     def record_failure(self, server: ServerState, reason: str) -> None:
         server.failures += 1
+        if server.quarantined:
+            # Stragglers failing after the verdict: keep the reason that put the server in quarantine.
+            return
         server.consecutive_failures += 1
         server.reason = reason
-        if server.consecutive_failures >= self.config.quarantine_after and not server.quarantined:
+        if server.consecutive_failures >= self.config.quarantine_after:
             self.quarantine(server, f"{server.consecutive_failures} consecutive failures, last: {reason}")
 
     def record_timeout(self, server: ServerState, started: float, reason: str) -> bool:
         """A request hit its deadline. If the server finished nothing at all since that request was sent,
         it is wedged (or hopelessly stuck): quarantine it now and re-route everything it holds. Returns
         whether the server was declared wedged."""
-        if server.last_completion < started and not server.quarantined:
+        if server.last_completion < started:
             server.failures += 1
+            if server.quarantined:
+                return True
             self.quarantine(
                 server, f"no completion within the {self.config.request_deadline_s:g} s deadline (wedged?)"
             )
