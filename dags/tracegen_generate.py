@@ -1,0 +1,144 @@
+"""
+### tracegen_generate — complete completions for a drafter-training dataset
+
+Trigger with a `max_tokens` cap. The run:
+
+1. **validates** the params and the fleet description;
+2. **provisions** one SGLang server per GPU over SSH (healthy servers already serving the same model
+   and flags are reused) and waits for health;
+3. **plans** the work from the ledger in the output root (rows already committed are never generated twice);
+4. runs a **pilot** on a random sample, **audits** it and **gates**: if the pilot's truncation rate
+   (`finish_reason == "length"`) is above the threshold the run stops before spending GPU-days, and the
+   report says which cap would fix it and what that costs;
+5. **fans out** one mapped task per index chunk (`generate`), each resuming from what is committed;
+6. writes the **final audit report** (JSON + HTML under `runs/<run_id>/` in the output root);
+7. optionally **tears down** the servers (they are long-lived infrastructure by default).
+
+Changing your mind mid-run (the 4096 → 8192 pivot): stop the run, trigger again with the higher
+`max_tokens` and `truncated_policy=regenerate`. Finished rows are kept; rows truncated under the old cap
+are regenerated. See `python -m tracegen status <output_uri>` for progress from any shell.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import Param, TriggerRule, dag, task
+
+from tracegen import steps
+
+DEFAULTS = steps.default_params()
+
+PARAMS = {
+    "max_tokens": Param(
+        DEFAULTS["max_tokens"],
+        type="integer",
+        minimum=1,
+        maximum=1_048_576,
+        title="Max tokens (completion cap)",
+        description="Cap on completion tokens (thinking + answer). Rows that hit it finish with 'length' "
+        "and are truncated; the pilot gate stops the run when too many do. Must be below the model's "
+        "context length.",
+    ),
+    "dataset_uri": Param(
+        DEFAULTS["dataset_uri"],
+        type="string",
+        minLength=1,
+        title="Dataset",
+        description="Prompts: JSONL, JSONL.gz or Parquet with OpenAI-style 'messages'; local path or s3://bucket/key.",
+    ),
+    "output_uri": Param(
+        DEFAULTS["output_uri"],
+        type="string",
+        minLength=1,
+        title="Output root",
+        description="Where committed parts, the ledger, run configs and reports live: a local directory, "
+        "file:///..., or s3://bucket/prefix (through the AWS connection below).",
+    ),
+    "fleet": Param(
+        DEFAULTS["fleet"],
+        type="string",
+        minLength=1,
+        title="Fleet description",
+        description="Path to a fleet JSON file (hosts, GPUs, model, SGLang flags), or 'local-sim' for the "
+        "bundled simulated fleet.",
+    ),
+    "temperature": Param(DEFAULTS["temperature"], type="number", minimum=0, maximum=2, title="Temperature",
+                         description="Sampling temperature sent with every request."),
+    "top_p": Param(DEFAULTS["top_p"], type="number", exclusiveMinimum=0, maximum=1, title="Top-p",
+                   description="Nucleus sampling probability mass."),
+    "chunk_size": Param(
+        DEFAULTS["chunk_size"],
+        type="integer",
+        minimum=0,
+        maximum=1_000_000,
+        title="Chunk size",
+        description="Rows per mapped generation task; 0 chooses it from the dataset size so the number of "
+        "mapped tasks stays well under Airflow's max_map_length (1024).",
+    ),
+    "pilot_size": Param(DEFAULTS["pilot_size"], type="integer", minimum=0, maximum=1_000_000,
+                        title="Pilot size",
+                        description="Random rows generated and audited before the fan-out; 0 skips the pilot "
+                        "(the continuous gate still watches the running truncation rate)."),
+    "truncation_threshold": Param(
+        DEFAULTS["truncation_threshold"],
+        type="number",
+        minimum=0,
+        maximum=1,
+        title="Truncation threshold",
+        description="Largest acceptable share of rows finishing with 'length' (0.05 = 5%).",
+    ),
+    "gate_mode": Param(DEFAULTS["gate_mode"], type="string", enum=["stop", "warn"], title="Gate mode",
+                       description="'stop' fails the run when the pilot is over the threshold; 'warn' logs "
+                       "and goes on."),
+    "truncated_policy": Param(
+        DEFAULTS["truncated_policy"],
+        type="string",
+        enum=["regenerate", "keep"],
+        title="Rows truncated under a lower cap",
+        description="'regenerate': rows that hit a lower cap in an earlier run are generated again under this "
+        "cap (the new row supersedes the old one at export); 'keep': they count as done.",
+    ),
+    "invalid_rows": Param(DEFAULTS["invalid_rows"], type="string", enum=["record", "fail"],
+                          title="Malformed dataset rows",
+                          description="'record' marks them invalid in the ledger and goes on; 'fail' stops "
+                          "the chunk naming the row."),
+    "teardown": Param(False, type="boolean", title="Stop servers at the end",
+                      description="Stop the SGLang servers when the run ends (they are reused by later runs "
+                      "otherwise)."),
+}
+
+
+@dag(
+    dag_id="tracegen_generate",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["tracegen", "generation"],
+    doc_md=__doc__,
+    params=PARAMS,
+    default_args={"retries": 2, "retry_delay": pendulum.duration(seconds=30)},
+    max_active_runs=1,
+)
+def tracegen_generate():
+    run = task(steps.validate_run, retries=0)()
+    servers = task(steps.provision_fleet)(run)
+    chunks = task(steps.plan_run, retries=0)(run)
+    pilot = task(steps.run_pilot)(run, servers)
+    gate = task(steps.audit_and_gate, retries=0)(run, pilot)
+    generated = (
+        task(steps.generate_chunk, map_index_template="{{ chunk_label }}",
+             max_active_tis_per_dagrun=steps.generate_chunk_concurrency())
+        .partial(run=run, servers=servers)
+        .expand(chunk=chunks)
+    )
+    report = task(steps.final_report, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
+    stop = task(steps.teardown_fleet, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
+    watcher = task(steps.watcher, trigger_rule=TriggerRule.ONE_FAILED, retries=0)()
+
+    servers >> pilot
+    chunks >> pilot
+    gate >> generated >> report >> stop
+    [gate, generated, report, stop] >> watcher
+
+
+tracegen_generate()

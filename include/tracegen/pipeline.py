@@ -1,0 +1,292 @@
+"""The steps of a generation run as plain functions: prepare, generate a chunk, audit and report.
+
+The DAGs (through `tracegen.steps`) and the CLI call these; nothing here imports Airflow, so every
+step runs in a test or a shell without a scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tracegen import plan
+from tracegen.config import RunConfig
+from tracegen.fleet import FleetConnection, FleetSpec, provision
+from tracegen.ledger import Ledger
+from tracegen.routing import ServerEndpoint
+from tracegen.storage import StorageKeyError, open_storage
+
+log = logging.getLogger(__name__)
+
+DATASET_INDEX_KEY = "dataset/index.json"
+RUN_FILE = "run.json"  # runs/<run_id>/run.json: the config and fleet the run's rows were meant to have
+# Rows per chunk when the param leaves it to us: about one part per chunk on small datasets, grown for
+# large ones so the mapped task count stays under plan's limit (far below max_map_length).
+TARGET_CHUNK_ROWS = 500
+
+
+@dataclass(frozen=True)
+class ChunkWork:
+    """One mapped generation task's slice: chunk number and the half-open row range [start, stop)."""
+
+    chunk: int
+    start: int
+    stop: int
+    remaining: int
+
+    @property
+    def label(self) -> str:
+        return f"chunk {self.chunk:04d} (rows {self.start:,}–{self.stop - 1:,})"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def open_ledger(config: RunConfig) -> Ledger:
+    return Ledger(open_storage(config.output_uri, aws_conn_id=config.aws_conn_id))
+
+
+def dataset_index(config: RunConfig, ledger: Ledger, *, build: bool = False):
+    """The dataset's row index, stored in the output root so mapped tasks never rescan the dataset."""
+    from tracegen.dataset import DatasetIndex, build_index
+
+    storage = ledger.storage
+    if not build:
+        return DatasetIndex.from_bytes(storage.get(DATASET_INDEX_KEY))
+    try:
+        index = DatasetIndex.from_bytes(storage.get(DATASET_INDEX_KEY))
+        if index.source_uri == config.dataset_uri:
+            return index
+    except StorageKeyError:
+        pass
+    index = build_index(
+        config.dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=config.aws_conn_id
+    )
+    # Refuse a second dataset before writing anything that describes it.
+    ledger.bind_dataset(index.fingerprint, {"uri": config.dataset_uri, "rows": index.n_rows})
+    storage.put(DATASET_INDEX_KEY, index.to_bytes())
+    return index
+
+
+def prepare_run(config: RunConfig, run_id: str, fleet: FleetSpec) -> list[ChunkWork]:
+    """Index the dataset, bind it to the output root, store the run's config, and list chunks with work left."""
+    ledger = open_ledger(config)
+    index = dataset_index(config, ledger, build=True)
+    ledger.bind_dataset(index.fingerprint, {"uri": config.dataset_uri, "rows": index.n_rows})
+    chunk_size = config.chunk_size or plan.choose_chunk_size(index.n_rows, TARGET_CHUNK_ROWS)
+    record = {"run_id": run_id, "created_at": time.time(), "chunk_size": chunk_size,
+              "config": config.to_json(), "fleet": fleet.to_dict()}
+    ledger.put_run_file(run_id, RUN_FILE, json.dumps(record, indent=2).encode())
+    work = chunks_with_work(ledger.frame(), index.n_rows, chunk_size, config)
+    log.info(
+        "plan: %d rows, chunk size %d, %d chunks with work left (%d rows to generate at max_tokens=%d)",
+        index.n_rows, chunk_size, len(work), sum(w.remaining for w in work), config.max_tokens,
+    )
+    return work
+
+
+def chunks_with_work(frame, n_rows: int, chunk_size: int, config: RunConfig) -> list[ChunkWork]:
+    """The chunks that still hold rows to generate for this config's cap and truncated-row policy."""
+    done = plan.done_mask(frame, n_rows, config.max_tokens, config.truncated_policy)
+    layout = plan.chunks(n_rows, chunk_size)
+    left = plan.remaining_per_chunk(done, layout)
+    return [ChunkWork(c.index, c.start, c.stop, int(n)) for c, n in zip(layout, left, strict=True) if n]
+
+
+def pilot_indices(config: RunConfig, n_rows: int) -> np.ndarray:
+    return np.asarray(plan.pilot_sample(n_rows, min(config.pilot_size, n_rows), config.pilot_seed), dtype=np.int64)
+
+
+def continuous_gate(config: RunConfig, run_id: str) -> str | None:
+    """Why a chunk must not start (the running truncation rate of this run's rows is over the
+    threshold with confidence), or None. Catches a bad cap even when the pilot was skipped."""
+    from tracegen import gate
+
+    if config.gate_mode != "stop":
+        return None
+    frame = open_ledger(config).frame()
+    frame = frame[frame["run_id"] == run_id].reset_index(drop=True)
+    truncated, judged = gate_counts(frame, config.max_tokens)
+    decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens)
+    return decision.reason if decision.verdict == "stop" else None
+
+
+@contextmanager
+def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[ServerEndpoint]]:
+    """Endpoints for the HTTP client, valid inside the block (SSH tunnels stay open while it runs).
+
+    Provisioning is idempotent: healthy servers with the same model and flags are reused, so a task
+    calling this after the provision step only checks health and opens its tunnels.
+    """
+    api_key = None
+    with FleetConnection(fleet) as connection:
+        handles = provision(fleet, connection)
+        if fleet.api_key_conn_id:
+            from tracegen.fleet.server import resolve_api_key
+
+            api_key = resolve_api_key(fleet.api_key_conn_id)
+        in_flight = max(1, config.max_in_flight_per_server)
+        yield [ServerEndpoint(h.url, api_key=api_key, max_in_flight=in_flight) for h in handles]
+
+
+def run_chunk(
+    config: RunConfig,
+    run_id: str,
+    fleet: FleetSpec,
+    *,
+    chunk: int,
+    label: str,
+    indices: np.ndarray | Sequence[int],
+    spool_dir: str | None = None,
+    endpoints: Sequence[ServerEndpoint] | None = None,
+) -> dict[str, Any]:
+    """Generate and commit every row of `indices` not done yet for this run's cap. Returns a small summary."""
+    from tracegen.engine import ChunkEngine
+
+    ledger = open_ledger(config)
+    index = dataset_index(config, ledger)
+
+    def run(servers: Sequence[ServerEndpoint]) -> dict[str, Any]:
+        engine = ChunkEngine(
+            config=config, run_id=run_id, chunk=chunk, label=label, ledger=ledger, dataset=index,
+            servers=servers, model=fleet.model_name, spool_dir=spool_dir,
+        )
+        return engine.run(np.asarray(indices, dtype=np.int64)).to_json()
+
+    if endpoints is not None:
+        return run(endpoints)
+    with fleet_endpoints(fleet, config) as servers:
+        return run(servers)
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """Where a report went and what it decided; small enough for an XCom."""
+
+    verdict: str | None
+    reason: str | None
+    action: str | None
+    json_uri: str
+    html_uri: str
+    summary: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gate_counts(frame, max_tokens: int) -> tuple[int, int]:
+    """(truncated, judged) for a gate at cap `max_tokens`, over the current row of each index.
+
+    A row that finished naturally under a lower cap would finish the same under this one, so it
+    counts as complete. A row truncated under a lower cap and kept (`truncated_policy=keep`) says
+    nothing about this cap, so it is left out rather than counted either way.
+    """
+    from tracegen.audit import current_mask
+    from tracegen.records import OK
+
+    if len(frame) == 0:
+        return 0, 0
+    cur = current_mask(frame) & (frame["status"].to_numpy(dtype=object) == OK)
+    is_length = frame["finish_reason"].to_numpy(dtype=object) == "length"
+    under_cap = frame["max_tokens"].to_numpy(dtype=np.int64) < max_tokens
+    judged = cur & ~(is_length & under_cap)
+    return int((judged & is_length).sum()), int(judged.sum())
+
+
+def audit_and_report(
+    config: RunConfig,
+    run_id: str,
+    *,
+    name: str,
+    indices: np.ndarray | None = None,
+    n_gpus: int = 1,
+    tokens_per_s_per_gpu: float | None = None,
+    context_length: int | None = None,
+) -> ReportOutcome:
+    """Audit the ledger (all of it, or only `indices`), decide the gate, write `runs/<run_id>/<name>.{json,html}`."""
+    from tracegen import capfit, gate, report
+    from tracegen.audit import audit, censoring_arrays
+
+    ledger = open_ledger(config)
+    frame = ledger.frame()
+    if indices is not None:
+        frame = frame[np.isin(frame["index"].to_numpy(dtype=np.int64), indices)].reset_index(drop=True)
+    result = audit(frame, config.max_tokens, run_id=run_id)
+
+    table = None
+    lengths, censored = censoring_arrays(frame)
+    try:
+        fit = capfit.fit_lengths(lengths, censored, bootstrap=100)
+    except ValueError as exc:
+        log.warning("no cap table: %s", exc)
+    else:
+        remaining = _rows_remaining(config, ledger, frame if indices is None else ledger.frame())
+        throughput = None
+        if tokens_per_s_per_gpu and tokens_per_s_per_gpu > 0:
+            throughput = capfit.Throughput(tokens_per_s_per_gpu, max(1, n_gpus), remaining)
+        table = capfit.cap_table(
+            fit, config.max_tokens, context_length=context_length or config.context_length or None,
+            threshold=config.truncation_threshold, throughput=throughput,
+        )
+
+    truncated, judged = gate_counts(frame, config.max_tokens)
+    decision = gate.decide(
+        truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens,
+        suggested_cap=table.recommended_cap if table else None,
+        suggested_truncation=table.recommended_truncation if table else None,
+    )
+    examples = _example_rows(ledger, frame)
+    meta = {"run_id": run_id, "report": name, "config": config.to_json(), "scope_rows": int(
+        frame["index"].nunique()) if len(frame) else 0}
+    report_json, html = report.render_report(result, table, decision, meta, examples)
+    json_uri = ledger.put_run_file(run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())
+    html_uri = ledger.put_run_file(run_id, f"{name}.html", html.encode())
+    summary = report.summary_text(result, table, decision)
+    log.info("%s report: %s\n%s", name, html_uri, summary)
+    return ReportOutcome(decision.verdict, decision.reason, decision.action, json_uri, html_uri, summary)
+
+
+def _rows_remaining(config: RunConfig, ledger: Ledger, frame) -> int:
+    try:
+        n_rows = dataset_index(config, ledger).n_rows
+    except StorageKeyError:
+        return 0
+    return int((~plan.done_mask(frame, n_rows, config.max_tokens, config.truncated_policy)).sum())
+
+
+def _example_rows(ledger: Ledger, frame, per_outcome: int = 3) -> dict[str, list[dict[str, Any]]]:
+    """A few full rows per outcome (truncated in thinking / in answer, errors), read from their parts."""
+    from tracegen.records import OK
+
+    if len(frame) == 0 or "part" not in frame.columns:
+        return []
+    status = frame["status"].to_numpy(dtype=object)
+    length = (status == OK) & (frame["finish_reason"].to_numpy(dtype=object) == "length")
+    thinking = frame["cut_in_reasoning"].fillna(False).to_numpy(dtype=bool)
+    picks = {
+        "truncated_in_thinking": np.flatnonzero(length & thinking)[:per_outcome],
+        "truncated_in_answer": np.flatnonzero(length & ~thinking)[:per_outcome],
+        "error": np.flatnonzero(status != OK)[:per_outcome],
+    }
+    wanted: dict[str, set[int]] = {}
+    for rows in picks.values():
+        for i in rows:
+            wanted.setdefault(frame["part"].iat[i], set()).add(int(frame["index"].iat[i]))
+    by_index: dict[tuple[str, int], dict[str, Any]] = {}
+    for part, idx in wanted.items():
+        for row in ledger.read_part(part):
+            if row.index in idx:
+                by_index[(part, row.index)] = row.to_json()
+    examples: dict[str, list[dict[str, Any]]] = {}
+    for outcome, rows in picks.items():
+        examples[outcome] = [
+            by_index[key] for i in rows if (key := (frame["part"].iat[i], int(frame["index"].iat[i]))) in by_index
+        ]
+    return examples

@@ -1,0 +1,260 @@
+"""The task callables the DAG files wire together: Airflow context in, `tracegen.pipeline` calls out.
+
+This is the one module that touches Airflow's task context; everything it calls is plain Python.
+Imports of Airflow and of the heavy modules happen inside the functions, so a DAG file importing
+this module parses in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tracegen.config import SAMPLE_DATASET, RunConfig, safe_run_id
+
+log = logging.getLogger(__name__)
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+LOCAL_SIM = "local-sim"
+CONFIG_PARAMS = (
+    "max_tokens", "dataset_uri", "output_uri", "temperature", "top_p", "chunk_size", "pilot_size",
+    "truncation_threshold", "gate_mode", "truncated_policy", "invalid_rows",
+)
+
+
+def state_dir() -> Path:
+    """Local state of the embedded default (demo output, simulated fleet's pid/log files, spool)."""
+    return Path(os.environ.get("TRACEGEN_STATE_DIR") or PROJECT_DIR / ".state")
+
+
+def default_params() -> dict[str, Any]:
+    """Trigger-form defaults: the embedded default runs anywhere (bundled prompts, simulated fleet)."""
+    defaults = RunConfig(dataset_uri=str(SAMPLE_DATASET), output_uri=str(state_dir() / "output"))
+    params = {name: getattr(defaults, name) for name in CONFIG_PARAMS}
+    params["dataset_uri"] = os.environ.get("TRACEGEN_DATASET_URI", params["dataset_uri"])
+    params["output_uri"] = os.environ.get("TRACEGEN_OUTPUT_URI", params["output_uri"])
+    params["fleet"] = os.environ.get("TRACEGEN_FLEET", LOCAL_SIM)
+    return params
+
+
+def generate_chunk_concurrency() -> int:
+    """Chunk tasks of one run in flight at once; each spreads its requests over every server."""
+    return int(os.environ.get("TRACEGEN_CHUNK_CONCURRENCY", "2"))
+
+
+def local_sim_fleet() -> dict[str, Any]:
+    """The bundled simulated fleet: SGLang stand-ins on this machine, launched exactly like SGLang."""
+    time_scale = float(os.environ.get("TRACEGEN_SIM_TIME_SCALE", "40"))
+    return {
+        "hosts": [{"conn_id": "local", "gpus": [0, 1], "base_port": int(os.environ.get("TRACEGEN_SIM_PORT", "31000"))}],
+        "model_path": "Qwen/Qwen3.6-27B",
+        "served_model_name": "qwen3.6-27b",
+        "python": sys.executable,
+        "launch_module": "tracegen.simulator",
+        "sglang_flags": {
+            "--reasoning-parser": "qwen3",
+            "--speculative-algorithm": "NEXTN",
+            "--speculative-num-steps": 3,
+            "--max-running-requests": 64,
+            "--context-length": 40960,
+            "--enable-metrics": True,
+            "--sim-time-scale": time_scale,
+        },
+        "work_dir": str(state_dir() / "fleet"),
+        "health_timeout_s": 60.0,
+        "stop_timeout_s": 10.0,
+    }
+
+
+def load_fleet(name: str):
+    """'local-sim' or a path to a fleet JSON file; errors say which file and what is wrong."""
+    from tracegen.fleet import FleetSpec, FleetSpecError
+
+    if name == LOCAL_SIM:
+        return FleetSpec.from_dict(local_sim_fleet())
+    path = Path(name)
+    if not path.is_file():
+        raise FleetSpecError(f"fleet: {name!r} is neither '{LOCAL_SIM}' nor a readable fleet JSON file")
+    try:
+        return FleetSpec.from_json(path.read_text())
+    except FleetSpecError as exc:
+        raise FleetSpecError(f"fleet file {path}: {exc}") from None
+
+
+# ---- tracegen_generate ------------------------------------------------------------------------------
+
+
+def _context() -> dict[str, Any]:
+    from airflow.sdk import get_current_context
+
+    return get_current_context()
+
+
+def _run(run: dict[str, Any]):
+    from tracegen.fleet import FleetSpec
+
+    return RunConfig.from_params(run["config"]), run["run_id"], FleetSpec.from_dict(run["fleet"])
+
+
+def validate_run() -> dict[str, Any]:
+    """Params → validated RunConfig + fleet; a bad param fails here, naming it, before any GPU work."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.config import ConfigError
+    from tracegen.fleet import FleetSpecError
+
+    ctx = _context()
+    params = dict(ctx["params"])
+    try:
+        config = RunConfig.from_params({k: params[k] for k in CONFIG_PARAMS})
+        fleet = load_fleet(params.get("fleet") or LOCAL_SIM)
+    except (ConfigError, FleetSpecError) as exc:
+        raise AirflowFailException(f"invalid params: {exc}") from None
+    run_id = safe_run_id(ctx["run_id"])
+    log.info("run %s: max_tokens=%d, dataset %s, output %s, %d GPUs", run_id, config.max_tokens,
+             config.dataset_uri, config.output_uri, len(fleet.servers()))
+    return {"run_id": run_id, "config": config.to_json(), "fleet": fleet.to_dict(),
+            "teardown": bool(params.get("teardown", False))}
+
+
+def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Launch or reuse one server per GPU and wait for health; check the cap fits the model's context."""
+    import httpx
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.config import ConfigError
+    from tracegen.fleet import FleetConnection, provision
+
+    config, _, fleet = _run(run)
+    with FleetConnection(fleet) as connection:
+        handles = provision(fleet, connection)
+        for handle in handles:
+            info = httpx.get(f"{handle.url}/server_info", headers=connection.headers(), timeout=30).json()
+            try:
+                config.check_context_length(int(info.get("context_length") or 0))
+            except ConfigError as exc:
+                raise AirflowFailException(f"{handle.label}: {exc}") from None
+    for handle in handles:
+        log.info("%s: %s server pid %d (%s)", handle.label, "reused" if handle.reused else "launched",
+                 handle.pid, handle.model)
+    return [{"server": h.label, "pid": h.pid, "reused": h.reused} for h in handles]
+
+
+def plan_run(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Chunks that still have work for this cap (the mapped fan-out's input)."""
+    from tracegen.pipeline import prepare_run
+
+    config, run_id, fleet = _run(run)
+    return [w.to_json() for w in prepare_run(config, run_id, fleet)]
+
+
+def run_pilot(run: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate the pilot sample; its rows are committed like any other and never generated twice."""
+    from tracegen.engine import PILOT_CHUNK
+    from tracegen.pipeline import dataset_index, open_ledger, pilot_indices, run_chunk
+
+    config, run_id, fleet = _run(run)
+    if config.pilot_size == 0:
+        log.info("pilot_size=0: no pilot; the continuous gate watches the fan-out instead")
+        return {"indices": 0}
+    n_rows = dataset_index(config, open_ledger(config)).n_rows
+    indices = pilot_indices(config, n_rows)
+    summary = run_chunk(config, run_id, fleet, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)",
+                        indices=indices)
+    return {"indices": int(indices.size), **summary}
+
+
+def audit_and_gate(run: dict[str, Any], pilot: dict[str, Any]) -> dict[str, Any]:
+    """Audit the pilot rows and stop the run (gate_mode=stop) when truncation is over the threshold."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.pipeline import audit_and_report, dataset_index, open_ledger, pilot_indices
+
+    config, run_id, fleet = _run(run)
+    if not pilot.get("indices"):
+        return {"verdict": "skipped", "reason": "no pilot (pilot_size=0)"}
+    indices = pilot_indices(config, dataset_index(config, open_ledger(config)).n_rows)
+    outcome = audit_and_report(
+        config, run_id, name="pilot-report", indices=indices, n_gpus=len(fleet.servers()),
+        tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot, len(fleet.servers())),
+    )
+    if outcome.verdict == "stop":
+        message = f"{outcome.reason}; see report {outcome.html_uri}"
+        if config.gate_mode == "stop":
+            raise AirflowFailException(message)
+        log.warning("gate_mode=warn, going on: %s", message)
+    return outcome.to_json()
+
+
+def _tokens_per_s_per_gpu(summary: dict[str, Any], n_gpus: int) -> float | None:
+    elapsed, tokens = summary.get("elapsed_s") or 0, summary.get("completion_tokens") or 0
+    return tokens / elapsed / max(1, n_gpus) if elapsed > 0 and tokens > 0 else None
+
+
+def generate_chunk(run: dict[str, Any], servers: list[dict[str, Any]], chunk: dict[str, Any]) -> dict[str, Any]:
+    """One mapped task: generate what is left of one chunk. Starts only while the running gate holds."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from tracegen.pipeline import ChunkWork, continuous_gate, run_chunk
+
+    work = ChunkWork(**chunk)
+    _context()["chunk_label"] = work.label
+    config, run_id, fleet = _run(run)
+    verdict = continuous_gate(config, run_id)
+    if verdict is not None:
+        raise AirflowSkipException(f"{work.label} not started: {verdict}")
+    return run_chunk(config, run_id, fleet, chunk=work.chunk, label=work.label,
+                     indices=range(work.start, work.stop))
+
+
+def final_report(run: dict[str, Any]) -> dict[str, Any]:
+    """Audit the whole output root at this run's cap and write report.json / report.html beside the data."""
+    from tracegen.pipeline import audit_and_report
+
+    config, run_id, fleet = _run(run)
+    return audit_and_report(config, run_id, name="report", n_gpus=len(fleet.servers())).to_json()
+
+
+def teardown_fleet(run: dict[str, Any]) -> str:
+    """Stop the servers when the run asked for it; otherwise leave them for the next run."""
+    from tracegen.fleet import teardown
+
+    _, _, fleet = _run(run)
+    if not run.get("teardown"):
+        return "servers left running (teardown=false)"
+    results = teardown(fleet)
+    return f"stopped {len(results)} servers"
+
+
+def watcher() -> None:
+    """Fails the run when any task failed: teardown and report run with relaxed trigger rules, and
+    without this the run would look successful whenever they did."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    raise AirflowFailException("a task of this run failed; see the failed task's log and the run's report")
+
+
+# ---- tracegen_fleet ---------------------------------------------------------------------------------
+
+
+def fleet_action() -> list[dict[str, Any]]:
+    from dataclasses import asdict
+
+    from tracegen.fleet import provision, status, teardown
+
+    params = _context()["params"]
+    fleet = load_fleet(params["fleet"])
+    action = params["action"]
+    if action == "start":
+        result = [asdict(h) for h in provision(fleet)]
+    elif action == "stop":
+        result = [asdict(r) for r in teardown(fleet)]
+    else:
+        result = [asdict(s) for s in status(fleet)]
+    for item in result:
+        log.info("%s", json.dumps(item, default=str))
+    return result
