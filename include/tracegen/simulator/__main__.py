@@ -1,4 +1,4 @@
-"""`python -m tracegen.simulator`: start the SGLang stand-in (same flags as `python -m sglang.launch_server`)."""
+"""`python -m tracegen.simulator`: start the SGLang stand-in (flags of `python -m sglang.launch_server`)."""
 
 from tracegen.simulator.app import main
 

@@ -115,7 +115,9 @@ async def model_info(request: web.Request) -> web.Response:
     lower = a["model_path"].lower()
     moe = "a3b" in lower or "a22b" in lower or "moe" in lower
     model_type = ("qwen3_moe" if moe else "qwen3") if "qwen3" in lower else "llama"
-    arch = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(model_type, "LlamaForCausalLM")
+    arch = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
+        model_type, "LlamaForCausalLM"
+    )
     return _json({
         "model_path": a["model_path"], "served_model_name": a["served_model_name"],
         "tokenizer_path": a["tokenizer_path"], "is_generation": True, "preferred_sampling_params": None,
@@ -134,7 +136,9 @@ def occupancy(state: State) -> dict[str, Any]:
         "available_slot_sim_s": round(available, 6),
         "occupancy": round(e.busy_slot_s / available, 6) if available > 0 else 0.0,
         "tokens_generated": e.tokens_generated(),
-        "sim_seconds_since_warm": round(e.now - e.accounting_since, 6) if e.accounting_since is not None else 0.0,
+        "sim_seconds_since_warm": round(e.now - e.accounting_since, 6)
+        if e.accounting_since is not None
+        else 0.0,
         "time_scale": b.time_scale,
         "max_running_requests": e.max_running,
         "num_running_reqs": len(e.running),
@@ -263,7 +267,7 @@ async def _apply_fault(request: web.Request, state: State) -> tuple[str, web.Str
     return fault, None
 
 
-def _admit(state: State, request: web.Request, plan: p.Plan, rid: str, fault: str) -> Job:
+def _admit(state: State, plan: p.Plan, rid: str, fault: str) -> Job:
     job = Job(rid=rid, target=plan.target)
     if fault == fault_kinds.ABORT:
         job.target = int(plan.target * state.injector.abort_fraction())
@@ -299,8 +303,9 @@ def _record(state: State, job: Job, prompt_toks: int) -> None:
         m.prompt_tokens_total += prompt_toks
 
 
-def _plan(state: State, prompt: Any, cap: int, thinking: bool, ignore_eos: bool,
-          tools: list[dict[str, Any]] | None) -> p.Plan:
+def _plan(
+    state: State, prompt: Any, cap: int, thinking: bool, ignore_eos: bool, tools: list[dict[str, Any]] | None
+) -> p.Plan:
     d = draw(prompt, state.args["sim_seed"], state.settings.length_model)
     reasoning = d.reasoning if thinking else 0
     natural = d.total if thinking else max(1, d.answer)
@@ -347,16 +352,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state.active += 1
     try:
         try:
-            job = _admit(state, request, plan, rid, fault)
+            job = _admit(state, plan, rid, fault)
         except _QueueFullResponse:
             return _error(request, "The request queue is full.", 503)
         model = req.model if req.model is not None else state.args["served_model_name"]
         if req.stream:
-            return await _stream_chat(request, state, req, plan, job, n_prompt, model, parsed, count_reasoning)
+            return await _stream_chat(
+                request, state, req, plan, job, n_prompt, model, parsed, count_reasoning
+            )
         await _wait(job, state)
         _record(state, job, n_prompt)
         n = job.tokens
-        finish = "abort" if job.aborted else (plan.finish if n == plan.target else "abort")
+        finish = "abort" if job.aborted else plan.finish
         reasoning_text, content = p.chat_texts(plan, 0, n, parsed)
         r_tokens = p.split(plan, n)[0] if count_reasoning else 0
         message: dict[str, Any] = {
@@ -394,8 +401,17 @@ async def _progress(state: State, job: Job) -> int:
     return state.batcher.produced(job)
 
 
-async def _stream_chat(request: web.Request, state: State, req: p.ChatRequest, plan: p.Plan, job: Job,
-                       n_prompt: int, model: str, parsed: bool, count_reasoning: bool) -> web.StreamResponse:
+async def _stream_chat(
+    request: web.Request,
+    state: State,
+    req: p.ChatRequest,
+    plan: p.Plan,
+    job: Job,
+    n_prompt: int,
+    model: str,
+    parsed: bool,
+    count_reasoning: bool,
+) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     created = p.now()
@@ -434,8 +450,17 @@ async def _stream_chat(request: web.Request, state: State, req: p.ChatRequest, p
     await _sse(resp, chunk(final_delta, finish))
     if req.include_usage:
         r_tokens = p.split(plan, job.tokens)[0] if count_reasoning else 0
-        await _sse(resp, {"id": job.rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                          "choices": [], "usage": p.usage(n_prompt, job.tokens, r_tokens)})
+        await _sse(
+            resp,
+            {
+                "id": job.rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": p.usage(n_prompt, job.tokens, r_tokens),
+            },
+        )
     await _sse(resp, "[DONE]")
     await resp.write_eof()
     return resp
@@ -460,7 +485,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     state.active += 1
     try:
         try:
-            job = _admit(state, request, plan, rid, fault)
+            job = _admit(state, plan, rid, fault)
         except _QueueFullResponse:
             return _error(request, "The request queue is full.", 503)
         t0 = job.meta["t_arrival"]
@@ -481,8 +506,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 "e2e_latency": round(time.monotonic() - t0, 6),
             })  # fmt: skip
             if spec:
-                meta.update({"spec_accept_length": accept, "spec_accept_rate": round((accept - 1) / accept, 4),
-                             "spec_verify_ct": p.ceil_div(n, accept)})
+                meta.update(
+                    {
+                        "spec_accept_length": accept,
+                        "spec_accept_rate": round((accept - 1) / accept, 4),
+                        "spec_verify_ct": p.ceil_div(n, accept),
+                    }
+                )
             return {"text": text, "output_ids": p.output_ids(plan, n), "meta_info": meta}
 
         if not req.stream:
@@ -548,10 +578,15 @@ async def serve(settings: SimSettings) -> int:
     """Run the server until drained after SIGTERM/SIGINT. Returns the process exit code."""
     loop = asyncio.get_running_loop()
     a = settings.args
-    step = StepModel(a["sim_step_base_ms"] / 1000.0, a["sim_step_per_req_ms"] / 1000.0, settings.accept_length)
+    step = StepModel(
+        a["sim_step_base_ms"] / 1000.0, a["sim_step_per_req_ms"] / 1000.0, settings.accept_length
+    )
     engine = BatchEngine(a["max_running_requests"], step, a["max_queued_requests"])
-    state = State(settings=settings, batcher=AsyncBatcher(engine, a["sim_time_scale"]),
-                  injector=FaultInjector(settings.faults))
+    state = State(
+        settings=settings,
+        batcher=AsyncBatcher(engine, a["sim_time_scale"]),
+        injector=FaultInjector(settings.faults),
+    )
     state.sync_wedge()
     # Hung (fault-injected) handlers never finish: do not let them hold shutdown for a minute.
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
@@ -563,7 +598,9 @@ async def serve(settings: SimSettings) -> int:
         log.error("cannot bind %s:%s: %s", a["host"], a["port"], exc)
         await runner.cleanup()
         return 1
-    log.info("Uvicorn running on http://%s:%s (stand-in for sglang %s)", a["host"], a["port"], p.SGLANG_VERSION)
+    log.info(
+        "Uvicorn running on http://%s:%s (stand-in for sglang %s)", a["host"], a["port"], p.SGLANG_VERSION
+    )
 
     stop = asyncio.Event()
     signals = 0

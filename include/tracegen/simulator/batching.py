@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,9 @@ class StepModel:
 
     def __post_init__(self) -> None:
         if self.base_s <= 0 or self.per_request_s < 0:
-            raise ValueError(f"step timing must be base > 0, per-request >= 0; got {self.base_s}, {self.per_request_s}")
+            raise ValueError(
+                f"step timing must be base > 0, per-request >= 0; got {self.base_s}, {self.per_request_s}"
+            )
         if self.accept_length < 1:
             raise ValueError(f"accept_length must be >= 1, got {self.accept_length}")
 
@@ -322,7 +323,3 @@ class AsyncBatcher:
         for job in jobs:
             if job.future is not None and not job.future.done():
                 job.future.set_result(job)
-
-
-def ceil_div(a: float, b: float) -> int:
-    return int(math.ceil(a / b))

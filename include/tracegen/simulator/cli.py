@@ -81,26 +81,53 @@ def build_parser() -> argparse.ArgumentParser:
         ig.add_argument(flag, action="store_true")
 
     s = p.add_argument_group("stand-in only (--sim-*)")
-    s.add_argument("--sim-time-scale", type=float, default=1.0,
-                   help="simulated seconds per wall second (1000: a simulated hour in 3.6 s)")
+    s.add_argument(
+        "--sim-time-scale",
+        type=float,
+        default=1.0,
+        help="simulated seconds per wall second (1000: a simulated hour in 3.6 s)",
+    )
     s.add_argument("--sim-seed", type=int, default=0, help="seed of the per-prompt length model")
-    s.add_argument("--sim-length-model", default="seed",
-                   help="'seed' (default: 18%% truncated at 4096), 'short', 'long', 'lognormal:MEDIAN:SIGMA', 'fixed:N'")
-    s.add_argument("--sim-step-base-ms", type=float, default=15.0, help="decode step time at batch 0 (simulated ms)")
-    s.add_argument("--sim-step-per-req-ms", type=float, default=0.15, help="extra step time per running request")
-    s.add_argument("--sim-accept-length", type=float, default=None,
-                   help=f"tokens per step with --speculative-algorithm (default {DEFAULT_SPEC_ACCEPT_LENGTH})")
-    s.add_argument("--sim-warmup-s", type=float, default=0.2, help="wall seconds of warm-up before /health is 200")
-    s.add_argument("--sim-tool-call-rate", type=float, default=0.25,
-                   help="share of prompts with `tools` that finish with a tool call")
-    s.add_argument("--sim-stream-interval-ms", type=float, default=50.0, help="wall ms between streamed chunks")
-    s.add_argument("--sim-drain-timeout-s", type=float, default=600.0, help="SIGTERM: max wall seconds to drain")
+    s.add_argument(
+        "--sim-length-model",
+        default="seed",
+        help="'seed' (default: 18%% truncated at 4096), 'short', 'long', 'lognormal:MEDIAN:SIGMA', 'fixed:N'",
+    )
+    s.add_argument(
+        "--sim-step-base-ms", type=float, default=15.0, help="decode step time at batch 0 (simulated ms)"
+    )
+    s.add_argument(
+        "--sim-step-per-req-ms", type=float, default=0.15, help="extra step time per running request"
+    )
+    s.add_argument(
+        "--sim-accept-length",
+        type=float,
+        default=None,
+        help=f"tokens per step with --speculative-algorithm (default {DEFAULT_SPEC_ACCEPT_LENGTH})",
+    )
+    s.add_argument(
+        "--sim-warmup-s", type=float, default=0.2, help="wall seconds of warm-up before /health is 200"
+    )
+    s.add_argument(
+        "--sim-tool-call-rate",
+        type=float,
+        default=0.25,
+        help="share of prompts with `tools` that finish with a tool call",
+    )
+    s.add_argument(
+        "--sim-stream-interval-ms", type=float, default=50.0, help="wall ms between streamed chunks"
+    )
+    s.add_argument(
+        "--sim-drain-timeout-s", type=float, default=600.0, help="SIGTERM: max wall seconds to drain"
+    )
     s.add_argument("--sim-error-rate", type=float, default=0.0)
     s.add_argument("--sim-error-status", type=int, default=500)
     s.add_argument("--sim-drop-rate", type=float, default=0.0)
     s.add_argument("--sim-hang-rate", type=float, default=0.0)
     s.add_argument("--sim-abort-rate", type=float, default=0.0)
-    s.add_argument("--sim-crash-after", type=int, default=None, help="exit after this many generation requests")
+    s.add_argument(
+        "--sim-crash-after", type=int, default=None, help="exit after this many generation requests"
+    )
     s.add_argument("--sim-wedge-after", type=int, default=None, help="stop producing tokens after N requests")
     s.add_argument("--sim-wedged", action="store_true", help="start wedged: /health 200, no tokens")
     s.add_argument("--sim-slow-start-s", type=float, default=0.0, help="extra wall seconds of /health 503")
@@ -139,7 +166,11 @@ def parse_args(argv: Sequence[str]) -> SimSettings:
     a = vars(ns)
     if a["served_model_name"] is None:
         a["served_model_name"] = a["model_path"]
-    _check(parser, ":" not in a["served_model_name"], f"--served-model-name must not contain ':': {a['served_model_name']!r}")
+    _check(
+        parser,
+        ":" not in a["served_model_name"],
+        f"--served-model-name must not contain ':': {a['served_model_name']!r}",
+    )
     if a["tokenizer_path"] is None:
         a["tokenizer_path"] = a["model_path"]
     if a["context_length"] is None:
@@ -148,16 +179,34 @@ def parse_args(argv: Sequence[str]) -> SimSettings:
         a["max_running_requests"] = DEFAULT_MAX_RUNNING
     _check(parser, 0 <= a["port"] <= 65535, f"--port must be in 0..65535, got {a['port']}")
     _check(parser, a["context_length"] >= 2, f"--context-length must be >= 2, got {a['context_length']}")
-    _check(parser, a["max_running_requests"] >= 1, f"--max-running-requests must be >= 1, got {a['max_running_requests']}")
-    _check(parser, a["max_queued_requests"] is None or a["max_queued_requests"] >= 0,
-           f"--max-queued-requests must be >= 0, got {a['max_queued_requests']}")
+    _check(
+        parser,
+        a["max_running_requests"] >= 1,
+        f"--max-running-requests must be >= 1, got {a['max_running_requests']}",
+    )
+    _check(
+        parser,
+        a["max_queued_requests"] is None or a["max_queued_requests"] >= 0,
+        f"--max-queued-requests must be >= 0, got {a['max_queued_requests']}",
+    )
     _check(parser, a["sim_time_scale"] > 0, f"--sim-time-scale must be > 0, got {a['sim_time_scale']}")
     _check(parser, a["sim_warmup_s"] >= 0, f"--sim-warmup-s must be >= 0, got {a['sim_warmup_s']}")
-    _check(parser, 0 <= a["sim_tool_call_rate"] <= 1, f"--sim-tool-call-rate must be in [0, 1], got {a['sim_tool_call_rate']}")
-    _check(parser, a["sim_stream_interval_ms"] > 0, f"--sim-stream-interval-ms must be > 0, got {a['sim_stream_interval_ms']}")
+    _check(
+        parser,
+        0 <= a["sim_tool_call_rate"] <= 1,
+        f"--sim-tool-call-rate must be in [0, 1], got {a['sim_tool_call_rate']}",
+    )
+    _check(
+        parser,
+        a["sim_stream_interval_ms"] > 0,
+        f"--sim-stream-interval-ms must be > 0, got {a['sim_stream_interval_ms']}",
+    )
     algo = a["speculative_algorithm"]
-    _check(parser, algo is None or algo.upper() in SPECULATIVE_ALGORITHMS,
-           f"--speculative-algorithm {algo!r} is not one of {', '.join(SPECULATIVE_ALGORITHMS)}")
+    _check(
+        parser,
+        algo is None or algo.upper() in SPECULATIVE_ALGORITHMS,
+        f"--speculative-algorithm {algo!r} is not one of {', '.join(SPECULATIVE_ALGORITHMS)}",
+    )
     accept = 1.0
     if algo is not None:
         accept = a["sim_accept_length"] if a["sim_accept_length"] is not None else DEFAULT_SPEC_ACCEPT_LENGTH
@@ -179,4 +228,6 @@ def parse_args(argv: Sequence[str]) -> SimSettings:
         parser.error(f"fault flags: {exc}")
     # SGLang reports the input limit as context minus one generated token.
     a["max_req_input_len"] = a["context_length"] - 1
-    return SimSettings(args=a, argv=tuple(argv), length_model=length_model, faults=faults, accept_length=accept)
+    return SimSettings(
+        args=a, argv=tuple(argv), length_model=length_model, faults=faults, accept_length=accept
+    )

@@ -32,7 +32,9 @@ class FaultConfig:
     crash_after: int | None = None  # exit when this many more generation requests have arrived
     wedge_after: int | None = None  # wedge when this many more generation requests have arrived
     wedged: bool = False  # no more tokens are produced; /health still answers 200
-    slow_start_s: float = 0.0  # /health answers 503 for this many (wall) seconds from start or from the update
+    slow_start_s: float = (
+        0.0  # /health answers 503 for this many (wall) seconds from start or from the update
+    )
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -43,8 +45,10 @@ class FaultConfig:
         total = self.error_rate + self.drop_rate + self.hang_rate + self.abort_rate
         if total > 1.0 + 1e-9:
             raise ValueError(f"error_rate + drop_rate + hang_rate + abort_rate must be <= 1, got {total:g}")
-        if isinstance(self.error_status, bool) or not isinstance(self.error_status, int) or not (
-            500 <= self.error_status <= 599
+        if (
+            isinstance(self.error_status, bool)
+            or not isinstance(self.error_status, int)
+            or not (500 <= self.error_status <= 599)
         ):
             raise ValueError(f"error_status must be a 5xx status code, got {self.error_status!r}")
         for name in ("crash_after", "wedge_after"):
@@ -53,7 +57,11 @@ class FaultConfig:
                 raise ValueError(f"{name} must be a non-negative integer or null, got {value!r}")
         if not isinstance(self.wedged, bool):
             raise ValueError(f"wedged must be true or false, got {self.wedged!r}")
-        if isinstance(self.slow_start_s, bool) or not isinstance(self.slow_start_s, int | float) or self.slow_start_s < 0:
+        if (
+            isinstance(self.slow_start_s, bool)
+            or not isinstance(self.slow_start_s, int | float)
+            or self.slow_start_s < 0
+        ):
             raise ValueError(f"slow_start_s must be a number >= 0, got {self.slow_start_s!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
@@ -110,7 +118,12 @@ class FaultInjector:
         if not (c.error_rate or c.drop_rate or c.hang_rate or c.abort_rate):
             return PASS
         u = self.rng.random()
-        for outcome, rate in ((ERROR, c.error_rate), (DROP, c.drop_rate), (HANG, c.hang_rate), (ABORT, c.abort_rate)):
+        for outcome, rate in (
+            (ERROR, c.error_rate),
+            (DROP, c.drop_rate),
+            (HANG, c.hang_rate),
+            (ABORT, c.abort_rate),
+        ):
             if u < rate:
                 return outcome
             u -= rate

@@ -107,7 +107,9 @@ def prompt_digest(prompt: Prompt, seed: int = 0) -> bytes:
         payload = json.dumps(prompt, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
             "utf-8", "surrogatepass"
         )
-    return hashlib.blake2b(payload, digest_size=16, salt=int(seed & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")).digest()
+    return hashlib.blake2b(
+        payload, digest_size=16, salt=int(seed & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+    ).digest()
 
 
 def _unit(value: int) -> float:

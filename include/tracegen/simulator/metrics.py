@@ -59,8 +59,13 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(model_name: str, metrics: Metrics, gauges: dict[str, float], counters: dict[str, float],
-           sim: dict[str, float]) -> str:
+def render(
+    model_name: str,
+    metrics: Metrics,
+    gauges: dict[str, float],
+    counters: dict[str, float],
+    sim: dict[str, float],
+) -> str:
     """The /metrics body. `gauges`/`counters` use SGLang names without the `sglang:` prefix."""
     labels = f'model_name="{_escape(model_name)}"'
     lines: list[str] = []

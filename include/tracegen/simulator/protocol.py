@@ -156,7 +156,9 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
     if text is not None and not isinstance(text, str):
         raise BadRequest("text must be a string (batched requests are not supported by the stand-in)")
     if ids is not None and (
-        not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
     ):
         raise BadRequest("input_ids must be a non-empty list of integers")
     sp = body.get("sampling_params") or {}
@@ -167,7 +169,9 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
     _number(sp, "temperature", 0.0, 100.0, where)
     _number(sp, "top_p", 0.0, 1.0, where)
     stop = sp.get("stop")
-    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
         raise BadRequest("sampling_params.stop must be a string or a list of strings")
     return GenerateRequest(
         prompt=text if text is not None else ids,

@@ -14,18 +14,54 @@ def test_defaults_resolve_like_sglang():
     a = s.args
     assert a["host"] == "127.0.0.1" and a["port"] == 30000
     assert a["served_model_name"] == "Qwen/Qwen3-8B" and a["tokenizer_path"] == "Qwen/Qwen3-8B"
-    assert a["context_length"] == DEFAULT_CONTEXT_LENGTH and a["max_req_input_len"] == DEFAULT_CONTEXT_LENGTH - 1
+    assert (
+        a["context_length"] == DEFAULT_CONTEXT_LENGTH and a["max_req_input_len"] == DEFAULT_CONTEXT_LENGTH - 1
+    )
     assert s.accept_length == 1.0
 
 
 def test_gpu_only_flags_are_accepted_and_recorded():
-    argv = ["--model", "m", "--tp-size", "2", "--dp-size", "1", "--mem-fraction-static", "0.85",
-            "--chunked-prefill-size", "8192", "--dtype", "bfloat16", "--kv-cache-dtype", "fp8_e5m2",
-            "--attention-backend", "fa3", "--cuda-graph-max-bs", "256", "--disable-cuda-graph",
-            "--base-gpu-id", "3", "--trust-remote-code", "--watchdog-timeout", "600",
-            "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "4", "--enable-metrics", "--log-level", "warning",
-            "--max-queued-requests", "10", "--max-running-requests", "64"]
+    argv = [
+        "--model",
+        "m",
+        "--tp-size",
+        "2",
+        "--dp-size",
+        "1",
+        "--mem-fraction-static",
+        "0.85",
+        "--chunked-prefill-size",
+        "8192",
+        "--dtype",
+        "bfloat16",
+        "--kv-cache-dtype",
+        "fp8_e5m2",
+        "--attention-backend",
+        "fa3",
+        "--cuda-graph-max-bs",
+        "256",
+        "--disable-cuda-graph",
+        "--base-gpu-id",
+        "3",
+        "--trust-remote-code",
+        "--watchdog-timeout",
+        "600",
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--enable-metrics",
+        "--log-level",
+        "warning",
+        "--max-queued-requests",
+        "10",
+        "--max-running-requests",
+        "64",
+    ]
     s = parse_args(argv)
     assert s.args["tp_size"] == 2 and s.args["base_gpu_id"] == 3 and s.args["mem_fraction_static"] == 0.85
     assert s.args["disable_cuda_graph"] is True and s.args["speculative_num_steps"] == 3
@@ -52,15 +88,27 @@ def test_bad_flags_exit_2_with_argparse_message(argv, message, capsys):
 
 
 def test_unknown_flag_exits_2_as_a_process():
-    proc = subprocess.run([sys.executable, "-m", "tracegen.simulator", "--model-path", "m", "--bogus"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tracegen.simulator", "--model-path", "m", "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "unrecognized arguments: --bogus" in proc.stderr
 
 
 def test_fault_config_validation():
-    for bad in ({"error_rate": -0.1}, {"error_status": 404}, {"error_status": True}, {"drop_rate": "x"},
-                {"crash_after": -1}, {"wedged": "yes"}, {"slow_start_s": -1}, {"error_rate": 0.6, "hang_rate": 0.6}):
+    for bad in (
+        {"error_rate": -0.1},
+        {"error_status": 404},
+        {"error_status": True},
+        {"drop_rate": "x"},
+        {"crash_after": -1},
+        {"wedged": "yes"},
+        {"slow_start_s": -1},
+        {"error_rate": 0.6, "hang_rate": 0.6},
+    ):
         with pytest.raises(ValueError):
             FaultConfig().updated(bad)
     with pytest.raises(ValueError, match=r"unknown fault setting\(s\) \['nope'\]"):

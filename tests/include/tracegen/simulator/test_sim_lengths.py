@@ -13,7 +13,10 @@ from tracegen.simulator.lengths import (
 
 
 def _prompt(i: int) -> list[dict]:
-    return [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": f"task {i}: fix the bug"}]
+    return [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": f"task {i}: fix the bug"},
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -31,9 +31,16 @@ def find_prompt(pred, seed: int = 0, model: LengthModel = SHORT) -> list[dict]:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """One server for the read-only shape tests: reasoning parser, metrics, api key, short lengths."""
-    server = start_sim_server(tmp_path_factory.mktemp("simshared"), reasoning_parser="qwen3", enable_metrics=True,
-                              api_key=KEY, sim_length_model="short", model_path="Qwen/Qwen3-30B-A3B",
-                              served_model_name="qwen3", context_length=4096)
+    server = start_sim_server(
+        tmp_path_factory.mktemp("simshared"),
+        reasoning_parser="qwen3",
+        enable_metrics=True,
+        api_key=KEY,
+        sim_length_model="short",
+        model_path="Qwen/Qwen3-30B-A3B",
+        served_model_name="qwen3",
+        context_length=4096,
+    )
     yield server
     server.stop(signal.SIGKILL)
 
@@ -95,7 +102,10 @@ def test_server_info_is_flat_resolved_args(client, shared):
     assert info["model_path"] == "Qwen/Qwen3-30B-A3B" and info["port"] == shared.port
     assert info["context_length"] == 4096 and info["max_req_input_len"] == 4095
     assert info["reasoning_parser"] == "qwen3" and info["api_key"] == KEY
-    assert "tracegen.simulator" in info["launch_command"] and "--reasoning-parser qwen3" in info["launch_command"]
+    assert (
+        "tracegen.simulator" in info["launch_command"]
+        and "--reasoning-parser qwen3" in info["launch_command"]
+    )
     assert isinstance(info["max_total_num_tokens"], int) and info["version"] == "0.5.23"
     state = info["internal_states"][0]
     assert {"last_gen_throughput", "avg_spec_accept_length"} <= set(state)
@@ -138,7 +148,9 @@ def test_chat_stop_shape_and_usage(client):
     body = chat(client, m, max_tokens=1000).json()
     assert body["object"] == "chat.completion" and body["model"] == "whatever"
     choice = body["choices"][0]
-    assert choice["finish_reason"] == "stop" and choice["matched_stop"] == 151645 and choice["logprobs"] is None
+    assert (
+        choice["finish_reason"] == "stop" and choice["matched_stop"] == 151645 and choice["logprobs"] is None
+    )
     msg = choice["message"]
     assert msg["role"] == "assistant" and msg["tool_calls"] is None
     assert msg["content"] and msg["reasoning_content"]
@@ -146,7 +158,10 @@ def test_chat_stop_shape_and_usage(client):
     u = body["usage"]
     assert u["completion_tokens"] == d.total and u["reasoning_tokens"] == d.reasoning
     assert u["completion_tokens_details"] == {"reasoning_tokens": d.reasoning}
-    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] and u["prompt_tokens_details"] is None
+    assert (
+        u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+        and u["prompt_tokens_details"] is None
+    )
     assert body["metadata"] == {"weight_version": "default"}
     assert chat(client, m, max_tokens=1000).json()["choices"] == body["choices"]  # deterministic
 
@@ -159,7 +174,10 @@ def test_natural_length_is_independent_of_the_cap(client):
     assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == 100
     assert full["choices"][0]["finish_reason"] == "stop" and full["usage"]["completion_tokens"] == d.total
     # Cut in the answer: thinking complete, answer a prefix of the full answer.
-    assert cut["choices"][0]["message"]["reasoning_content"] == full["choices"][0]["message"]["reasoning_content"]
+    assert (
+        cut["choices"][0]["message"]["reasoning_content"]
+        == full["choices"][0]["message"]["reasoning_content"]
+    )
     assert full["choices"][0]["message"]["content"].startswith(cut["choices"][0]["message"]["content"])
 
 
@@ -185,7 +203,11 @@ def test_without_reasoning_parser_thinking_stays_inline(sim_server):
     m = find_prompt(lambda d: 5 < d.total < 200)
     body = httpx.post(sim.url + "/v1/chat/completions", json={"messages": m, "max_tokens": 1000}).json()
     msg = body["choices"][0]["message"]
-    assert msg["reasoning_content"] is None and msg["content"].startswith("<think>\n") and "\n</think>\n\n" in msg["content"]
+    assert (
+        msg["reasoning_content"] is None
+        and msg["content"].startswith("<think>\n")
+        and "\n</think>\n\n" in msg["content"]
+    )
     assert "completion_tokens_details" not in body["usage"]
 
 
@@ -204,23 +226,33 @@ def test_tools_can_finish_with_tool_calls(client):
 def test_streaming_matches_non_streaming(client):
     m = find_prompt(lambda d: 40 < d.total < 150)
     full = chat(client, m, max_tokens=1000).json()
-    with client.stream("POST", "/v1/chat/completions", json={"messages": m, "max_tokens": 1000, "stream": True,
-                                                             "stream_options": {"include_usage": True}}) as r:
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"messages": m, "max_tokens": 1000, "stream": True, "stream_options": {"include_usage": True}},
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks if c["choices"])
+    reasoning = "".join(
+        c["choices"][0]["delta"].get("reasoning_content") or "" for c in chunks if c["choices"]
+    )
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert reasoning == full["choices"][0]["message"]["reasoning_content"]
     assert content == full["choices"][0]["message"]["content"]
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == full["usage"]["completion_tokens"]
+    assert (
+        chunks[-1]["choices"] == []
+        and chunks[-1]["usage"]["completion_tokens"] == full["usage"]["completion_tokens"]
+    )
 
 
 def test_streaming_without_include_usage_has_no_usage(client):
-    with client.stream("POST", "/v1/chat/completions", json={"messages": msgs(1), "max_tokens": 5, "stream": True}) as r:
+    with client.stream(
+        "POST", "/v1/chat/completions", json={"messages": msgs(1), "max_tokens": 5, "stream": True}
+    ) as r:
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     assert all(json.loads(x[6:])["usage"] is None for x in lines[:-1])
@@ -236,17 +268,34 @@ def test_streaming_without_include_usage_has_no_usage(client):
         (json.dumps({"messages": "hi"}).encode(), "messages must be a non-empty list"),
         (json.dumps({"messages": [{"content": "x"}]}).encode(), "messages[0].role must be a string"),
         (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), "messages[0].content"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}).encode(), "max_tokens must be an integer"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(), "max_tokens must be >= 1"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), "stream must be true or false"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": -1}).encode(), "temperature"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}).encode(),
+            "max_tokens must be an integer",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).encode(),
+            "max_tokens must be >= 1",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(),
+            "stream must be true or false",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": -1}).encode(),
+            "temperature",
+        ),
     ],
 )
 def test_chat_bad_requests_are_flat_400(client, payload, fragment):
     r = client.post("/v1/chat/completions", content=payload, headers={"Content-Type": "application/json"})
     assert r.status_code == 400
     body = r.json()
-    assert body["object"] == "error" and body["type"] == "BadRequest" and body["code"] == 400 and body["param"] is None
+    assert (
+        body["object"] == "error"
+        and body["type"] == "BadRequest"
+        and body["code"] == 400
+        and body["param"] is None
+    )
     assert fragment in body["message"]
 
 
@@ -257,16 +306,24 @@ def test_context_overflow_exact_message(client):
     assert r.json()["message"] == (
         "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total "
         "of 4104 tokens: 104 tokens from the input messages and 4000 tokens for the completion. Please reduce the "
-        "number of tokens in the input messages or the completion to fit within the limit.")
+        "number of tokens in the input messages or the completion to fit within the limit."
+    )
     r = chat(client, [{"role": "user", "content": "x" * 20000}], max_tokens=1)
     assert r.status_code == 400
-    assert r.json()["message"] == "The input (5004 tokens) is longer than the model's context length (4096 tokens)."
+    assert (
+        r.json()["message"]
+        == "The input (5004 tokens) is longer than the model's context length (4096 tokens)."
+    )
 
 
 def test_generate_errors_are_nested(client):
-    for payload, fragment in ((b"nope", "Invalid JSON body"), (b'{"text": 1}', "text must be a string"),
-                              (b'{"text": "x", "sampling_params": {"max_new_tokens": -1}}', "max_new_tokens must be >= 0"),
-                              (b'{"input_ids": ["a"]}', "input_ids"), (b"{}", "Either text or input_ids")):
+    for payload, fragment in (
+        (b"nope", "Invalid JSON body"),
+        (b'{"text": 1}', "text must be a string"),
+        (b'{"text": "x", "sampling_params": {"max_new_tokens": -1}}', "max_new_tokens must be >= 0"),
+        (b'{"input_ids": ["a"]}', "input_ids"),
+        (b"{}", "Either text or input_ids"),
+    ):
         r = client.post("/generate", content=payload)
         assert r.status_code == 400 and fragment in r.json()["error"]["message"], payload
     r = client.post("/generate", json={"text": "x" * 400, "sampling_params": {"max_new_tokens": 4000}})
@@ -285,16 +342,27 @@ def test_generate_native_shape_and_default_max_new_tokens(sim_server):
     assert meta["weight_version"] == "default" and meta["e2e_latency"] >= 0 and meta["id"]
     assert body["text"].startswith("<think>\n")
     short = next(f"p{i}" for i in range(1000) if draw(f"p{i}").total < 2000)
-    body = httpx.post(sim.url + "/generate", json={"text": short, "sampling_params": {"max_new_tokens": 4000}}).json()
+    body = httpx.post(
+        sim.url + "/generate", json={"text": short, "sampling_params": {"max_new_tokens": 4000}}
+    ).json()
     assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": 151645}
     assert body["meta_info"]["completion_tokens"] == draw(short).total
-    ids = httpx.post(sim.url + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}).json()
+    ids = httpx.post(
+        sim.url + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
+    ).json()
     assert ids["meta_info"]["prompt_tokens"] == 3 and ids["meta_info"]["completion_tokens"] == 4
 
 
 def test_generate_streaming_is_cumulative(client):
-    with client.stream("POST", "/generate", json={"text": "stream me", "stream": True,
-                                                  "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}}) as r:
+    with client.stream(
+        "POST",
+        "/generate",
+        json={
+            "text": "stream me",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 50, "ignore_eos": True},
+        },
+    ) as r:
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     events = [json.loads(x[6:]) for x in lines[:-1]]
@@ -306,7 +374,10 @@ def test_generate_streaming_is_cumulative(client):
 
 def test_speculative_meta_info(sim_server):
     sim = sim_server(speculative_algorithm="EAGLE", sim_accept_length=2.0)
-    meta = httpx.post(sim.url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 10, "ignore_eos": True}}).json()["meta_info"]
+    meta = httpx.post(
+        sim.url + "/generate",
+        json={"text": "x", "sampling_params": {"max_new_tokens": 10, "ignore_eos": True}},
+    ).json()["meta_info"]
     assert meta["spec_accept_length"] == 2.0 and meta["spec_verify_ct"] == 5
     assert httpx.get(sim.url + "/server_info").json()["internal_states"][0]["avg_spec_accept_length"] == 2.0
 
@@ -317,12 +388,22 @@ async def _post(client: httpx.AsyncClient, path: str, body: dict) -> httpx.Respo
 
 
 def test_abort_request_finishes_with_abort_http_200(sim_server):
-    sim = sim_server(sim_time_scale=10, sim_length_model="fixed:100000", max_running_requests=1, context_length=200000)
+    sim = sim_server(
+        sim_time_scale=10, sim_length_model="fixed:100000", max_running_requests=1, context_length=200000
+    )
 
     async def scenario():
         async with httpx.AsyncClient(base_url=sim.url, timeout=30) as c:
-            running = asyncio.create_task(_post(c, "/generate", {"text": "a", "rid": "r-run", "sampling_params": {"max_new_tokens": 100000}}))
-            queued = asyncio.create_task(_post(c, "/v1/chat/completions", {"messages": msgs(1), "rid": "r-wait", "max_tokens": 100000}))
+            running = asyncio.create_task(
+                _post(
+                    c,
+                    "/generate",
+                    {"text": "a", "rid": "r-run", "sampling_params": {"max_new_tokens": 100000}},
+                )
+            )
+            queued = asyncio.create_task(
+                _post(c, "/v1/chat/completions", {"messages": msgs(1), "rid": "r-wait", "max_tokens": 100000})
+            )
             await asyncio.sleep(0.5)
             assert (await c.post("/abort_request", json={"rid": "r-wait"})).status_code == 200
             assert (await c.post("/abort_request", json={"rid": "r-run"})).status_code == 200
@@ -339,12 +420,26 @@ def test_abort_request_finishes_with_abort_http_200(sim_server):
 
 
 def test_queue_full_503(sim_server):
-    sim = sim_server(sim_time_scale=10, sim_length_model="fixed:100000", context_length=200000,
-                     max_running_requests=1, max_queued_requests=1)
+    sim = sim_server(
+        sim_time_scale=10,
+        sim_length_model="fixed:100000",
+        context_length=200000,
+        max_running_requests=1,
+        max_queued_requests=1,
+    )
 
     async def scenario():
         async with httpx.AsyncClient(base_url=sim.url, timeout=30) as c:
-            bg = [asyncio.create_task(_post(c, "/generate", {"text": f"{i}", "rid": f"q{i}", "sampling_params": {"max_new_tokens": 100000}})) for i in range(2)]
+            bg = [
+                asyncio.create_task(
+                    _post(
+                        c,
+                        "/generate",
+                        {"text": f"{i}", "rid": f"q{i}", "sampling_params": {"max_new_tokens": 100000}},
+                    )
+                )
+                for i in range(2)
+            ]
             await asyncio.sleep(0.5)
             chat_full = await _post(c, "/v1/chat/completions", {"messages": msgs(0), "max_tokens": 10})
             gen_full = await _post(c, "/generate", {"text": "z"})
@@ -354,16 +449,28 @@ def test_queue_full_503(sim_server):
 
     chat_full, gen_full = asyncio.run(scenario())
     assert chat_full.status_code == 503 and chat_full.json()["message"] == "The request queue is full."
-    assert gen_full.status_code == 503 and gen_full.json() == {"error": {"message": "The request queue is full."}}
+    assert gen_full.status_code == 503 and gen_full.json() == {
+        "error": {"message": "The request queue is full."}
+    }
 
 
 def test_capacity_running_capped_then_queued_and_metrics(sim_server):
-    sim = sim_server(sim_time_scale=10, sim_length_model="fixed:100000", context_length=200000,
-                     max_running_requests=2, enable_metrics=True)
+    sim = sim_server(
+        sim_time_scale=10,
+        sim_length_model="fixed:100000",
+        context_length=200000,
+        max_running_requests=2,
+        enable_metrics=True,
+    )
 
     async def scenario():
         async with httpx.AsyncClient(base_url=sim.url, timeout=30) as c:
-            bg = [asyncio.create_task(_post(c, "/generate", {"text": f"{i}", "sampling_params": {"max_new_tokens": 100000}})) for i in range(5)]
+            bg = [
+                asyncio.create_task(
+                    _post(c, "/generate", {"text": f"{i}", "sampling_params": {"max_new_tokens": 100000}})
+                )
+                for i in range(5)
+            ]
             await asyncio.sleep(0.6)
             info = (await c.get("/server_info")).json()
             metrics = (await c.get("/metrics")).text
@@ -383,13 +490,24 @@ def test_capacity_running_capped_then_queued_and_metrics(sim_server):
 def test_metrics_names(client):
     chat(client, msgs(3), max_tokens=50)
     text = httpx.get(client.base_url.join("/metrics")).text
-    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput", "sglang:token_usage",
-                 "sglang:spec_accept_length", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-                 "sglang:num_requests_total", "sglang:num_aborted_requests_total",
-                 "sglang:time_to_first_token_seconds_bucket", "sglang:e2e_request_latency_seconds_count",
-                 "sglang:queue_time_seconds_sum", "tracegen_sim:busy_slot_seconds_total",
-                 "tracegen_sim:available_slot_seconds_total", "tracegen_sim:generated_tokens_total"):
-        assert f"{name}{{model_name=\"qwen3\"" in text, name
+    for name in (
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:gen_throughput",
+        "sglang:token_usage",
+        "sglang:spec_accept_length",
+        "sglang:prompt_tokens_total",
+        "sglang:generation_tokens_total",
+        "sglang:num_requests_total",
+        "sglang:num_aborted_requests_total",
+        "sglang:time_to_first_token_seconds_bucket",
+        "sglang:e2e_request_latency_seconds_count",
+        "sglang:queue_time_seconds_sum",
+        "tracegen_sim:busy_slot_seconds_total",
+        "tracegen_sim:available_slot_seconds_total",
+        "tracegen_sim:generated_tokens_total",
+    ):
+        assert f'{name}{{model_name="qwen3"' in text, name
 
 
 def test_metrics_absent_without_flag(sim_server):
@@ -407,7 +525,9 @@ def test_occupancy_near_full_under_saturation(sim_server):
 
             async def worker(w):
                 for k in range(6):
-                    r = await _post(c, "/generate", {"text": f"{w}-{k}", "sampling_params": {"max_new_tokens": 4000}})
+                    r = await _post(
+                        c, "/generate", {"text": f"{w}-{k}", "sampling_params": {"max_new_tokens": 4000}}
+                    )
                     assert r.status_code == 200
 
             await asyncio.gather(*(worker(w) for w in range(32)))
@@ -420,11 +540,15 @@ def test_occupancy_near_full_under_saturation(sim_server):
 
 # -- shutdown -----------------------------------------------------------------------------------------
 def test_sigterm_drains_in_flight_then_exits(sim_server):
-    sim = sim_server(sim_time_scale=1, sim_length_model="fixed:60", sim_step_base_ms=20, sim_step_per_req_ms=0)
+    sim = sim_server(
+        sim_time_scale=1, sim_length_model="fixed:60", sim_step_base_ms=20, sim_step_per_req_ms=0
+    )
 
     async def scenario():
         async with httpx.AsyncClient(base_url=sim.url, timeout=30) as c:
-            req = asyncio.create_task(_post(c, "/generate", {"text": "drain me", "sampling_params": {"max_new_tokens": 100}}))
+            req = asyncio.create_task(
+                _post(c, "/generate", {"text": "drain me", "sampling_params": {"max_new_tokens": 100}})
+            )
             await asyncio.sleep(0.3)
             sim.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.2)
