@@ -565,3 +565,10 @@ def test_sigterm_drains_in_flight_then_exits(sim_server):
     assert done.json()["meta_info"]["completion_tokens"] == 60
     assert sim.proc.wait(15) == 0
     assert "draining 1 in-flight" in sim.log()
+
+
+def test_context_limit_boundary_matches_sglang(client):
+    # SGLang rejects input + max_new_tokens >= context length (not only >).
+    m = [{"role": "user", "content": "x" * 400}]  # 104 tokens
+    assert chat(client, m, max_tokens=4096 - 104).status_code == 400
+    assert chat(client, m, max_tokens=4096 - 105, chat_template_kwargs={"enable_thinking": False}).status_code == 200
