@@ -270,13 +270,6 @@ def wait_healthy(fleet: FleetConnection, pending: list[_Pending]) -> list[Server
                 continue
             result = probe(item.url, fleet.spec, headers, timeout=5.0)
             item.last = result.detail
-            now = inspect(fleet, item.host, item.gpu)
-            if not now.alive or now.pid != item.state.pid:
-                raise FleetError(
-                    f"{item.host.conn_id}:gpu{item.gpu}: server process {item.state.pid} exited before "
-                    f"becoming healthy ({now.state}); last probe: {item.last}\n--- log tail ---\n"
-                    f"{log_tail(fleet, item.host, item.gpu)}"
-                )
             if result.model_ok is False:
                 raise FleetError(f"{item.host.conn_id}:gpu{item.gpu} at {item.url}: {result.detail}")
             if result.healthy:
@@ -285,13 +278,22 @@ def wait_healthy(fleet: FleetConnection, pending: list[_Pending]) -> list[Server
                     gpu=item.gpu,
                     port=item.host.port(item.gpu),
                     url=item.url,
-                    pid=now.pid or 0,
-                    pgid=now.pgid or 0,
-                    config=now.config,
+                    pid=item.state.pid or 0,
+                    pgid=item.state.pgid or 0,
+                    config=item.state.config,
                     reused=item.reused,
                     model=fleet.spec.model_name,
                 )
-            elif time.monotonic() > item.deadline:
+                continue
+            # Not healthy yet: a round trip to the host tells "still loading" from "died".
+            now = inspect(fleet, item.host, item.gpu)
+            if not now.alive or now.pid != item.state.pid:
+                raise FleetError(
+                    f"{item.host.conn_id}:gpu{item.gpu}: server process {item.state.pid} exited before "
+                    f"becoming healthy ({now.state}); last probe: {item.last}\n--- log tail ---\n"
+                    f"{log_tail(fleet, item.host, item.gpu)}"
+                )
+            if time.monotonic() > item.deadline:
                 raise FleetError(
                     f"{item.host.conn_id}:gpu{item.gpu}: not healthy after {fleet.spec.health_timeout_s:.0f} s "
                     f"(last probe of {item.url}: {item.last})\n--- log tail ---\n"
@@ -299,7 +301,21 @@ def wait_healthy(fleet: FleetConnection, pending: list[_Pending]) -> list[Server
                 )
         if len(done) < len(pending):
             time.sleep(POLL_INTERVAL_S)
-    return [done[i] for i in range(len(pending))]
+    handles = [done[i] for i in range(len(pending))]
+
+    def still_ours(item: _Pending) -> None:
+        # A healthy answer on the port proves nothing if our process died: another server may
+        # hold the port (our launch then fails with "address already in use").
+        now = inspect(fleet, item.host, item.gpu)
+        if not now.alive or now.pid != item.state.pid:
+            raise FleetError(
+                f"{item.host.conn_id}:gpu{item.gpu}: {item.url} answers, but server process "
+                f"{item.state.pid} is gone ({now.state}); is another server using port "
+                f"{item.host.port(item.gpu)}?\n--- log tail ---\n{log_tail(fleet, item.host, item.gpu)}"
+            )
+
+    parallel(still_ours, pending)
+    return handles
 
 
 def prepare(fleet: FleetConnection, host: HostSpec, gpu: int) -> _Pending:

@@ -1,0 +1,134 @@
+"""Provision / reuse / restart / status / teardown of SGLang stand-ins, over real SSH and locally."""
+
+import socket
+import sys
+
+import httpx
+import pytest
+from fleet_helpers import is_alive, live_group_members
+
+from tracegen.fleet import FleetConnection, FleetSpec, provision, status, teardown
+
+
+def free_base_port(gpus: list[int]) -> int:
+    """A base port whose base+gpu ports are all free right now."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = sock.getsockname()[1]
+        if base + max(gpus) > 65000:
+            continue
+        try:
+            socks = []
+            for gpu in gpus:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + gpu))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def sim_spec(tmp_path, conn_id: str, gpus=(0, 1), **over) -> FleetSpec:
+    data = {
+        "hosts": [{"conn_id": conn_id, "gpus": list(gpus), "base_port": free_base_port(list(gpus))}],
+        "model_path": "Qwen/Qwen3-8B",
+        "served_model_name": "qwen3-8b",
+        "python": sys.executable,
+        "launch_module": "tracegen.simulator",
+        "sglang_flags": {
+            "--speculative-algorithm": "EAGLE3",
+            "--speculative-num-steps": 3,
+            "--sim-warmup-s": 0.3,  # /health answers 503 first: the wait has to poll through it
+            "--sim-drain-timeout-s": 2,
+        },
+        "work_dir": str(tmp_path / "fleet"),
+        "health_timeout_s": 60,
+        "stop_timeout_s": 5,
+    }
+    data.update(over)
+    return FleetSpec.from_dict(data)
+
+
+def test_provision_reuse_restart_status_teardown_over_ssh(sshd, tmp_path, stray_groups):
+    spec = sim_spec(tmp_path, sshd.conn_id)
+    with FleetConnection(spec) as fleet:
+        try:
+            first = provision(spec, fleet)
+            stray_groups.extend(h.pgid for h in first)
+            assert [(h.gpu, h.reused) for h in first] == [(0, False), (1, False)]
+            assert len({h.pid for h in first}) == 2
+            for handle in first:
+                # Loopback bind: the client URL is a local SSH tunnel, not the remote port.
+                assert handle.url.startswith("http://127.0.0.1:") and not handle.url.endswith(f":{handle.port}")
+                info = httpx.get(f"{handle.url}/server_info", timeout=10).json()
+                assert info["port"] == handle.port and info["speculative_algorithm"] == "EAGLE3"
+                assert info["served_model_name"] == "qwen3-8b"
+
+            # Same model and flags: reused, not restarted.
+            second = provision(spec, fleet)
+            assert [(h.pid, h.reused) for h in second] == [(h.pid, True) for h in first]
+
+            # A flag change restarts every server; the old process groups are gone.
+            changed = FleetSpec.from_dict(
+                {**spec.to_dict(), "sglang_flags": {**spec.sglang_flags, "--max-running-requests": 64}}
+            )
+            with FleetConnection(changed) as fleet2:
+                before = status(changed, fleet2)
+                assert [(s.state, s.config_matches, s.healthy) for s in before] == [("running", False, True)] * 2
+                third = provision(changed, fleet2)
+                stray_groups.extend(h.pgid for h in third)
+                assert all(not h.reused for h in third)
+                assert not {h.pid for h in third} & {h.pid for h in first}
+                for handle in first:
+                    assert live_group_members(handle.pgid) == [] and not is_alive(handle.pid)
+                for handle in third:
+                    info = httpx.get(f"{handle.url}/server_info", timeout=10).json()
+                    assert info["max_running_requests"] == 64
+                after = status(changed, fleet2)
+                assert [(s.state, s.config_matches, s.healthy) for s in after] == [("running", True, True)] * 2
+        finally:
+            results = teardown(spec, fleet)
+    assert {r.result for r in results} <= {"stopped", "killed"}
+    for pgid in stray_groups:
+        assert live_group_members(pgid) == []
+    assert [s.state for s in status(spec)] == ["absent", "absent"]
+
+
+def test_local_fleet_with_api_key(tmp_path, monkeypatch, stray_groups):
+    monkeypatch.setenv("AIRFLOW_CONN_FLEET_TEST_KEY", '{"conn_type": "generic", "password": "k-123"}')
+    spec = sim_spec(tmp_path, "local", gpus=(4,), api_key_conn_id="fleet_test_key")
+    with FleetConnection(spec) as fleet:
+        try:
+            [handle] = provision(spec, fleet)
+            stray_groups.append(handle.pgid)
+            assert handle.url == f"http://127.0.0.1:{handle.port}"
+            # The server demands the key; the fleet's headers carry it.
+            assert httpx.get(f"{handle.url}/model_info", timeout=10).status_code == 401
+            assert httpx.get(f"{handle.url}/model_info", headers=fleet.headers(), timeout=10).status_code == 200
+            pid_file = tmp_path / "fleet" / f"sglang-gpu4-port{handle.port}.pid"
+            assert "k-123" not in pid_file.read_text()
+            assert provision(spec, fleet)[0].pid == handle.pid
+        finally:
+            teardown(spec, fleet)
+    assert live_group_members(handle.pgid) == []
+
+
+def test_wrong_model_on_the_port_is_an_error(tmp_path, stray_groups):
+    spec = sim_spec(tmp_path, "local", gpus=(0,))
+    other = FleetSpec.from_dict({**spec.to_dict(), "work_dir": str(tmp_path / "other"), "served_model_name": "impostor"})
+    with FleetConnection(other) as fleet:
+        try:
+            [handle] = provision(other, fleet)
+            stray_groups.append(handle.pgid)
+            # Our spec finds no pid file of its own, launches, and the port is taken by "impostor":
+            # the launch fails (or /model_info names the wrong model) -- either way a clear error.
+            with pytest.raises(Exception, match=r"impostor|exited before becoming healthy"):
+                provision(spec)
+        finally:
+            teardown(other, fleet)
+            teardown(spec)
