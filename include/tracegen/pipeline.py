@@ -290,3 +290,66 @@ def _example_rows(ledger: Ledger, frame, per_outcome: int = 3) -> dict[str, list
             by_index[key] for i in rows if (key := (frame["part"].iat[i], int(frame["index"].iat[i]))) in by_index
         ]
     return examples
+
+
+# ---- scheduled reruns -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """runs/<run_id>/run.json: what a run was meant to produce."""
+
+    run_id: str
+    created_at: float
+    chunk_size: int
+    config: RunConfig
+    fleet: dict[str, Any]
+
+
+def read_run_record(ledger: Ledger, run_id: str) -> RunRecord:
+    doc = json.loads(ledger.get_run_file(run_id, RUN_FILE))
+    return RunRecord(doc["run_id"], float(doc["created_at"]), int(doc["chunk_size"]),
+                     RunConfig.from_params(doc["config"]), doc["fleet"])
+
+
+def latest_run(ledger: Ledger) -> RunRecord | None:
+    """The newest run of an output root: the one whose cap and policy define "finished" for it."""
+    records = []
+    for run_id in ledger.runs():
+        try:
+            records.append(read_run_record(ledger, run_id))
+        except StorageKeyError:
+            continue  # a run that failed before planning wrote nothing to finish
+    return max(records, key=lambda r: r.created_at, default=None)
+
+
+def stopped_at_gate(ledger: Ledger, run_id: str) -> bool:
+    try:
+        pilot = json.loads(ledger.get_run_file(run_id, "pilot-report.json"))
+    except StorageKeyError:
+        return False
+    verdict = pilot.get("verdict") or {}
+    return verdict.get("verdict") == "stop" and pilot.get("run", {}).get("config", {}).get("gate_mode") == "stop"
+
+
+def unfinished_work(output_uri: str, aws_conn_id: str = "aws_default") -> list[dict[str, Any]]:
+    """Chunks of the newest run of `output_uri` that still hold failed or never-committed rows.
+
+    A run the gate stopped is not finished by the scheduler: finishing it would spend the GPU-days
+    the gate exists to save. Its operator triggers a new run with a better cap instead.
+    """
+    ledger = Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))
+    record = latest_run(ledger)
+    if record is None:
+        return []
+    if stopped_at_gate(ledger, record.run_id):
+        log.info("%s: newest run %s stopped at the gate; nothing to rerun", output_uri, record.run_id)
+        return []
+    try:
+        n_rows = dataset_index(record.config, ledger).n_rows
+    except StorageKeyError:
+        return []
+    work = chunks_with_work(ledger.frame(), n_rows, record.chunk_size, record.config)
+    log.info("%s: run %s has %d chunks with %d rows left", output_uri, record.run_id, len(work),
+             sum(w.remaining for w in work))
+    return [{"output_uri": output_uri, "run_id": record.run_id, **w.to_json()} for w in work]

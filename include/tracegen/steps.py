@@ -238,6 +238,52 @@ def watcher() -> None:
     raise AirflowFailException("a task of this run failed; see the failed task's log and the run's report")
 
 
+# ---- tracegen_rerun_failed -------------------------------------------------------------------------
+
+
+def output_roots() -> list[str]:
+    """Output roots the scheduled rerun looks after: the `tracegen_output_roots` Variable (a JSON list),
+    else the default output root."""
+    from airflow.sdk import Variable
+
+    raw = Variable.get("tracegen_output_roots", default=None)
+    if raw is None:
+        return [default_params()["output_uri"]]
+    roots = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
+        raise ValueError(f"Variable tracegen_output_roots must be a JSON list of output URIs, got {raw!r}")
+    return roots
+
+
+def find_unfinished_work() -> list[dict[str, Any]]:
+    """Chunks with failed or missing rows in the newest run of each output root; [] when all is done."""
+    from tracegen.pipeline import unfinished_work
+
+    work: list[dict[str, Any]] = []
+    for root in output_roots():
+        if not root.startswith("s3://") and not Path(root.removeprefix("file://")).exists():
+            log.info("%s: no output yet", root)
+            continue
+        work.extend(unfinished_work(root))
+    # One mapped task per chunk, bounded well under max_map_length; the next hourly run takes the rest.
+    return work[:500]
+
+
+def rerun_unfinished(work: dict[str, Any]) -> dict[str, Any]:
+    """Regenerate what is left of one chunk with the config its run was meant to have."""
+    from tracegen.fleet import FleetSpec
+    from tracegen.ledger import Ledger
+    from tracegen.pipeline import ChunkWork, read_run_record, run_chunk
+    from tracegen.storage import open_storage
+
+    chunk = ChunkWork(work["chunk"], work["start"], work["stop"], work["remaining"])
+    _context()["chunk_label"] = f"{work['run_id']} {chunk.label}"
+    ledger = Ledger(open_storage(work["output_uri"]))
+    record = read_run_record(ledger, work["run_id"])
+    return run_chunk(record.config, record.run_id, FleetSpec.from_dict(record.fleet), chunk=chunk.chunk,
+                     label=f"rerun {chunk.label}", indices=range(chunk.start, chunk.stop))
+
+
 # ---- tracegen_fleet ---------------------------------------------------------------------------------
 
 

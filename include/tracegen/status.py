@@ -1,0 +1,151 @@
+"""What the seed's progress file tried to say, computed from the ledger so it cannot disagree with the data.
+
+`python -m tracegen status OUTPUT_URI` prints it; `dataset_status()` returns it as a dict.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracegen import plan
+from tracegen.audit import current_mask
+from tracegen.ledger import Ledger
+from tracegen.pipeline import dataset_index, latest_run, read_run_record
+from tracegen.records import FAILED, INVALID, OK, REJECTED
+from tracegen.storage import StorageKeyError, open_storage
+
+RATE_WINDOW_S = 600.0  # rate and ETA from the last ten minutes of commits of the newest run
+
+
+def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float | None = None) -> dict[str, Any]:
+    ledger = Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))
+    frame = ledger.frame()
+    dataset = ledger.dataset() or {}
+    record = latest_run(ledger)
+    out: dict[str, Any] = {"output_uri": ledger.storage.uri, "dataset": dataset, "ledger_rows": len(frame)}
+    if record is None:
+        out["runs"] = []
+        return out
+    n_rows = dataset_index(record.config, ledger).n_rows
+    cap, policy = record.config.max_tokens, record.config.truncated_policy
+    done = plan.done_mask(frame, n_rows, cap, policy)
+    cur = frame[current_mask(frame)] if len(frame) else frame
+    status = cur["status"] if len(cur) else pd.Series(dtype=object)
+    ok = cur[status == OK] if len(cur) else cur
+    finish = ok["finish_reason"].value_counts().to_dict() if len(ok) else {}
+    truncated = int(finish.get("length", 0))
+    rate = _rate(frame, record.run_id, now or time.time())
+    left = int((~done).sum())
+    out.update(
+        {
+            "newest_run": record.run_id,
+            "max_tokens": cap,
+            "truncated_policy": policy,
+            "total": n_rows,
+            "done": int(done.sum()),
+            "left": left,
+            "completed": int(len(ok)),
+            "failed": int((status == FAILED).sum()),
+            "rejected": int((status == REJECTED).sum()),
+            "invalid": int((status == INVALID).sum()),
+            "truncated": truncated,
+            "truncated_rate": truncated / len(ok) if len(ok) else None,
+            "finish_reasons": {str(k): int(v) for k, v in finish.items()},
+            "completion_tokens": int(ok["completion_tokens"].sum()) if len(ok) else 0,
+            "prompt_tokens": int(ok["prompt_tokens"].sum()) if len(ok) else 0,
+            "rows_per_s": rate,
+            "eta_s": left / rate if rate else None,
+            "runs": _history(ledger, frame),
+        }
+    )
+    return out
+
+
+def _rate(frame: pd.DataFrame, run_id: str, now: float) -> float | None:
+    """Rows per second committed by `run_id` over the last RATE_WINDOW_S (None when it is not running)."""
+    if not len(frame) or "committed_at" not in frame.columns:
+        return None
+    mine = frame[frame["run_id"] == run_id]
+    stamps = pd.to_datetime(mine["committed_at"], utc=True, errors="coerce").dropna()
+    if stamps.empty:
+        return None
+    seconds = stamps.astype("int64").to_numpy() / 1e9
+    recent = seconds[seconds >= now - RATE_WINDOW_S]
+    if recent.size == 0:
+        return None
+    span = max(now - recent.min(), 1.0)
+    return float(np.count_nonzero(seconds >= now - RATE_WINDOW_S)) / span
+
+
+def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = []
+    for run_id in ledger.runs():
+        mine = frame[frame["run_id"] == run_id] if len(frame) else frame
+        try:
+            record = read_run_record(ledger, run_id)
+            cap, created = record.config.max_tokens, record.created_at
+        except StorageKeyError:
+            cap, created = None, None
+        ok = mine[mine["status"] == OK] if len(mine) else mine
+        rows.append(
+            {
+                "run_id": run_id,
+                "created_at": created,
+                "max_tokens": cap,
+                "rows": int(len(mine)),
+                "ok": int(len(ok)),
+                "length": int((ok["finish_reason"] == "length").sum()) if len(ok) else 0,
+                "failed": int((mine["status"] == FAILED).sum()) if len(mine) else 0,
+                "verdict": _verdict(ledger, run_id),
+            }
+        )
+    return sorted(rows, key=lambda r: r["created_at"] or 0)
+
+
+def _verdict(ledger: Ledger, run_id: str) -> str | None:
+    import json
+
+    for name in ("report.json", "pilot-report.json"):
+        try:
+            doc = json.loads(ledger.get_run_file(run_id, name))
+        except StorageKeyError:
+            continue
+        return (doc.get("verdict") or {}).get("verdict")
+    return None
+
+
+def format_status(s: dict[str, Any]) -> str:
+    lines = [f"output root: {s['output_uri']}"]
+    ds = s.get("dataset") or {}
+    if ds:
+        info = ds.get("info", {})
+        lines.append(f"dataset:     {info.get('uri', '?')} ({info.get('rows', '?'):,} rows, {ds.get('fingerprint', '')[:19]})")
+    if "newest_run" not in s:
+        lines.append("no runs yet")
+        return "\n".join(lines)
+    pct = 100 * s["done"] / s["total"] if s["total"] else 100.0
+    lines += [
+        f"newest run:  {s['newest_run']} (max_tokens={s['max_tokens']}, truncated rows: {s['truncated_policy']})",
+        f"done:        {s['done']:,} / {s['total']:,} ({pct:.1f}%), {s['left']:,} left",
+        f"rows:        {s['completed']:,} completed, {s['failed']:,} failed, {s['rejected']:,} rejected, "
+        f"{s['invalid']:,} invalid",
+        "finish:      " + ", ".join(f"{k} {v:,}" for k, v in sorted(s["finish_reasons"].items())),
+        "truncated:   " + (f"{s['truncated']:,} ({100 * s['truncated_rate']:.1f}% of completed)"
+                           if s["truncated_rate"] is not None else "-"),
+        f"tokens:      {s['completion_tokens']:,} completion, {s['prompt_tokens']:,} prompt",
+        "rate:        " + (f"{s['rows_per_s']:.2f} rows/s over the last {RATE_WINDOW_S / 60:.0f} min"
+                           if s["rows_per_s"] else "idle (no commits in the last 10 min)"),
+        "ETA:         " + (f"{s['eta_s'] / 3600:.1f} h" if s["eta_s"] else ("done" if s["left"] == 0 else "-")),
+        "runs:",
+    ]
+    for r in s["runs"]:
+        created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["created_at"])) if r["created_at"] else "?"
+        lines.append(
+            f"  {r['run_id']}  {created}  max_tokens={r['max_tokens']}  rows {r['rows']:,}  ok {r['ok']:,}  "
+            f"length {r['length']:,}  failed {r['failed']:,}  verdict {r['verdict'] or '-'}"
+        )
+    return "\n".join(lines)
