@@ -75,8 +75,33 @@ def _ordered_commit_codes(col: pd.Series) -> np.ndarray:
     """Integer codes that sort like the commit times (ISO strings sort lexically; datetimes natively)."""
     if pd.api.types.is_datetime64_any_dtype(col):
         return col.to_numpy().astype("datetime64[ns]").astype(np.int64)
-    codes, _ = pd.factorize(col.fillna("").astype(str), sort=True)
+    codes, _ = pd.factorize(col, sort=True)  # missing -> -1: sorts as oldest
     return codes
+
+
+class _Coded:
+    """A string column as integer codes plus labels. Factorising once is far cheaper than comparing a million
+    Python strings (pandas 3 stores strings in Arrow; object arrays would copy them all)."""
+
+    def __init__(self, col: pd.Series, missing: str = "(none)") -> None:
+        codes, uniques = pd.factorize(col, use_na_sentinel=True)
+        self.labels = [str(u) for u in uniques] + [missing]
+        self.codes = np.where(codes < 0, len(uniques), codes).astype(np.int64)
+        self.missing = len(uniques)
+
+    def code(self, value: str | None) -> int:
+        if value is None:
+            return self.missing
+        try:
+            return self.labels.index(value, 0, self.missing)
+        except ValueError:
+            return -2  # matches nothing
+
+    def eq(self, value: str | None) -> np.ndarray:
+        return self.codes == self.code(value)
+
+    def isin(self, values: tuple[str, ...] | list[str]) -> np.ndarray:
+        return np.isin(self.codes, [self.code(v) for v in values])
 
 
 def current_mask(frame: pd.DataFrame) -> np.ndarray:
@@ -85,9 +110,10 @@ def current_mask(frame: pd.DataFrame) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=bool)
     index = frame["index"].to_numpy(dtype=np.int64)
-    status_rank = frame["status"].map(_STATUS_RANK).fillna(-1).to_numpy(dtype=np.int8)
+    status = _Coded(frame["status"])
+    status_rank = np.array([_STATUS_RANK.get(label, -1) for label in status.labels], dtype=np.int8)[status.codes]
     cap = frame["max_tokens"].to_numpy(dtype=np.int64)
-    complete = (frame["finish_reason"].to_numpy(dtype=object) != "length").astype(np.int8)
+    complete = (~_Coded(frame["finish_reason"]).eq("length")).astype(np.int8)
     if "committed_at" in frame.columns:
         newest = _ordered_commit_codes(frame["committed_at"])
     else:
@@ -149,11 +175,16 @@ def _buckets(tokens: np.ndarray, truncated: np.ndarray, cap: int) -> list[dict[s
     return out
 
 
-def _group_table(keys: pd.Series, cols: dict[str, np.ndarray], limit: int | None = None) -> pd.DataFrame:
-    df = pd.DataFrame(cols)
-    df["_key"] = keys.to_numpy()
-    g = df.groupby("_key", sort=True, dropna=False).sum()
-    g["rows"] = df.groupby("_key", sort=True, dropna=False).size()
+def _group_table(codes: np.ndarray, labels: list[Any], cols: dict[str, np.ndarray],
+                 limit: int | None = None) -> pd.DataFrame:
+    """Per-group sums of ``cols`` (plus a ``rows`` count) keyed by label; bincount beats groupby here."""
+    k = len(labels)
+    sums = {name: np.bincount(codes, weights=v, minlength=k)[:k] for name, v in cols.items()}
+    sums["rows"] = np.bincount(codes, minlength=k)[:k]
+    g = pd.DataFrame(sums, index=pd.Index(labels, dtype=object))
+    g = g[g["rows"] > 0]
+    if not g.index.is_unique:  # e.g. a server recorded as "" and one missing: both read "(none)"
+        g = g.groupby(level=0, sort=False).sum()
     if limit is not None and len(g) > limit:
         g = g.sort_values("rows", ascending=False)
         head, tail = g.iloc[:limit], g.iloc[limit:]
@@ -166,7 +197,7 @@ def _group_table(keys: pd.Series, cols: dict[str, np.ndarray], limit: int | None
 def _top_messages(frame: pd.DataFrame, mask: np.ndarray) -> list[dict[str, Any]]:
     if not mask.any():
         return []
-    sub = frame.loc[mask, ["status", "error"]]
+    sub = frame.loc[mask, ["status", "error"]]  # only error rows: few enough for string operations
     # Digits vary per request (ids, ports, token counts); folding them groups the same failure together.
     msg = sub["error"].fillna("(no message)").astype(str).str.slice(0, 300).str.replace(r"\d+", "N", regex=True)
     counts = pd.DataFrame({"status": sub["status"].to_numpy(), "message": msg.to_numpy()}).value_counts()
@@ -197,12 +228,12 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
     _validate(frame, max_tokens)
     cap = int(max_tokens)
     frame = frame.reset_index(drop=True)
-    status = frame["status"].to_numpy(dtype=object)
-    finish = frame["finish_reason"].to_numpy(dtype=object)
+    status = _Coded(frame["status"])
+    finish = _Coded(frame["finish_reason"])
     row_cap = frame["max_tokens"].to_numpy(dtype=np.int64)
     tokens_all = frame["completion_tokens"].fillna(0).to_numpy(dtype=np.int64)
-    is_ok = status == OK
-    is_len = is_ok & (finish == "length")
+    is_ok = status.eq(OK)
+    is_len = is_ok & finish.eq("length")
 
     cur = current_mask(frame)
     n_cur = int(cur.sum())
@@ -216,14 +247,14 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
         "indices": n_cur,
         "current_rows": n_cur,
         "superseded_rows": len(frame) - n_cur,
-        "current_by_status": {s: int((cur & (status == s)).sum()) for s in _STATUS_RANK},
+        "current_by_status": {s: int((cur & status.eq(s)).sum()) for s in _STATUS_RANK},
         "current_ok_at_cap": int((cur_ok & (row_cap == cap)).sum()),
         "current_ok_at_lower_cap": int((cur_ok & (row_cap < cap)).sum()),
         "current_ok_at_higher_cap": int((cur_ok & (row_cap > cap)).sum()),
         # Rows truncated under a lower cap are done for that cap but due for regeneration at this one.
         "truncated_under_lower_cap": int((cur_len & (row_cap < cap)).sum()),
         "superseded_truncated": int((~cur & is_len).sum()),
-        "superseded_failed": int((~cur & (status == FAILED)).sum()),
+        "superseded_failed": int((~cur & status.eq(FAILED)).sum()),
     }
 
     reasoning = frame["reasoning_tokens"].fillna(0).to_numpy(dtype=np.int64)[cur_ok]
@@ -240,8 +271,8 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
         }
     )
 
-    fr = pd.Series(finish[cur_ok]).fillna("(none)").value_counts()
-    finish_reasons = {str(k): int(v) for k, v in fr.items()}
+    fr = np.bincount(finish.codes[cur_ok], minlength=len(finish.labels))
+    finish_reasons = {finish.labels[i]: int(c) for i in np.argsort(-fr, kind="stable") if (c := fr[i])}
 
     cut_reasoning = frame["cut_in_reasoning"].fillna(False).to_numpy(dtype=bool)
     at_cap = cur_ok & (row_cap == cap)
@@ -272,29 +303,29 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
     plabels.append(f"≥{PROMPT_EDGES[-1]}")
     by_prompt = []
     if cur_tokens.size:
-        g = _group_table(pd.Series(pbin), sub_cols)
-        for b, r in g.iterrows():
-            by_prompt.append(_breakdown_row("prompt_tokens", plabels[int(b)], r))
+        g = _group_table(pbin, plabels, sub_cols)
+        for key, r in g.iterrows():
+            by_prompt.append(_breakdown_row("prompt_tokens", str(key), r))
     by_category = []
     if cur_tokens.size:
-        cats = frame["category"].to_numpy(dtype=object)[cur_ok]
-        g = _group_table(pd.Series(cats).fillna("(none)").astype(str), sub_cols, limit=TOP_CATEGORIES)
+        cats = _Coded(frame["category"])
+        g = _group_table(cats.codes[cur_ok], cats.labels, sub_cols, limit=TOP_CATEGORIES)
         for key, r in g.sort_values("rows", ascending=False).iterrows():
             by_category.append(_breakdown_row("category", str(key), r))
 
     # Operational breakdowns over every ledger row of this run.
-    scope = np.ones(len(frame), dtype=bool) if run_id is None else frame["run_id"].to_numpy(dtype=object) == run_id
+    scope = np.ones(len(frame), dtype=bool) if run_id is None else _Coded(frame["run_id"]).eq(run_id)
     by_chunk, by_server = _operational(frame, scope, status, is_ok, is_len, tokens_all)
 
-    err_mask = scope & np.isin(status, [FAILED, REJECTED])
+    err_mask = scope & status.isin([FAILED, REJECTED])
     errors = {
-        "failed_rows": int((scope & (status == FAILED)).sum()),
-        "rejected_rows": int((scope & (status == REJECTED)).sum()),
+        "failed_rows": int((scope & status.eq(FAILED)).sum()),
+        "rejected_rows": int((scope & status.eq(REJECTED)).sum()),
         "current_failed": rows["current_by_status"][FAILED],
         "current_rejected": rows["current_by_status"][REJECTED],
         "top_messages": _top_messages(frame, err_mask),
     }
-    inv_mask = scope & (status == INVALID)
+    inv_mask = scope & status.eq(INVALID)
     invalid = {"rows": int(inv_mask.sum()), "top_messages": _top_messages(frame, inv_mask)}
 
     notes = []
@@ -339,7 +370,7 @@ def _breakdown_row(name: str, key: str, r: pd.Series) -> dict[str, Any]:
 def _operational(
     frame: pd.DataFrame,
     scope: np.ndarray,
-    status: np.ndarray,
+    status: _Coded,
     is_ok: np.ndarray,
     is_len: np.ndarray,
     tokens_all: np.ndarray,
@@ -349,14 +380,15 @@ def _operational(
     latency = frame["latency_s"].fillna(0.0).to_numpy(dtype=np.float64)
     cols = {
         "ok": is_ok[scope].astype(np.int64),
-        "failed": (status[scope] == FAILED).astype(np.int64),
-        "rejected": (status[scope] == REJECTED).astype(np.int64),
-        "invalid": (status[scope] == INVALID).astype(np.int64),
+        "failed": status.eq(FAILED)[scope].astype(np.int64),
+        "rejected": status.eq(REJECTED)[scope].astype(np.int64),
+        "invalid": status.eq(INVALID)[scope].astype(np.int64),
         "truncated": is_len[scope].astype(np.int64),
         "latency_ok": np.where(is_ok, latency, 0.0)[scope],
         "tokens_ok": np.where(is_ok, tokens_all, 0)[scope],
     }
-    chunks = _group_table(frame["chunk"][scope], cols)
+    chunk_codes, chunk_labels = pd.factorize(frame["chunk"].to_numpy(dtype=np.int64)[scope], sort=True)
+    chunks = _group_table(chunk_codes, [int(c) for c in chunk_labels], cols)
     by_chunk = []
     for key, r in chunks.iterrows():
         ok = int(r["ok"])
@@ -374,10 +406,13 @@ def _operational(
             }
         )
 
-    server_keys = frame["server"][scope].fillna("").astype(str).replace("", "(none)")
-    servers = _group_table(server_keys, cols)
+    srv = _Coded(frame["server"])
+    server_labels = [label or "(none)" for label in srv.labels]
+    servers = _group_table(srv.codes[scope], server_labels, cols)
     # Latency quantiles per server over ok rows only (failed rows carry no useful latency).
-    okf = pd.DataFrame({"server": server_keys.to_numpy()[is_ok[scope]], "lat": latency[scope][is_ok[scope]]})
+    ok_scope = is_ok & scope
+    okf = pd.DataFrame({"server": np.asarray(server_labels, dtype=object)[srv.codes[ok_scope]],
+                        "lat": latency[ok_scope]})
     lat_q = okf.groupby("server")["lat"].quantile([0.5, 0.9]).unstack() if len(okf) else pd.DataFrame()
     fleet_err = _rate(int(servers["failed"].sum() + servers["rejected"].sum()), int(servers["rows"].sum())) or 0.0
     fleet_ok = int(servers["ok"].sum())
@@ -427,7 +462,7 @@ def pilot_gate_counts(result: AuditResult) -> tuple[int, int]:
 def censoring_arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, censored) of current ok rows, for the censored length fit: a ``length`` row's natural length
     is only known to exceed its own cap, which may differ row to row after a cap change."""
-    cur = current_mask(frame) & (frame["status"].to_numpy(dtype=object) == OK)
+    cur = current_mask(frame) & _Coded(frame["status"]).eq(OK)
     lengths = frame["completion_tokens"].fillna(0).to_numpy(dtype=np.int64)[cur]
-    censored = frame["finish_reason"].to_numpy(dtype=object)[cur] == "length"
+    censored = _Coded(frame["finish_reason"]).eq("length")[cur]
     return lengths, censored
