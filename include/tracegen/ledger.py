@@ -123,7 +123,7 @@ def _frame_from_columns(cols: dict[str, list[Any]]) -> pd.DataFrame:
         elif c == "latency_s":
             data[c] = np.asarray(v, dtype=np.float64)
         elif c == "committed_at":
-            data[c] = pd.to_datetime(pd.Series(v, dtype=object), utc=True, format="ISO8601")
+            data[c] = v if isinstance(v, pd.Series) else pd.to_datetime(pd.Series(v, dtype=object), utc=True, format="ISO8601")
         else:
             data[c] = pd.Series(v, dtype="str")
     return pd.DataFrame(data, columns=list(FRAME_COLUMNS))
@@ -263,15 +263,21 @@ class Ledger:
         doc["key"] = key
         return doc
 
-    def _load(self) -> tuple[pd.DataFrame, list[str]]:
-        """The ledger frame, and the entry keys it was built from."""
+    def _load(self) -> tuple[pd.DataFrame, list[str], int]:
+        """The ledger frame, the entry keys it was built from, and how many of those the snapshot lacked."""
         all_entries = self.entries()
         frames: list[pd.DataFrame] = []
         covered: set[str] = set()
         snap = self.latest_snapshot()
+        snap_frame = None
         if snap is not None:
+            try:
+                snap_frame = pd.read_parquet(io.BytesIO(self.storage.get(snap["parquet"])))
+            except StorageKeyError:
+                # A concurrent compaction pruned it between our list and our GET: read the entries instead.
+                snap = None
+        if snap is not None and snap_frame is not None:
             covered = set(snap["entries"])
-            snap_frame = pd.read_parquet(io.BytesIO(self.storage.get(snap["parquet"])))
             if len(snap_frame) != snap["n_rows"]:
                 raise LedgerError(
                     f"snapshot {snap['key']} says {snap['n_rows']} rows, its Parquet has {len(snap_frame)}"
@@ -280,23 +286,36 @@ class Ledger:
         todo = [k for k in all_entries if k not in covered]
         if todo:
             cols: dict[str, list[Any]] = {c: [] for c in FRAME_COLUMNS}
+            stamps: list[str] = []
+            counts: list[int] = []
             for key, raw in zip(todo, self._get_many(todo), strict=True):
                 entry = _parse_entry(raw, self.storage.uri_for(key))
                 n = entry["n_rows"]
                 for c in LEDGER_COLUMNS:
                     cols[c].extend(entry["columns"][c])
                 cols["part"].extend([entry["part"]] * n)
-                cols["committed_at"].extend([entry["committed_at"]] * n)
+                stamps.append(entry["committed_at"])
+                counts.append(n)
+            # One timestamp per entry: parse each once, then repeat (parsing a million strings is slow).
+            when = pd.to_datetime(pd.Series(stamps, dtype=object), utc=True, format="ISO8601")
+            cols["committed_at"] = when.repeat(counts).reset_index(drop=True)
             frames.append(_frame_from_columns(cols))
         used = sorted(covered | set(todo))
         if not frames:
-            return empty_frame(), used
+            return empty_frame(), used, 0
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        return frame, used
+        return frame, used, len(todo)
 
-    def frame(self) -> pd.DataFrame:
-        """One row per committed ledger row: LEDGER_COLUMNS + part + committed_at. Never reads parts."""
-        return self._load()[0]
+    def frame(self, compact_over: int | None = None) -> pd.DataFrame:
+        """One row per committed ledger row: LEDGER_COLUMNS + part + committed_at. Never reads parts.
+
+        With `compact_over=N`, a read that had to parse more than N entries beyond the newest snapshot
+        also writes a new snapshot, so the next reader pays one Parquet GET instead (planner/audit tasks).
+        """
+        frame, used, uncovered = self._load()
+        if compact_over is not None and uncovered > compact_over:
+            self._write_snapshot(frame, used)
+        return frame
 
     def compact(self, keep: int = 2) -> str | None:
         """Fold every entry into one Parquet snapshot so `frame()` costs one GET instead of thousands.
@@ -307,9 +326,12 @@ class Ledger:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         prev = self.latest_snapshot()
-        frame, used = self._load()
+        frame, used, _ = self._load()
         if not used or (prev is not None and sorted(prev["entries"]) == used):
             return None
+        return self._write_snapshot(frame, used, keep)
+
+    def _write_snapshot(self, frame: pd.DataFrame, used: list[str], keep: int = 2) -> str:
         token = f"snap-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{_token()}"
         buf = io.BytesIO()
         frame.to_parquet(buf, index=False, compression="zstd")

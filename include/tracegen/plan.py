@@ -135,9 +135,17 @@ def remaining(
         wanted = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
     else:
         wanted = np.asarray(indices, dtype=np.int64)
-    done = done_rows(frame, max_tokens, truncated_policy)
-    done_idx = np.unique(frame["index"].to_numpy(np.int64)[done])
-    return wanted[~np.isin(wanted, done_idx)]
+    done_idx = frame["index"].to_numpy(np.int64)[done_rows(frame, max_tokens, truncated_policy)]
+    if wanted.size == 0:
+        return wanted
+    # A dense mask over [lo, hi] is O(n) and several times faster than np.isin's sort for chunk-shaped input.
+    lo, hi = int(wanted.min()), int(wanted.max())
+    if lo < 0:
+        raise ValueError(f"index {lo} is negative")
+    mask = np.zeros(hi - lo + 1, dtype=bool)
+    inside = done_idx[(done_idx >= lo) & (done_idx <= hi)]
+    mask[inside - lo] = True
+    return wanted[~mask[wanted - lo]]
 
 
 def remaining_per_chunk(mask: np.ndarray, plan: Iterable[Chunk]) -> np.ndarray:
@@ -159,6 +167,7 @@ def best_rows(frame: pd.DataFrame) -> pd.DataFrame:
     Order of preference: a non-failed row over a failed one; a complete row (ok, finish not `length`)
     over an incomplete one — a finished completion is what the drafter needs, even under a lower cap;
     then the higher cap (a row regenerated under 8192 beats its 4096 truncation); then the newest commit.
+    One row per index, in the frame's order (sort by "index" if you need index order).
     """
     if frame.empty:
         return frame.copy()
@@ -170,10 +179,12 @@ def best_rows(frame: pd.DataFrame) -> pd.DataFrame:
         when = frame["committed_at"].to_numpy("datetime64[us]").astype(np.int64)
     else:
         when = np.zeros(len(frame), np.int64)
-    pos = np.arange(len(frame))
     idx = frame["index"].to_numpy(np.int64)
-    order = np.lexsort((pos, when, cap, complete, not_failed, idx))  # last key is the primary one
+    # Pack the preferences into one int64 (caps fit in 32 bits) so the sort has three keys, not five.
+    rank = (not_failed.astype(np.int64) << 34) | (complete.astype(np.int64) << 33) | np.clip(cap, 0, (1 << 32) - 1)
+    order = np.lexsort((when, rank, idx))  # stable; last key is the primary one; ties keep frame order
     sorted_idx = idx[order]
     last_of_group = np.ones(len(order), dtype=bool)
     last_of_group[:-1] = sorted_idx[1:] != sorted_idx[:-1]
-    return frame.iloc[order[last_of_group]].reset_index(drop=True)
+    # Taking rows in ascending position is several times faster than a scattered take on string columns.
+    return frame.take(np.sort(order[last_of_group])).reset_index(drop=True)

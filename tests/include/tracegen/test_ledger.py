@@ -92,6 +92,20 @@ def test_compaction_snapshot_plus_newer_entries(store: Storage) -> None:
     assert sorted(ledger.frame()["index"]) == sorted([*after["index"], 200, 201, 202])
 
 
+def test_frame_can_compact_on_read(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path)
+    ledger = Ledger(store)
+    for seg in range(4):
+        ledger.commit([row(seg)], RUN, 0, f"s{seg}")
+    assert len(ledger.frame(compact_over=10)) == 4 and store.list("ledger-snapshots/") == []
+    assert len(ledger.frame(compact_over=3)) == 4
+    snap = ledger.latest_snapshot()
+    assert snap is not None and len(snap["entries"]) == 4
+    # a snapshot pruned under a reader's feet: the reader falls back to the entries
+    store.delete(snap["parquet"])
+    assert sorted(ledger.frame()["index"]) == [0, 1, 2, 3]
+
+
 def test_crash_between_part_and_entry_leaves_an_invisible_orphan(tmp_path: Path) -> None:
     store = LocalStorage(tmp_path)
     ledger = Ledger(store)
