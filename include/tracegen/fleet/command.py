@@ -140,8 +140,35 @@ def _prelude(spec: FleetSpec, host: HostSpec, gpu: int) -> str:
 
 
 def inspect_script(spec: FleetSpec, host: HostSpec, gpu: int) -> str:
-    """Prints key=value lines: state, pid, pgid, start, config of the server's pid file."""
-    return _prelude(spec, host, gpu) + "inspect\nreport\n"
+    """Prints key=value lines: state, pid, pgid, start, config, age of the pid file, and who
+    listens on the server's port: `own` (a process of the recorded group), `other`, or `none`.
+
+    Health probes wait for `own`: probing a port nobody listens on through an SSH tunnel only
+    produces tracebacks, and a port held by someone else must not pass for our server.
+    """
+    port_hex = f"{host.port(gpu):04X}"
+    return (
+        _prelude(spec, host, gpu)
+        + "inspect\nreport\n"
+        # Inodes of sockets in LISTEN state (0A) on the port, IPv4 and IPv6.
+        + f"INODES=$(awk -v p=':{port_hex}' '$4 == \"0A\" && substr($2, length($2) - 4) == p {{ print $10 }}' "
+        + "/proc/net/tcp /proc/net/tcp6 2>/dev/null)\n"
+        + r"""LISTEN=none
+if [ -n "$INODES" ]; then
+  LISTEN=other
+  if [ "$STATE" = running ] || [ "$STATE" = orphaned ]; then
+    G=$PGID
+    for p in $(group_members); do
+      links=$(ls -l "/proc/$p/fd" 2>/dev/null)
+      for inode in $INODES; do
+        case "$links" in *"socket:[$inode]"*) LISTEN=own;; esac
+      done
+    done
+  fi
+fi
+echo "listening=$LISTEN"
+"""
+    )
 
 
 def launch_script(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None = None) -> str:

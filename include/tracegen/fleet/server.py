@@ -50,6 +50,7 @@ class PidState:
     pgid: int | None
     config: str
     age_s: int | None  # seconds since launch, by the host's clock
+    listening: str = "none"  # who listens on the port: own (our group) | other | none (inspect only)
 
     @classmethod
     def parse(cls, values: dict[str, str]) -> PidState:
@@ -57,7 +58,14 @@ class PidState:
             raw = values.get(key, "")
             return int(raw) if raw.lstrip("-").isdigit() else None
 
-        return cls(values.get("state", "unknown"), num("pid"), num("pgid"), values.get("config", ""), num("age"))
+        return cls(
+            values.get("state", "unknown"),
+            num("pid"),
+            num("pgid"),
+            values.get("config", ""),
+            num("age"),
+            values.get("listening", "none"),
+        )
 
     @property
     def alive(self) -> bool:
@@ -268,24 +276,8 @@ def wait_healthy(fleet: FleetConnection, pending: list[_Pending]) -> list[Server
         for i, item in enumerate(pending):
             if i in done:
                 continue
-            result = probe(item.url, fleet.spec, headers, timeout=5.0)
-            item.last = result.detail
-            if result.model_ok is False:
-                raise FleetError(f"{item.host.conn_id}:gpu{item.gpu} at {item.url}: {result.detail}")
-            if result.healthy:
-                done[i] = ServerHandle(
-                    host=item.host.conn_id,
-                    gpu=item.gpu,
-                    port=item.host.port(item.gpu),
-                    url=item.url,
-                    pid=item.state.pid or 0,
-                    pgid=item.state.pgid or 0,
-                    config=item.state.config,
-                    reused=item.reused,
-                    model=fleet.spec.model_name,
-                )
-                continue
-            # Not healthy yet: a round trip to the host tells "still loading" from "died".
+            # A round trip to the host first: it tells "still loading" from "died", and probing
+            # a port nobody listens on through an SSH tunnel only produces tracebacks.
             now = inspect(fleet, item.host, item.gpu)
             if not now.alive or now.pid != item.state.pid:
                 raise FleetError(
@@ -293,6 +285,32 @@ def wait_healthy(fleet: FleetConnection, pending: list[_Pending]) -> list[Server
                     f"becoming healthy ({now.state}); last probe: {item.last}\n--- log tail ---\n"
                     f"{log_tail(fleet, item.host, item.gpu)}"
                 )
+            if now.listening == "other":
+                raise FleetError(
+                    f"{item.host.conn_id}:gpu{item.gpu}: port {item.host.port(item.gpu)} is held by a process "
+                    f"outside server {item.state.pid}'s group (a server launched by hand?); stop it or "
+                    f"change base_port\n--- log tail ---\n{log_tail(fleet, item.host, item.gpu)}"
+                )
+            if now.listening == "own":
+                result = probe(item.url, fleet.spec, headers, timeout=5.0)
+                item.last = result.detail
+                if result.model_ok is False:
+                    raise FleetError(f"{item.host.conn_id}:gpu{item.gpu} at {item.url}: {result.detail}")
+                if result.healthy:
+                    done[i] = ServerHandle(
+                        host=item.host.conn_id,
+                        gpu=item.gpu,
+                        port=item.host.port(item.gpu),
+                        url=item.url,
+                        pid=item.state.pid or 0,
+                        pgid=item.state.pgid or 0,
+                        config=item.state.config,
+                        reused=item.reused,
+                        model=fleet.spec.model_name,
+                    )
+                    continue
+            else:
+                item.last = f"nothing listens on port {item.host.port(item.gpu)} yet"
             if time.monotonic() > item.deadline:
                 raise FleetError(
                     f"{item.host.conn_id}:gpu{item.gpu}: not healthy after {fleet.spec.health_timeout_s:.0f} s "
@@ -301,21 +319,7 @@ def wait_healthy(fleet: FleetConnection, pending: list[_Pending]) -> list[Server
                 )
         if len(done) < len(pending):
             time.sleep(POLL_INTERVAL_S)
-    handles = [done[i] for i in range(len(pending))]
-
-    def still_ours(item: _Pending) -> None:
-        # A healthy answer on the port proves nothing if our process died: another server may
-        # hold the port (our launch then fails with "address already in use").
-        now = inspect(fleet, item.host, item.gpu)
-        if not now.alive or now.pid != item.state.pid:
-            raise FleetError(
-                f"{item.host.conn_id}:gpu{item.gpu}: {item.url} answers, but server process "
-                f"{item.state.pid} is gone ({now.state}); is another server using port "
-                f"{item.host.port(item.gpu)}?\n--- log tail ---\n{log_tail(fleet, item.host, item.gpu)}"
-            )
-
-    parallel(still_ours, pending)
-    return handles
+    return [done[i] for i in range(len(pending))]
 
 
 def prepare(fleet: FleetConnection, host: HostSpec, gpu: int) -> _Pending:

@@ -2,12 +2,14 @@
 
 import socket
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 from fleet_helpers import is_alive, live_group_members
 
-from tracegen.fleet import FleetConnection, FleetSpec, provision, status, teardown
+from tracegen.fleet import FleetConnection, FleetError, FleetSpec, provision, status, teardown
+from tracegen.fleet.server import model_matches
 
 
 def free_base_port(gpus: list[int]) -> int:
@@ -118,17 +120,26 @@ def test_local_fleet_with_api_key(tmp_path, monkeypatch, stray_groups):
     assert live_group_members(handle.pgid) == []
 
 
-def test_wrong_model_on_the_port_is_an_error(tmp_path, stray_groups):
+def test_port_held_by_another_server_is_an_error(tmp_path, stray_groups):
+    """A server of the same model on our port, but not launched by this spec's pid file, is not ours."""
     spec = sim_spec(tmp_path, "local", gpus=(0,))
-    other = FleetSpec.from_dict({**spec.to_dict(), "work_dir": str(tmp_path / "other"), "served_model_name": "impostor"})
-    with FleetConnection(other) as fleet:
+    squatter = FleetSpec.from_dict({**spec.to_dict(), "work_dir": str(tmp_path / "other")})
+    with FleetConnection(squatter) as fleet:
         try:
-            [handle] = provision(other, fleet)
+            [handle] = provision(squatter, fleet)
             stray_groups.append(handle.pgid)
-            # Our spec finds no pid file of its own, launches, and the port is taken by "impostor":
-            # the launch fails (or /model_info names the wrong model) -- either way a clear error.
-            with pytest.raises(Exception, match=r"impostor|exited before becoming healthy"):
+            with pytest.raises(FleetError, match=r"held by a process outside|exited before becoming healthy") as info:
                 provision(spec)
+            assert str(handle.port) in str(info.value)
+            assert is_alive(handle.pid)  # the other server is reported, never touched
         finally:
-            teardown(other, fleet)
+            teardown(squatter, fleet)
             teardown(spec)
+
+
+def test_model_info_must_name_the_configured_model():
+    spec = sim_spec(Path("/tmp"), "local", gpus=(0,))
+    assert model_matches(spec, {"model_path": "Qwen/Qwen3-8B", "served_model_name": "qwen3-8b"})
+    assert not model_matches(spec, {"model_path": "Qwen/Qwen3-8B", "served_model_name": "other"})
+    assert not model_matches(spec, {"model_path": "other", "served_model_name": "qwen3-8b"})
+    assert not model_matches(spec, {})
