@@ -4,8 +4,9 @@ The audit reads the ledger frame only (never completion text) and is vectorised 
 a second or two. Several ledger rows may exist for one dataset index (failed attempts then a success; a row cut
 at 4096 and its regeneration at 8192), so every figure says which rows it counts:
 
-* *current* rows: the one row per index that supersedes the others (ok before invalid/rejected/failed, then the
-  higher cap, then a complete finish over ``length``, then the newest commit) — the row export would keep.
+* *current* rows: the one row per index that supersedes the others — the row export keeps, in the same order
+  of preference as ``tracegen.plan.best_rows``: a non-failed row over a failed one, then a complete row (ok,
+  finish not ``length``) over an incomplete one, then the higher cap, then the newest commit.
   Token distribution, finish reasons, truncation, buckets and the per-prompt-length / per-category breakdowns
   count current rows only, so no index is counted twice.
 * *superseded* rows are counted, never mixed in.
@@ -25,8 +26,7 @@ import pandas as pd
 
 from tracegen.records import FAILED, INVALID, LEDGER_COLUMNS, OK, REJECTED
 
-# Which row of an index wins: an ok row (text exists) beats a permanent verdict, which beats a transient failure.
-_STATUS_RANK = {OK: 3, INVALID: 2, REJECTED: 1, FAILED: 0}
+_STATUSES = (OK, INVALID, REJECTED, FAILED)
 
 # The seed's hand analysis used these bucket edges (under 100, under 500, ... over 3000).
 BUCKET_EDGES = (100, 500, 1000, 2000, 3000, 4000)
@@ -111,15 +111,15 @@ def current_mask(frame: pd.DataFrame) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     index = frame["index"].to_numpy(dtype=np.int64)
     status = _Coded(frame["status"])
-    status_rank = np.array([_STATUS_RANK.get(label, -1) for label in status.labels], dtype=np.int8)[status.codes]
+    not_failed = (~status.eq(FAILED)).astype(np.int8)
     cap = frame["max_tokens"].to_numpy(dtype=np.int64)
-    complete = (~_Coded(frame["finish_reason"]).eq("length")).astype(np.int8)
+    complete = (status.eq(OK) & ~_Coded(frame["finish_reason"]).eq("length")).astype(np.int8)
     if "committed_at" in frame.columns:
         newest = _ordered_commit_codes(frame["committed_at"])
     else:
         newest = np.zeros(n, dtype=np.int64)
     # lexsort's last key is primary; ties at the end resolve to the original order (later rows are newer).
-    order = np.lexsort((np.arange(n), newest, complete, cap, status_rank, index))
+    order = np.lexsort((np.arange(n), newest, cap, complete, not_failed, index))
     sorted_index = index[order]
     last = np.ones(n, dtype=bool)
     last[:-1] = sorted_index[:-1] != sorted_index[1:]
@@ -214,7 +214,7 @@ def _validate(frame: pd.DataFrame, max_tokens: int) -> None:
         raise ValueError(f"ledger frame is missing columns {missing}; expected tracegen.records.LEDGER_COLUMNS")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens <= 0:
         raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    unknown = set(frame["status"].unique()) - set(_STATUS_RANK)
+    unknown = set(frame["status"].unique()) - set(_STATUSES)
     if unknown:
         raise ValueError(f"ledger frame has unknown status values {sorted(map(str, unknown))}")
 
@@ -247,7 +247,7 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
         "indices": n_cur,
         "current_rows": n_cur,
         "superseded_rows": len(frame) - n_cur,
-        "current_by_status": {s: int((cur & status.eq(s)).sum()) for s in _STATUS_RANK},
+        "current_by_status": {s: int((cur & status.eq(s)).sum()) for s in _STATUSES},
         "current_ok_at_cap": int((cur_ok & (row_cap == cap)).sum()),
         "current_ok_at_lower_cap": int((cur_ok & (row_cap < cap)).sum()),
         "current_ok_at_higher_cap": int((cur_ok & (row_cap > cap)).sum()),

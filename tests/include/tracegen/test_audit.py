@@ -89,8 +89,9 @@ def test_superseded_rows_are_counted_once():
                                                                             (5000, False)]
 
 
-def test_current_row_order_cap_then_complete_then_newest():
+def test_current_row_order_complete_then_cap_then_newest():
     rows = [
+        # A complete row beats a truncated one even under a lower cap: it is what the drafter needs.
         row(0, finish="stop", tokens=10, cap=4096, at="2026-05-03T00:00:00"),
         row(0, finish="length", tokens=8192, cap=8192, at="2026-05-01T00:00:00"),
         row(1, finish="length", tokens=100, cap=100, at="2026-05-01T00:00:00"),
@@ -99,10 +100,30 @@ def test_current_row_order_cap_then_complete_then_newest():
         row(2, tokens=2, at="2026-05-02T00:00:00"),
         row(3, status="ok", tokens=7, at="2026-05-01T00:00:00"),
         row(3, status="failed", at="2026-05-09T00:00:00"),
+        row(4, finish="length", tokens=4096, cap=4096, at="2026-05-01T00:00:00"),
+        row(4, finish="length", tokens=8192, cap=8192, at="2026-05-01T00:00:00"),
     ]
     f = frame(rows)
     picked = f[current_mask(f)].set_index("index")["completion_tokens"].to_dict()
-    assert picked == {0: 8192, 1: 90, 2: 2, 3: 7}
+    assert picked == {0: 10, 1: 90, 2: 2, 3: 7, 4: 8192}
+
+
+def test_current_rows_are_the_rows_export_keeps():
+    # The audit's "current" must be exactly plan.best_rows (what export writes), on a messy random ledger.
+    from tracegen import plan
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for k in range(600):
+        i = int(rng.integers(0, 150))
+        status = str(rng.choice(["ok", "ok", "ok", "failed", "rejected", "invalid"]))
+        rows.append(row(i, status=status, finish=str(rng.choice(["stop", "length", "tool_calls"])),
+                        tokens=int(rng.integers(1, 9000)), cap=int(rng.choice([4096, 8192])),
+                        at=f"2026-05-0{1 + k % 9}T00:00:{k % 60:02d}"))
+    f = frame(rows)
+    mine = f[current_mask(f)].sort_values("index").reset_index(drop=True)
+    theirs = plan.best_rows(f).sort_values("index").reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine, theirs)
 
 
 def test_breakdowns_by_prompt_category_chunk_and_server():
