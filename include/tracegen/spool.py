@@ -87,7 +87,12 @@ def new_segment_id() -> str:
 
 
 class Spool:
-    """Local, durable staging for one chunk's finished rows. Not thread-safe: one writer per chunk."""
+    """Local, durable staging for one chunk's finished rows.
+
+    One thread appends and seals. `pending`/`discard` (hence `recover`) may run meanwhile in one other
+    thread, e.g. a commit in a worker thread: they never touch the open segment, whose id is set
+    before its file is created.
+    """
 
     def __init__(self, output_uri: str, run_id: str, chunk: int, base_dir: str | os.PathLike[str] | None = None):
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
