@@ -210,3 +210,26 @@ def test_commit_survives_s3_outage(s3, s3_uri: str) -> None:
     restored.join()
     assert c.created and sorted(ledger.frame()["index"]) == [0, 1, 2]
     assert ledger.check_invariants() == []
+
+
+class _DiesOnPut(LocalStorage):
+    """A real local store whose process 'dies' (raises) at the PUT of a key matching `prefix`."""
+
+    def __init__(self, root: Path, prefix: str) -> None:
+        super().__init__(root)
+        self.prefix = prefix
+
+    def put(self, key: str, data: bytes) -> None:
+        if key.startswith(self.prefix):
+            raise KeyboardInterrupt(f"killed before writing {key}")
+        super().put(key, data)
+
+
+@pytest.mark.parametrize("dies_at", ["parts/", "ledger/"])
+def test_a_commit_killed_at_either_put_is_invisible_then_retries_cleanly(tmp_path: Path, dies_at: str) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        Ledger(_DiesOnPut(tmp_path, dies_at)).commit([row(1), row(2)], RUN, 0, "seg")
+    ledger = Ledger(LocalStorage(tmp_path))
+    assert ledger.frame().empty and not ledger.has_segment(RUN, 0, "seg")  # the entry is the commit point
+    assert ledger.commit([row(1), row(2)], RUN, 0, "seg").created
+    assert sorted(ledger.frame()["index"]) == [1, 2] and ledger.check_invariants() == [] and ledger.orphan_parts() == []
