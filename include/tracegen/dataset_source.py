@@ -44,7 +44,8 @@ class LocalSource:
             raise DatasetError(f"dataset {self.uri}: cannot open ({exc.strerror})") from None
         if not os.path.isfile(path):
             os.close(self._fd)
-            raise DatasetError(f"dataset {self.uri}: not a regular file")
+            kind = "is a directory" if os.path.isdir(path) else "is not a regular file"
+            raise DatasetError(f"dataset {self.uri}: {kind}, not a dataset file")
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size
