@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from tracegen.chat_api import PATH, Completion, MalformedResponse, build_body, error_message, parse_completion
+from tracegen.chat_api import Completion, MalformedResponse, build_body, error_message, parse_completion
 from tracegen.records import FAILED, OK, REJECTED, GeneratedRow
 from tracegen.retry import FATAL, TRANSIENT, FatalClientError, TransientError, backoff_delay, classify_status
 from tracegen.routing import ServerEndpoint, ServerPool, ServerState
@@ -78,6 +78,8 @@ class ClientConfig:
     probe_timeout_s: float = 60.0
     # Every server quarantined for this long -> FatalClientError: the fleet is gone, stop the chunk.
     all_down_fatal_s: float = 900.0
+    # Connections per httpx client: a server's slots are spread over several small pools (see routing).
+    pool_size: int = 8
     # Seed for the backoff jitter (tests); None = fresh randomness.
     jitter_seed: int | None = None
 
@@ -93,7 +95,7 @@ class ClientConfig:
             "all_down_fatal_s",
         ):
             _positive(name, getattr(self, name))
-        for name in ("max_attempts", "quarantine_after"):
+        for name in ("max_attempts", "quarantine_after", "pool_size"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -101,6 +103,16 @@ class ClientConfig:
             raise ValueError(
                 f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"
             )
+
+
+async def _send(transport: httpx.AsyncHTTPTransport, request: httpx.Request) -> tuple[int, bytes]:
+    """POST on a transport: (status, body). Raises httpx's transport errors (timeouts, disconnects)."""
+    response = await transport.handle_async_request(request)
+    try:
+        raw = await response.aread()
+    finally:
+        await response.aclose()
+    return response.status_code, raw
 
 
 class SGLangClient:
@@ -169,14 +181,14 @@ class SGLangClient:
         attempt = 0
         while attempt < self.config.max_attempts:
             try:
-                server = await pool.acquire(avoid=previous)
+                server, http = await pool.acquire(avoid=previous)
             except FatalClientError as exc:
                 self._fatal = exc
                 raise
             attempt += 1
             started = time.monotonic()
             try:
-                result = await self._attempt(server, body, started)
+                result = await self._attempt(server, http, body, started)
             except TransientError as exc:
                 last_error = f"{server.url}: {exc}"
             else:
@@ -212,7 +224,7 @@ class SGLangClient:
                     category=category,
                 )
             finally:
-                pool.release(server)
+                pool.release(server, http)
             previous = server
             if attempt < self.config.max_attempts:
                 await asyncio.sleep(
@@ -230,11 +242,16 @@ class SGLangClient:
             error=f"{attempt} attempts failed; last: {last_error}",
         )
 
-    async def _attempt(self, server: ServerState, body: bytes, started: float) -> Completion | str:
+    async def _attempt(
+        self, server: ServerState, http: httpx.AsyncHTTPTransport, body: bytes, started: float
+    ) -> Completion | str:
         """One HTTP attempt. Returns a Completion (ok) or a str (rejected: the server's message);
         raises TransientError (retry) or FatalClientError (stop)."""
         pool = self._pool
-        task = asyncio.create_task(server.http.post(PATH, content=body))
+        request = httpx.Request(
+            "POST", server.chat_url, headers=server.headers, content=body, extensions=server.extensions
+        )
+        task = asyncio.create_task(_send(http, request))
         server.tasks.add(task)
         try:
             response = await task
@@ -261,10 +278,10 @@ class SGLangClient:
         finally:
             server.tasks.discard(task)
 
-        status = response.status_code
+        status, raw = response
         if status == 200:
             try:
-                completion = parse_completion(response.content)
+                completion = parse_completion(raw)
             except MalformedResponse as exc:
                 reason = f"malformed response: {exc}"
                 pool.record_failure(server, reason)
@@ -275,7 +292,7 @@ class SGLangClient:
             pool.record_success(server)
             return completion
 
-        message = error_message(response.content, status)
+        message = error_message(raw, status)
         kind = classify_status(status)
         if kind == TRANSIENT:
             reason = f"HTTP {status}: {message}"

@@ -1,0 +1,146 @@
+"""Client CPU per completion: `SGLangClient.complete()` vs a bare httpx loop, same stand-in, same process.
+
+The stand-in runs in its own process, so this process's CPU time (time.process_time) is the client's cost.
+Both loops send the same bodies at the same concurrency; rounds alternate so drift hits both alike.
+Prints the per-completion CPU of each, the ratio, and the absolute figure against the 1 ms budget.
+
+    .venv/bin/python bench/client_overhead.py [--n 2000] [--concurrency 64] [--rounds 3] [--url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "include"))
+
+from tracegen.client import ClientConfig, Sampling, ServerEndpoint, SGLangClient  # noqa: E402
+
+MODEL = "sim/bench"
+BUDGET_MS = 1.0
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "You are a careful coding assistant."},
+        {"role": "user", "content": f"Task {i}: explain what this function does.\n" + "def f(x):\n    return x\n" * 20},
+    ]
+
+
+def start_stand_in(max_running: int) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "tracegen.simulator", "--model-path", MODEL, "--port", str(port),
+            "--max-running-requests", str(max_running), "--sim-time-scale", "100000", "--sim-warmup-s", "0.05",
+            "--log-level", "warning"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"stand-in exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("stand-in not healthy after 30 s")
+
+
+async def bare_httpx(url: str, n: int, concurrency: int, max_tokens: int) -> int:
+    """Baseline: what any client must do at least — encode, POST, decode JSON."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=4.0)
+    gate = asyncio.Semaphore(concurrency)
+    ok = 0
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
+
+        async def one(i: int) -> None:
+            nonlocal ok
+            body = {"model": MODEL, "messages": messages(i), "max_tokens": max_tokens, "temperature": 0.6,
+                    "top_p": 0.95, "stream": False}  # fmt: skip
+            async with gate:
+                response = await http.post("/v1/chat/completions", content=json.dumps(body).encode(),
+                                           headers={"Content-Type": "application/json"})  # fmt: skip
+            data = json.loads(response.content)
+            ok += data["choices"][0]["finish_reason"] in ("stop", "length")
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return ok
+
+
+async def tracegen_client(url: str, n: int, concurrency: int, max_tokens: int) -> int:
+    gate = asyncio.Semaphore(concurrency)
+    sampling = Sampling(max_tokens=max_tokens)
+    async with SGLangClient([ServerEndpoint(url, max_in_flight=concurrency)], ClientConfig()) as client:
+
+        async def one(i: int) -> bool:
+            async with gate:
+                row = await client.complete(i, messages(i), sampling=sampling, model=MODEL, run_id="bench")
+            return row.status == "ok"
+
+        return sum(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def measure(fn, url: str, n: int, concurrency: int, max_tokens: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(CPU ms per completion, wall s) of one loop run."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    ok = asyncio.run(fn(url, n, concurrency, max_tokens))
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    if ok != n:
+        raise SystemExit(f"{fn.__name__}: only {ok} of {n} completions succeeded")
+    return cpu / n * 1000.0, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=2000, help="completions per round and loop")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--url", default=None, help="use this running stand-in instead of starting one")
+    args = parser.parse_args()
+
+    proc, url = (None, args.url) if args.url else start_stand_in(max_running=max(args.concurrency, 64))
+    try:
+        # Warm-up: imports, connection pools, the stand-in's own caches.
+        measure(bare_httpx, url, 200, args.concurrency, args.max_tokens)
+        measure(tracegen_client, url, 200, args.concurrency, args.max_tokens)
+        base, ours = [], []
+        for _ in range(args.rounds):
+            base.append(measure(bare_httpx, url, args.n, args.concurrency, args.max_tokens))
+            ours.append(measure(tracegen_client, url, args.n, args.concurrency, args.max_tokens))
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+
+    base_cpu = statistics.median(c for c, _ in base)
+    ours_cpu = statistics.median(c for c, _ in ours)
+    base_wall = statistics.median(w for _, w in base)
+    ours_wall = statistics.median(w for _, w in ours)
+    print(f"completions: {args.n} x {args.rounds} rounds per loop, concurrency {args.concurrency}, "
+          f"max_tokens {args.max_tokens}")  # fmt: skip
+    print(f"bare httpx loop   : {base_cpu:.3f} ms CPU/completion  ({args.n / base_wall:,.0f} completions/s wall)")
+    print(f"tracegen client   : {ours_cpu:.3f} ms CPU/completion  ({args.n / ours_wall:,.0f} completions/s wall)")
+    print(f"ratio client/bare : {ours_cpu / base_cpu:.2f}x   client extra: {ours_cpu - base_cpu:+.3f} ms/completion")
+    verdict = "within" if ours_cpu < BUDGET_MS else "OVER"
+    print(f"absolute          : {ours_cpu:.3f} ms CPU/completion, {verdict} the {BUDGET_MS:g} ms budget")
+
+
+if __name__ == "__main__":
+    main()
