@@ -82,7 +82,9 @@ def status(spec: FleetSpec, fleet: FleetConnection | None = None) -> list[Server
             url = fleet.url(host, gpu)
             result = probe(url, spec, fleet.headers())
             healthy, detail = result.healthy, result.detail
-        return ServerStatus(host.conn_id, gpu, host.port(gpu), state.state, state.pid, matches, healthy, detail, url)
+        return ServerStatus(
+            host.conn_id, gpu, host.port(gpu), state.state, state.pid, matches, healthy, detail, url
+        )
 
     try:
         return parallel(one, spec.servers())

@@ -211,7 +211,9 @@ START=$(starttime_of "$PID")
         + "printf 'pid=%s\\npgid=%s\\nstart=%s\\nconfig=%s\\nport=%s\\ngpu=%s\\nlaunched=%s\\n' "
         + f'"$PID" "$PID" "$START" {digest} {host.port(gpu)} {int(gpu)} "$(date +%s)" > "$PIDFILE.tmp"\n'
         + r"""mv -f "$PIDFILE.tmp" "$PIDFILE"
-STATE=launched PGID=$PID AGE=0 CONFIG=""" + digest + "\nreport\n"
+STATE=launched PGID=$PID AGE=0 CONFIG="""
+        + digest
+        + "\nreport\n"
     )
 
 

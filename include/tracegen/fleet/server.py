@@ -169,11 +169,15 @@ class FleetConnection:
         """Client URLs of every server in the spec, in `spec.servers()` order."""
         return [self.url(host, gpu) for host, gpu in self.spec.servers()]
 
-    def run(self, host: HostSpec, gpu: int, script: str, what: str, timeout: float | None = None) -> dict[str, str]:
+    def run(
+        self, host: HostSpec, gpu: int, script: str, what: str, timeout: float | None = None
+    ) -> dict[str, str]:
         result = self.transport(host).run(script, timeout or self.spec.ssh_cmd_timeout_s)
         values = command.parse_kv(result.stdout)
         if result.exit_status != 0:
-            reason = values.get("error") or result.stderr.strip()[-500:] or f"exit status {result.exit_status}"
+            reason = (
+                values.get("error") or result.stderr.strip()[-500:] or f"exit status {result.exit_status}"
+            )
             raise FleetError(f"{host.conn_id}:gpu{gpu}: {what} failed: {reason}")
         return values
 
@@ -207,7 +211,9 @@ def launch(fleet: FleetConnection, host: HostSpec, gpu: int) -> PidState:
 def stop(fleet: FleetConnection, host: HostSpec, gpu: int) -> StopResult:
     script = command.stop_script(fleet.spec, host, gpu)
     # The remote side waits out the grace period and the SIGKILL check itself.
-    values = fleet.run(host, gpu, script, "stop", timeout=fleet.spec.stop_timeout_s + fleet.spec.ssh_cmd_timeout_s)
+    values = fleet.run(
+        host, gpu, script, "stop", timeout=fleet.spec.stop_timeout_s + fleet.spec.ssh_cmd_timeout_s
+    )
     return StopResult(host.conn_id, gpu, values.get("result", "unknown"), PidState.parse(values).pid)
 
 
@@ -243,7 +249,9 @@ def probe(url: str, spec: FleetSpec, headers: dict[str, str], timeout: float = P
     except (httpx.HTTPError, ValueError) as exc:
         return Probe(False, None, f"{type(exc).__name__}: {exc}")
     if not isinstance(body, dict) or not model_matches(spec, body):
-        shown = {k: body.get(k) for k in ("model_path", "served_model_name")} if isinstance(body, dict) else body
+        shown = (
+            {k: body.get(k) for k in ("model_path", "served_model_name")} if isinstance(body, dict) else body
+        )
         return Probe(False, False, f"/model_info names {shown}, expected {spec.model_name!r}")
     return Probe(True, True, "healthy")
 

@@ -231,7 +231,9 @@ class FleetSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "hosts": [{"conn_id": h.conn_id, "gpus": list(h.gpus), "base_port": h.base_port} for h in self.hosts],
+            "hosts": [
+                {"conn_id": h.conn_id, "gpus": list(h.gpus), "base_port": h.base_port} for h in self.hosts
+            ],
             "model_path": self.model_path,
             "served_model_name": self.served_model_name,
             "python": self.python,

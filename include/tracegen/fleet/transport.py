@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -62,7 +63,13 @@ class LocalTransport:
 
     def url(self, bind_host: str, port: int) -> str:
         # A wildcard bind is reachable on loopback; anything else at the address it binds.
-        host = "127.0.0.1" if bind_host in ("0.0.0.0", "localhost") else "::1" if bind_host == "::" else bind_host
+        host = (
+            "127.0.0.1"
+            if bind_host in ("0.0.0.0", "localhost")
+            else "::1"
+            if bind_host == "::"
+            else bind_host
+        )
         return f"http://{_url_host(host)}:{port}"
 
     def close(self) -> None:
@@ -124,12 +131,15 @@ class SSHTransport:
             self.hook.host_key = key
         self._tunnels = contextlib.ExitStack()
         self._urls: dict[int, str] = {}
+        # Servers of one host are handled from several threads; they must share one SSH connection.
+        self._connect_lock = threading.Lock()
 
     def _client(self) -> Any:
 
         for attempt in range(1, self.connect_attempts + 1):
             try:
-                return self._connect_once()
+                with self._connect_lock:
+                    return self._connect_once()
             except _Transient as exc:
                 if attempt == self.connect_attempts:
                     raise FleetError(
@@ -177,7 +187,11 @@ class SSHTransport:
                 while channel.recv_stderr_ready():
                     err += channel.recv_stderr(65536)
                     progressed = True
-                if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+                if (
+                    channel.exit_status_ready()
+                    and not channel.recv_ready()
+                    and not channel.recv_stderr_ready()
+                ):
                     break
                 if time.monotonic() > deadline:
                     raise FleetError(f"host {self.name}: script did not finish within {timeout:.0f} s")

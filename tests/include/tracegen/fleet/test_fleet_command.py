@@ -98,7 +98,9 @@ def test_control_characters_in_values_are_rejected(tmp_path):
 
 
 def test_stop_kills_the_whole_group_and_escalates_to_sigkill(tmp_path, stray_groups):
-    spec = probe_spec(tmp_path, stop_timeout_s=0.5, env={**probe_spec(tmp_path).env, "PROBE_IGNORE_TERM": "1"})
+    spec = probe_spec(
+        tmp_path, stop_timeout_s=0.5, env={**probe_spec(tmp_path).env, "PROBE_IGNORE_TERM": "1"}
+    )
     host = spec.hosts[0]
     with FleetConnection(spec) as fleet:
         state = fleet_server.launch(fleet, host, 2)

@@ -66,7 +66,9 @@ def test_provision_reuse_restart_status_teardown_over_ssh(sshd, tmp_path, stray_
             assert len({h.pid for h in first}) == 2
             for handle in first:
                 # Loopback bind: the client URL is a local SSH tunnel, not the remote port.
-                assert handle.url.startswith("http://127.0.0.1:") and not handle.url.endswith(f":{handle.port}")
+                assert handle.url.startswith("http://127.0.0.1:") and not handle.url.endswith(
+                    f":{handle.port}"
+                )
                 info = httpx.get(f"{handle.url}/server_info", timeout=10).json()
                 assert info["port"] == handle.port and info["speculative_algorithm"] == "EAGLE3"
                 assert info["served_model_name"] == "qwen3-8b"
@@ -81,7 +83,9 @@ def test_provision_reuse_restart_status_teardown_over_ssh(sshd, tmp_path, stray_
             )
             with FleetConnection(changed) as fleet2:
                 before = status(changed, fleet2)
-                assert [(s.state, s.config_matches, s.healthy) for s in before] == [("running", False, True)] * 2
+                assert [(s.state, s.config_matches, s.healthy) for s in before] == [
+                    ("running", False, True)
+                ] * 2
                 third = provision(changed, fleet2)
                 stray_groups.extend(h.pgid for h in third)
                 assert all(not h.reused for h in third)
@@ -92,7 +96,9 @@ def test_provision_reuse_restart_status_teardown_over_ssh(sshd, tmp_path, stray_
                     info = httpx.get(f"{handle.url}/server_info", timeout=10).json()
                     assert info["max_running_requests"] == 64
                 after = status(changed, fleet2)
-                assert [(s.state, s.config_matches, s.healthy) for s in after] == [("running", True, True)] * 2
+                assert [(s.state, s.config_matches, s.healthy) for s in after] == [
+                    ("running", True, True)
+                ] * 2
         finally:
             results = teardown(spec, fleet)
     assert {r.result for r in results} <= {"stopped", "killed"}
@@ -111,7 +117,9 @@ def test_local_fleet_with_api_key(tmp_path, monkeypatch, stray_groups):
             assert handle.url == f"http://127.0.0.1:{handle.port}"
             # The server demands the key; the fleet's headers carry it.
             assert httpx.get(f"{handle.url}/model_info", timeout=10).status_code == 401
-            assert httpx.get(f"{handle.url}/model_info", headers=fleet.headers(), timeout=10).status_code == 200
+            assert (
+                httpx.get(f"{handle.url}/model_info", headers=fleet.headers(), timeout=10).status_code == 200
+            )
             pid_file = tmp_path / "fleet" / f"sglang-gpu4-port{handle.port}.pid"
             assert "k-123" not in pid_file.read_text()
             assert provision(spec, fleet)[0].pid == handle.pid
@@ -128,7 +136,9 @@ def test_port_held_by_another_server_is_an_error(tmp_path, stray_groups):
         try:
             [handle] = provision(squatter, fleet)
             stray_groups.append(handle.pgid)
-            with pytest.raises(FleetError, match=r"held by a process outside|exited before becoming healthy") as info:
+            with pytest.raises(
+                FleetError, match=r"held by a process outside|exited before becoming healthy"
+            ) as info:
                 provision(spec)
             assert str(handle.port) in str(info.value)
             assert is_alive(handle.pid)  # the other server is reported, never touched

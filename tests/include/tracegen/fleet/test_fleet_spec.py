@@ -8,7 +8,10 @@ from tracegen.fleet import FleetSpec, FleetSpecError, HostSpec
 
 
 def base(**over):
-    data = {"hosts": [{"conn_id": "gpu_a", "gpus": [0, 1], "base_port": 30000}], "model_path": "Qwen/Qwen3-8B"}
+    data = {
+        "hosts": [{"conn_id": "gpu_a", "gpus": [0, 1], "base_port": 30000}],
+        "model_path": "Qwen/Qwen3-8B",
+    }
     data.update(over)
     return data
 
@@ -18,7 +21,11 @@ def test_from_json_roundtrip():
         json.dumps(
             base(
                 served_model_name="qwen3",
-                sglang_flags={"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3, "--enable-metrics": True},
+                sglang_flags={
+                    "--speculative-algorithm": "EAGLE3",
+                    "--speculative-num-steps": 3,
+                    "--enable-metrics": True,
+                },
             )
         )
     )

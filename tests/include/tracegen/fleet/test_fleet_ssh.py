@@ -8,7 +8,15 @@ import subprocess
 import pytest
 from fleet_helpers import live_group_members, probe_spec, wait_for
 
-from tracegen.fleet import FleetConnection, FleetError, SSHTransport, launch_argv, provision, teardown
+from tracegen.fleet import (
+    FleetConnection,
+    FleetError,
+    LocalTransport,
+    SSHTransport,
+    launch_argv,
+    provision,
+    teardown,
+)
 from tracegen.fleet import server as fleet_server
 
 
@@ -28,7 +36,9 @@ def test_runs_scripts_over_ssh(sshd):
 
 
 def test_host_key_mismatch_is_refused(sshd, tmp_path):
-    conn_id = sshd.register_connection("fleet_ssh_impostor", known_hosts=None, host_key=_other_host_key(tmp_path))
+    conn_id = sshd.register_connection(
+        "fleet_ssh_impostor", known_hosts=None, host_key=_other_host_key(tmp_path)
+    )
     transport = SSHTransport(conn_id)
     with pytest.raises(FleetError, match="does not match the recorded key"):
         transport.run("touch /tmp/should-not-run", timeout=30)
@@ -120,8 +130,26 @@ def test_unreachable_ssh_server_is_retried_then_named(sshd):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed_port = sock.getsockname()[1]
-    conn_id = sshd.register_connection("fleet_ssh_closed_port", known_hosts=None, host_key=sshd.host_public_key)
+    conn_id = sshd.register_connection(
+        "fleet_ssh_closed_port", known_hosts=None, host_key=sshd.host_public_key
+    )
     conn = json.loads(os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"])
     os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({**conn, "port": closed_port})
     with pytest.raises(FleetError, match="cannot reach SSH server after 2 attempts"):
         SSHTransport(conn_id, connect_attempts=2).run("true", timeout=10)
+
+
+def test_client_urls_tunnel_loopback_and_go_direct_otherwise(sshd):
+    transport = SSHTransport(sshd.conn_id)
+    try:
+        # A network bind (always with an API key) is reached directly, at the SSH host for 0.0.0.0.
+        assert transport.url("0.0.0.0", 30001) == "http://127.0.0.1:30001"
+        assert transport.url("10.1.2.3", 30002) == "http://10.1.2.3:30002"
+        # A loopback bind is only reachable through a local tunnel, kept open until close().
+        url = transport.url("127.0.0.1", 30003)
+        assert url.startswith("http://127.0.0.1:") and url != "http://127.0.0.1:30003"
+        assert transport.url("127.0.0.1", 30003) == url  # one tunnel per port, reused
+    finally:
+        transport.close()
+    assert LocalTransport().url("0.0.0.0", 5) == "http://127.0.0.1:5"
+    assert LocalTransport().url("127.0.0.1", 6) == "http://127.0.0.1:6"
