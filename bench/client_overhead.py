@@ -1,7 +1,8 @@
 """Client CPU per completion: `SGLangClient.complete()` vs a bare httpx loop, same stand-in, same process.
 
 The stand-in runs in its own process, so this process's CPU time (time.process_time) is the client's cost.
-Both loops send the same bodies at the same concurrency; rounds alternate so drift hits both alike.
+Baselines, same bodies and concurrency, rounds interleaved so drift hits all alike: a bare httpx.AsyncClient
+loop (what anyone would write first), and bare httpx transports in the client's own pool layout (the floor).
 Prints the per-completion CPU of each, the ratio, and the absolute figure against the 1 ms budget.
 
     .venv/bin/python bench/client_overhead.py [--n 2000] [--concurrency 64] [--rounds 3] [--url URL]
@@ -83,6 +84,41 @@ async def bare_httpx(url: str, n: int, concurrency: int, max_tokens: int) -> int
     return ok
 
 
+async def bare_transport(url: str, n: int, concurrency: int, max_tokens: int) -> int:
+    """Tighter baseline: the client's own connection layout (httpx transports, pools of 8) with nothing
+    else — no routing, retries or validation. client / this = the cost of the client's logic."""
+    size = 8
+    pools = [
+        httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=size, keepalive_expiry=4.0))
+        for _ in range(-(-concurrency // size))
+    ]
+    free = [i % len(pools) for i in range(concurrency)]
+    target = httpx.URL(url + "/v1/chat/completions")
+    ok = 0
+
+    async def one(i: int) -> None:
+        nonlocal ok
+        body = {"model": MODEL, "messages": messages(i), "max_tokens": max_tokens, "temperature": 0.6,
+                "top_p": 0.95, "stream": False}  # fmt: skip
+        request = httpx.Request("POST", target, headers={"Content-Type": "application/json"},
+                                content=json.dumps(body).encode())  # fmt: skip
+        async with gate:
+            slot = free.pop()
+            try:
+                response = await pools[slot].handle_async_request(request)
+                raw = await response.aread()
+                await response.aclose()
+            finally:
+                free.append(slot)
+        ok += json.loads(raw)["choices"][0]["finish_reason"] in ("stop", "length")
+
+    gate = asyncio.Semaphore(concurrency)
+    await asyncio.gather(*(one(i) for i in range(n)))
+    for pool in pools:
+        await pool.aclose()
+    return ok
+
+
 async def tracegen_client(url: str, n: int, concurrency: int, max_tokens: int) -> int:
     gate = asyncio.Semaphore(concurrency)
     sampling = Sampling(max_tokens=max_tokens)
@@ -119,10 +155,12 @@ def main() -> None:
     try:
         # Warm-up: imports, connection pools, the stand-in's own caches.
         measure(bare_httpx, url, 200, args.concurrency, args.max_tokens)
+        measure(bare_transport, url, 200, args.concurrency, args.max_tokens)
         measure(tracegen_client, url, 200, args.concurrency, args.max_tokens)
-        base, ours = [], []
+        base, floor, ours = [], [], []
         for _ in range(args.rounds):
             base.append(measure(bare_httpx, url, args.n, args.concurrency, args.max_tokens))
+            floor.append(measure(bare_transport, url, args.n, args.concurrency, args.max_tokens))
             ours.append(measure(tracegen_client, url, args.n, args.concurrency, args.max_tokens))
     finally:
         if proc is not None:
@@ -130,14 +168,19 @@ def main() -> None:
             proc.wait()
 
     base_cpu = statistics.median(c for c, _ in base)
+    floor_cpu = statistics.median(c for c, _ in floor)
+    floor_wall = statistics.median(w for _, w in floor)
     ours_cpu = statistics.median(c for c, _ in ours)
     base_wall = statistics.median(w for _, w in base)
     ours_wall = statistics.median(w for _, w in ours)
     print(f"completions: {args.n} x {args.rounds} rounds per loop, concurrency {args.concurrency}, "
           f"max_tokens {args.max_tokens}")  # fmt: skip
     print(f"bare httpx loop   : {base_cpu:.3f} ms CPU/completion  ({args.n / base_wall:,.0f} completions/s wall)")
+    print(f"bare transports   : {floor_cpu:.3f} ms CPU/completion  ({args.n / floor_wall:,.0f} completions/s wall)")
     print(f"tracegen client   : {ours_cpu:.3f} ms CPU/completion  ({args.n / ours_wall:,.0f} completions/s wall)")
-    print(f"ratio client/bare : {ours_cpu / base_cpu:.2f}x   client extra: {ours_cpu - base_cpu:+.3f} ms/completion")
+    print(f"ratio client/bare httpx loop : {ours_cpu / base_cpu:.2f}x ({ours_cpu - base_cpu:+.3f} ms/completion)")
+    print(f"ratio client/bare transports : {ours_cpu / floor_cpu:.2f}x ({ours_cpu - floor_cpu:+.3f} ms/completion: "
+          "routing, retries, validation, row building)")  # fmt: skip
     verdict = "within" if ours_cpu < BUDGET_MS else "OVER"
     print(f"absolute          : {ours_cpu:.3f} ms CPU/completion, {verdict} the {BUDGET_MS:g} ms budget")
 
