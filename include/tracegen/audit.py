@@ -74,7 +74,9 @@ def _rate(num: int | float, den: int | float) -> float | None:
 def _ordered_commit_codes(col: pd.Series) -> np.ndarray:
     """Integer codes that sort like the commit times (ISO strings sort lexically; datetimes natively)."""
     if pd.api.types.is_datetime64_any_dtype(col):
-        return col.to_numpy().astype("datetime64[ns]").astype(np.int64)
+        # Through the tz-naive UTC values: numpy has no tz-aware datetime and warns on the conversion.
+        naive = col.dt.tz_convert("UTC").dt.tz_localize(None) if col.dt.tz is not None else col
+        return naive.to_numpy().astype("datetime64[ns]").astype(np.int64)
     codes, _ = pd.factorize(col, sort=True)  # missing -> -1: sorts as oldest
     return codes
 
