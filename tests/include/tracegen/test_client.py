@@ -121,6 +121,21 @@ def test_completion_fields_and_reasoning_split(sim_server) -> None:
     assert metric(sim.url, "sglang:num_requests_total") == 18
 
 
+def test_tools_are_sent_and_tool_calls_kept(sim_server) -> None:
+    sim = sim_server(sim_tool_call_rate=1.0)
+    tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
+
+    async def main() -> GeneratedRow:
+        async with SGLangClient([ServerEndpoint(sim.url)], ClientConfig(**FAST)) as client:
+            return await client.complete(
+                0, prompt(0), tools=tools, sampling=Sampling(max_tokens=8192), model=MODEL
+            )
+
+    row = asyncio.run(main())
+    assert row.status == "ok" and row.finish_reason == "tool_calls", row
+    assert row.tool_calls and row.tool_calls[0]["function"]["name"] == "run_tests"
+
+
 def test_context_overflow_is_rejected_once(sim_server) -> None:
     sim = sim_server(context_length=256)
 
