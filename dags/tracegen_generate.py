@@ -21,12 +21,17 @@ are regenerated. See `python -m tracegen status <output_uri>` for progress from 
 
 from __future__ import annotations
 
+import os
+
 import pendulum
 from airflow.sdk import Param, TriggerRule, dag, task
 
 from tracegen import steps
 
 DEFAULTS = steps.default_params()
+# Seconds between retries of a task; the distributed end-to-end test shortens it so a task lost with its
+# worker is retried within the test's time budget.
+RETRY_DELAY_S = int(os.environ.get("TRACEGEN_RETRY_DELAY_S", "30"))
 
 PARAMS = {
     "max_tokens": Param(
@@ -116,7 +121,7 @@ PARAMS = {
     tags=["tracegen", "generation"],
     doc_md=__doc__,
     params=PARAMS,
-    default_args={"retries": 2, "retry_delay": pendulum.duration(seconds=30)},
+    default_args={"retries": 2, "retry_delay": pendulum.duration(seconds=RETRY_DELAY_S)},
     max_active_runs=1,
 )
 def tracegen_generate():
