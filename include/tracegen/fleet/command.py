@@ -119,6 +119,12 @@ inspect() {  # sets STATE to absent | corrupt | stale | running | orphaned
   else STATE=stale
   fi
 }
+lock_slot() {  # serialise launch/stop of this slot between concurrent provisioners (flock: util-linux)
+  exec 9>>"$PIDFILE.lock"
+  if command -v flock >/dev/null 2>&1; then
+    flock -w "$1" 9 || { echo "error=another fleet operation on $PIDFILE did not finish within $1 s"; exit 7; }
+  fi
+}
 report() {
   printf 'state=%s\npid=%s\npgid=%s\nstart=%s\nconfig=%s\nage=%s\n' "$STATE" "$PID" "$PGID" "$START" "$CONFIG" "$AGE"
 }
@@ -174,8 +180,9 @@ echo "listening=$LISTEN"
 def launch_script(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None = None) -> str:
     """Launches the server detached in its own session and writes its pid file.
 
-    Refuses (exit 6) when the pid file names a live process: a second launcher racing this one
-    must not start a twin on the same GPU and port.
+    Serialised per slot with flock. When a concurrent provisioner already launched the very same
+    configuration it joins that server (exit 0, state=running); any other live server in the pid
+    file makes it refuse (exit 6): never two servers on one GPU and port.
     """
     argv = launch_argv(spec, host, gpu, api_key)
     env = server_env(spec, gpu)
@@ -185,17 +192,22 @@ def launch_script(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None
     return (
         _prelude(spec, host, gpu)
         + r"""
+lock_slot LOCKWAIT
 inspect
+if [ "$STATE" = running ] && [ "$CONFIG" = DIGEST ]; then
+  report; exit 0  # a concurrent provisioner launched the very same server: join it
+fi
 case "$STATE" in running|orphaned) report; echo "error=a server is already running from $PIDFILE"; exit 6;; esac
 for tool in setsid nohup; do
   command -v "$tool" >/dev/null 2>&1 || { echo "error=$tool not found on this host"; exit 3; }
 done
 rm -f "$PIDFILE"
 [ -f "$LOGFILE" ] && mv -f "$LOGFILE" "$LOGFILE.1"
-"""
+""".replace("LOCKWAIT", str(_lock_wait(spec))).replace("DIGEST", digest)
         + f'printf "# tracegen launch %s config={digest}\\n" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$LOGFILE"\n'
         # stdin from /dev/null: this script itself arrives on sh's stdin and must not be eaten.
-        + f'{assignments} setsid nohup {command} < /dev/null >> "$LOGFILE" 2>&1 &\n'
+        # 9>&-: the server must not inherit the slot lock, or it would hold it for its whole life.
+        + f'{assignments} setsid nohup {command} < /dev/null >> "$LOGFILE" 2>&1 9>&- &\n'
         + r"""PID=$!
 i=0
 while :; do
@@ -217,14 +229,23 @@ STATE=launched PGID=$PID AGE=0 CONFIG="""
     )
 
 
-def stop_script(spec: FleetSpec, host: HostSpec, gpu: int) -> str:
+def _lock_wait(spec: FleetSpec) -> int:
+    # Long enough for a concurrent stop to drain and escalate to SIGKILL.
+    return int(spec.stop_timeout_s + 60)
+
+
+def stop_script(spec: FleetSpec, host: HostSpec, gpu: int, keep_config: str | None = None) -> str:
     """Stops the server recorded in the pid file: SIGTERM to its group, wait, SIGKILL, verify.
 
-    Prints `result=absent|stale|stopped|killed`; exits 5 if the group survives SIGKILL.
+    With `keep_config`, a running server launched with that configuration is left alone
+    (`result=kept`): a concurrent provisioner already replaced the outdated one.
+    Prints `result=absent|stale|kept|stopped|killed`; exits 5 if the group survives SIGKILL.
     """
     grace = max(1, int(round(spec.stop_timeout_s * 5)))  # in 0.2 s steps
+    keep = keep_config if keep_config and all(c in "0123456789abcdef" for c in keep_config) else "-"
     return (
         _prelude(spec, host, gpu)
+        + f"lock_slot {_lock_wait(spec)}\n"
         + r"""
 inspect
 report
@@ -232,6 +253,9 @@ case "$STATE" in
   absent) echo result=absent; exit 0;;
   stale|corrupt) rm -f "$PIDFILE"; echo result=stale; exit 0;;
 esac
+"""
+        + f'if [ "$STATE" = running ] && [ "$CONFIG" = "{keep}" ]; then echo result=kept; exit 0; fi\n'
+        + r"""
 G=$PGID
 kill -s TERM -- "-$PGID" 2>/dev/null
 i=0

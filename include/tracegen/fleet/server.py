@@ -208,8 +208,8 @@ def launch(fleet: FleetConnection, host: HostSpec, gpu: int) -> PidState:
         raise FleetError(f"{exc}\n--- log tail ---\n{log_tail(fleet, host, gpu)}") from None
 
 
-def stop(fleet: FleetConnection, host: HostSpec, gpu: int) -> StopResult:
-    script = command.stop_script(fleet.spec, host, gpu)
+def stop(fleet: FleetConnection, host: HostSpec, gpu: int, keep_config: str | None = None) -> StopResult:
+    script = command.stop_script(fleet.spec, host, gpu, keep_config)
     # The remote side waits out the grace period and the SIGKILL check itself.
     values = fleet.run(
         host, gpu, script, "stop", timeout=fleet.spec.stop_timeout_s + fleet.spec.ssh_cmd_timeout_s
@@ -347,6 +347,6 @@ def prepare(fleet: FleetConnection, host: HostSpec, gpu: int) -> _Pending:
             return _Pending(host, gpu, fleet.url(host, gpu), state, True, now)
         # Older than its health timeout and still not healthy: wedged. Restart it below.
     if state.alive:
-        stop(fleet, host, gpu)
+        stop(fleet, host, gpu, keep_config=wanted)
     launched = launch(fleet, host, gpu)
     return _Pending(host, gpu, fleet.url(host, gpu), launched, False, now + spec.health_timeout_s)

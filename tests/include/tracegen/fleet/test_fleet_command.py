@@ -137,12 +137,18 @@ def test_stale_pid_file_of_a_recycled_pid_is_never_signalled(tmp_path, stray_gro
         bystander.wait()
 
 
-def test_second_launch_on_a_live_slot_is_refused(tmp_path, stray_groups):
+def test_launch_on_a_live_slot_joins_the_same_config_and_refuses_another(tmp_path, stray_groups):
     spec = probe_spec(tmp_path)
     host = spec.hosts[0]
-    with FleetConnection(spec) as fleet:
+    other = probe_spec(tmp_path, sglang_flags={"--max-running-requests": 8})
+    with FleetConnection(spec) as fleet, FleetConnection(other) as fleet2:
         state = fleet_server.launch(fleet, host, 2)
         stray_groups.append(state.pgid)
+        joined = fleet_server.launch(fleet, host, 2)  # e.g. a concurrent provisioner: same server
+        assert (joined.state, joined.pid) == ("running", state.pid)
         with pytest.raises(FleetError, match="already running"):
-            fleet_server.launch(fleet, host, 2)
-        fleet_server.stop(fleet, host, 2)
+            fleet_server.launch(fleet2, host, 2)
+        # A stop that asks to keep the current config leaves it alone; a plain stop does not.
+        assert fleet_server.stop(fleet, host, 2, keep_config=state.config).result == "kept"
+        assert live_group_members(state.pgid)
+        assert fleet_server.stop(fleet, host, 2).result == "stopped"

@@ -153,3 +153,19 @@ def test_model_info_must_name_the_configured_model():
     assert not model_matches(spec, {"model_path": "Qwen/Qwen3-8B", "served_model_name": "other"})
     assert not model_matches(spec, {"model_path": "other", "served_model_name": "qwen3-8b"})
     assert not model_matches(spec, {})
+
+
+def test_concurrent_provisions_converge_on_one_server(tmp_path, stray_groups):
+    """Mapped chunk tasks provision at the same time: they must share one server per GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = sim_spec(tmp_path, "local", gpus=(0,))
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: provision(spec), range(4)))
+        pids = {handles[0].pid for handles in results}
+        assert len(pids) == 1
+        stray_groups.append(results[0][0].pgid)
+        assert live_group_members(results[0][0].pgid)
+    finally:
+        teardown(spec)
