@@ -3,6 +3,8 @@
 set -euo pipefail
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+# Headless Chromium renders the review page in tests/plugins (the browser tests never skip).
+command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || need+=(chromium)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "missing Debian packages: ${need[*]} (run: sudo apt-get install -y ${need[*]})" >&2
