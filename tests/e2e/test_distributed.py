@@ -1,0 +1,162 @@
+"""tracegen on Airflow's distributed engine: PostgreSQL metadata DB, CeleryExecutor on Redis, two workers.
+
+Every Airflow component runs as a real process (tests/e2e/airflow_cluster.py) on a fresh database; the
+DAGs are triggered through the REST API with a token from /auth/token, as a person or a CI job would.
+The tests run in file order and share the cluster: a full run, a run that loses a Celery worker to
+SIGKILL mid-generation, then the scheduled rerun DAG finding nothing left to do.
+PostgreSQL or Redis missing is a failure, not a skip: CI runs both.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from pathlib import Path
+
+import pytest
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError
+
+from tracegen.config import SAMPLE_DATASET
+from tracegen.ledger import Ledger
+from tracegen.records import FAILED
+from tracegen.status import dataset_status
+from tracegen.storage import open_storage
+
+GENERATE = "tracegen_generate"
+RERUN = "tracegen_rerun_failed"
+N_ROWS = 240  # of the bundled prompts: 5 mapped chunks of 50 after a 40-row pilot
+RUN_CONF = {"max_tokens": 8192, "pilot_size": 40, "chunk_size": 50, "teardown": True}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("cluster")
+    cluster = AirflowCluster(root, workers=2, worker_concurrency=2)
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        cluster.stop()
+        pytest.fail(f"could not start the distributed Airflow cluster: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def api(cluster: AirflowCluster) -> AirflowApi:
+    api = cluster.api()
+    api.wait_for_dag(GENERATE)
+    api.unpause(GENERATE)
+    return api
+
+
+@pytest.fixture(scope="module")
+def dataset(cluster: AirflowCluster) -> Path:
+    with gzip.open(SAMPLE_DATASET, "rt") as src:
+        lines = [next(src) for _ in range(N_ROWS)]
+    path = cluster.root / "prompts.jsonl"
+    path.write_text("".join(lines))
+    return path
+
+
+def _conf(dataset: Path, output: Path) -> dict:
+    return {**RUN_CONF, "dataset_uri": str(dataset), "output_uri": str(output)}
+
+
+def _wait_success(cluster: AirflowCluster, api: AirflowApi, dag_id: str, run_id: str, timeout: float) -> None:
+    state = api.wait_run(dag_id, run_id, timeout)
+    assert state == "success", (
+        f"{dag_id} {run_id} ended {state}: {api.describe(dag_id, run_id)}\n{cluster.logs_summary()}"
+    )
+
+
+def _check_output(output: Path, run_id: str) -> dict:
+    """Every row exactly once, the ledger healthy, and the final report beside the data."""
+    status = dataset_status(str(output))
+    assert (status["total"], status["done"], status["left"], status["failed"]) == (N_ROWS, N_ROWS, 0, 0), status
+    ledger = Ledger(open_storage(str(output)))
+    assert ledger.check_invariants(deep=True) == []
+    assert ledger.orphan_parts() == []
+    frame = ledger.frame()
+    kept = frame[frame["status"] != FAILED]
+    assert sorted(kept["index"].tolist()) == list(range(N_ROWS)), "a row is missing or committed twice"
+    assert set(frame["max_tokens"]) == {8192}
+    run_dir = output / "runs" / status["newest_run"]
+    assert run_id.replace(":", "_").replace("+", "_") == status["newest_run"]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["verdict"]["max_tokens"] == 8192 and report["verdict"]["total"] == N_ROWS
+    assert report["verdict"]["blocks"] is False
+    assert (run_dir / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
+    assert (run_dir / "pilot-report.json").exists()
+    return status
+
+
+@pytest.mark.timeout(420)
+def test_generate_runs_on_celery_workers(cluster: AirflowCluster, api: AirflowApi, dataset: Path) -> None:
+    output = cluster.root / "out-full"
+    run_id = api.trigger(GENERATE, _conf(dataset, output))
+    _wait_success(cluster, api, GENERATE, run_id, timeout=240)
+
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in api.task_instances(GENERATE, run_id)}
+    generated = [k for k in states if k[0] == "generate_chunk"]
+    assert len(generated) == 5 and all(states[k] == "success" for k in generated), states
+    assert states[("teardown_fleet", -1)] == "success" and states[("watcher", -1)] == "skipped", states
+    _check_output(output, run_id)
+
+
+def _kill_worker_running(cluster: AirflowCluster, api: AirflowApi, run_id: str, timeout: float) -> tuple:
+    """SIGKILL the worker (its whole process group) that runs a generate_chunk task, once that task has
+    been running for a moment; returns (worker name, map index)."""
+    deadline = time.monotonic() + timeout
+    seen: dict[int, float] = {}
+    while time.monotonic() < deadline:
+        if api.run(GENERATE, run_id)["state"] in ("success", "failed"):
+            break
+        for ti in api.task_instances(GENERATE, run_id):
+            if ti["task_id"] != "generate_chunk" or ti["state"] != "running" or not ti.get("pid"):
+                continue
+            first = seen.setdefault(ti["map_index"], time.monotonic())
+            if time.monotonic() - first < 1.5:  # let it get its requests in flight
+                continue
+            for name in cluster.worker_names:
+                if ti["pid"] in cluster.components[name].group_pids():
+                    cluster.components[name].kill()
+                    return name, ti["map_index"]
+        time.sleep(0.3)
+    raise AssertionError(f"no generate_chunk task seen running on a worker: {api.describe(GENERATE, run_id)}")
+
+
+@pytest.mark.timeout(420)
+def test_run_survives_sigkill_of_a_celery_worker(cluster: AirflowCluster, api: AirflowApi, dataset: Path) -> None:
+    output = cluster.root / "out-kill"
+    run_id = api.trigger(GENERATE, _conf(dataset, output))
+    killed, map_index = _kill_worker_running(cluster, api, run_id, timeout=180)
+    assert not cluster.components[killed].alive
+    survivors = [n for n in cluster.worker_names if n != killed]
+    assert all(cluster.components[n].alive for n in survivors)
+
+    _wait_success(cluster, api, GENERATE, run_id, timeout=300)
+    lost = next(t for t in api.task_instances(GENERATE, run_id)
+                if t["task_id"] == "generate_chunk" and t["map_index"] == map_index)
+    # The scheduler noticed the lost task (no heartbeat) and a surviving worker ran it again.
+    assert lost["state"] == "success" and lost["try_number"] >= 2, lost
+    _check_output(output, run_id)
+
+
+@pytest.mark.timeout(240)
+def test_rerun_failed_finds_nothing_to_do(cluster: AirflowCluster, api: AirflowApi) -> None:
+    roots = [str(cluster.root / "out-full"), str(cluster.root / "out-kill")]
+    api.set_variable("tracegen_output_roots", json.dumps(roots))
+    api.wait_for_dag(RERUN)
+    api.unpause(RERUN)
+    run_id = api.trigger(RERUN, {})
+    _wait_success(cluster, api, RERUN, run_id, timeout=180)
+
+    found = api.xcom(RERUN, run_id, "find_unfinished_work")
+    assert found == [], found
+    reruns = [t for t in api.task_instances(RERUN, run_id) if t["task_id"] == "rerun_unfinished"]
+    assert all(t["state"] == "skipped" for t in reruns), reruns
+    for root in roots:
+        assert dataset_status(root)["left"] == 0

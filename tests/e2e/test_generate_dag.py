@@ -1,0 +1,241 @@
+"""`tracegen_generate` and `tracegen_rerun_failed` end to end with `airflow dags test` on SQLite.
+
+Real components: stand-in servers launched over a real OpenSSH sshd (host keys verified), output on an
+S3-compatible server through the real AWS connection, the real DAG files. The stand-in's "short" length
+model is the seed's distribution at 1/40 scale, so cap 100 plays the seed's 4096 and 200 plays 8192.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tracegen.config import SAMPLE_DATASET
+from tracegen.fleet import FleetSpec, status, teardown
+from tracegen.ledger import Ledger
+from tracegen.records import FAILED, GeneratedRow
+from tracegen.status import dataset_status
+from tracegen.storage import open_storage
+
+ROOT = Path(__file__).resolve().parents[2]
+N_ROWS = 600
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory, sshd, s3):
+    """A migrated SQLite metadata DB and the environment every `airflow` command of this module uses."""
+    home = tmp_path_factory.mktemp("airflow-home")
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "TRACEGEN_SPOOL_DIR": str(home / "spool"),
+        "TRACEGEN_STATE_DIR": str(home / "state"),
+    }
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                   capture_output=True)
+    return env
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    """The first N_ROWS bundled prompts as plain JSONL."""
+    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
+    with gzip.open(SAMPLE_DATASET, "rt") as src, path.open("w") as dst:
+        for _, line in zip(range(N_ROWS), src, strict=False):
+            dst.write(line)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, sshd):
+    """Two stand-ins on 'GPU host' fleet_ssh, reached over SSH, stopped at the end by process group."""
+    work = tmp_path_factory.mktemp("fleet")
+    spec = {
+        "hosts": [{"conn_id": sshd.conn_id, "gpus": [0, 1], "base_port": free_port_pair()}],
+        "model_path": "Qwen/Qwen3.6-27B",
+        "served_model_name": "qwen-test",
+        "python": sys.executable,
+        "launch_module": "tracegen.simulator",
+        "sglang_flags": {
+            "--reasoning-parser": "qwen3",
+            "--max-running-requests": 32,
+            "--enable-metrics": True,
+            "--sim-length-model": "short",
+            "--sim-time-scale": 1000,
+        },
+        "work_dir": str(work / "remote"),
+        "health_timeout_s": 60,
+        "stop_timeout_s": 10,
+    }
+    path = work / "fleet.json"
+    path.write_text(json.dumps(spec))
+    yield path
+    teardown(FleetSpec.from_dict(spec))
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free (GPU 0 and GPU 1 of the fleet)."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports")
+
+
+def dags_test(env, dag_id: str, conf: dict | None = None, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "airflow", "dags", "test", dag_id]
+    if conf is not None:
+        args += ["--conf", json.dumps(conf)]
+    return subprocess.run(args, env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=600)
+
+
+def base_conf(dataset: str, output: str, fleet: Path, **overrides) -> dict:
+    conf = {"dataset_uri": dataset, "output_uri": output, "fleet": str(fleet), "pilot_size": 300,
+            "chunk_size": 200, "max_tokens": 200}
+    conf.update(overrides)
+    return conf
+
+
+def ledger_of(output: str) -> Ledger:
+    return Ledger(open_storage(output))
+
+
+def assert_complete_and_clean(output: str) -> None:
+    ledger = ledger_of(output)
+    assert ledger.check_invariants() == []
+    st = dataset_status(output)
+    assert st["done"] == N_ROWS and st["left"] == 0
+    frame = ledger.frame()
+    # DESIGN §3 invariant: done indices == unique indices across committed parts.
+    assert frame["index"].nunique() == N_ROWS
+
+
+def newest_run(ledger: Ledger) -> str:
+    runs = {r: json.loads(ledger.get_run_file(r, "run.json"))["created_at"] for r in ledger.runs()
+            if _has(ledger, r, "run.json")}
+    return max(runs, key=runs.get)
+
+
+def _has(ledger: Ledger, run_id: str, name: str) -> bool:
+    try:
+        ledger.get_run_file(run_id, name)
+        return True
+    except KeyError:
+        return False
+
+
+def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri):
+    # 1. The seed's cap: the pilot gate stops the run before the fan-out.
+    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=100))
+    assert result.returncode != 0
+    ledger = ledger_of(s3_uri)
+    run1 = newest_run(ledger)
+    pilot = json.loads(ledger.get_run_file(run1, "pilot-report.json"))
+    assert pilot["verdict"]["verdict"] == "stop"
+    assert "> 5.0% at max_tokens=100" in pilot["verdict"]["reason"]
+    assert pilot["cap_table"]["recommended_cap"] is not None
+    frame = ledger.frame()
+    assert frame["index"].nunique() == 300  # the pilot only: nothing was fanned out
+    pilot_kept = frame[frame["finish_reason"] != "length"]["index"].to_numpy()
+
+    # 2. The pivot: a higher cap regenerates only what was truncated and what was never generated.
+    result = dags_test(airflow_env, "tracegen_generate",
+                       base_conf(dataset, s3_uri, fleet, max_tokens=200, truncated_policy="regenerate"))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert_complete_and_clean(s3_uri)
+    ledger = ledger_of(s3_uri)
+    run2 = newest_run(ledger)
+    frame = ledger.frame()
+    regenerated = frame[frame["run_id"] == run2]["index"].to_numpy()
+    assert not np.isin(pilot_kept, regenerated).any()  # finished pilot rows were kept, not generated again
+    report = json.loads(ledger.get_run_file(run2, "report.json"))
+    assert report["verdict"]["verdict"] == "pass"
+
+    # 3. Same cap again: nothing left, nothing generated, the run still succeeds.
+    before = len(frame)
+    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=200))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert len(ledger_of(s3_uri).frame()) == before
+
+
+def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_uri):
+    spec = FleetSpec.from_json(fleet.read_text())
+    first = spec.hosts[0].port(0)
+    # Make sure the servers are up (reused by the run), then arm GPU 0 to crash after 80 requests.
+    from tracegen.fleet import provision
+
+    provision(spec)
+    httpx.post(f"http://127.0.0.1:{first}/sim/faults", json={"crash_after": 80}, timeout=10).raise_for_status()
+    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert_complete_and_clean(s3_uri)
+    frame = ledger_of(s3_uri).frame()
+    assert frame["index"].is_unique  # every row exactly once
+    assert set(frame["server"]) == {f"http://127.0.0.1:{first}", f"http://127.0.0.1:{first + 1}"}
+
+
+def test_rerun_failed_repairs_injected_failures_then_idles(airflow_env, dataset, fleet, s3_uri):
+    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0))
+    assert result.returncode == 0, result.stdout[-3000:]
+    ledger = ledger_of(s3_uri)
+    run = newest_run(ledger)
+    # Inject: one chunk's commits vanish (its task died before committing) and 25 rows of another chunk
+    # are recorded as failed (their retries ran out).
+    entries = [k for k in ledger.entries() if "/c00001-" in k]
+    assert entries
+    for key in entries:
+        ledger.storage.delete(key)
+    failed = list(range(400, 425))
+    for key in [k for k in ledger.entries() if "/c00002-" in k]:
+        ledger.storage.delete(key)
+    rows = [GeneratedRow(index=i, status=FAILED, max_tokens=200, run_id=run, chunk=2,
+                         error="injected: 6 attempts failed") for i in failed]
+    ledger.commit(rows, run, 2, f"injected-{uuid.uuid4().hex[:8]}")
+    assert dataset_status(s3_uri)["left"] == 200 + 200
+
+    roots = {"AIRFLOW_VAR_TRACEGEN_OUTPUT_ROOTS": json.dumps([s3_uri])}
+    result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert_complete_and_clean(s3_uri)
+
+    # Nothing failed any more: the scheduled DAG finds no work and maps nothing.
+    before = len(ledger_of(s3_uri).frame())
+    result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert len(ledger_of(s3_uri).frame()) == before
+
+
+def test_teardown_leaves_no_server_behind(airflow_env, dataset, fleet, s3_uri):
+    from tracegen.fleet import provision
+
+    spec = FleetSpec.from_json(fleet.read_text())
+    pids = [h.pid for h in provision(spec)]  # the servers this run reuses
+    result = dags_test(airflow_env, "tracegen_generate",
+                       base_conf(dataset, s3_uri, fleet, pilot_size=0, teardown=True))
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert [s.healthy for s in status(spec)] == [False, False]
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists(), f"server pid {pid} outlived teardown"
