@@ -200,7 +200,7 @@ class SGLangClient:
                         run_id=run_id,
                         chunk=chunk,
                         attempt=attempt,
-                        server=server.url,
+                        server=server.name,
                         category=category,
                         error=result,
                     )
@@ -219,7 +219,7 @@ class SGLangClient:
                     completion_tokens=result.completion_tokens,
                     reasoning_tokens=result.reasoning_tokens,
                     attempt=attempt,
-                    server=server.url,
+                    server=server.name,
                     latency_s=time.monotonic() - started,
                     category=category,
                 )

@@ -104,16 +104,16 @@ def pilot_indices(config: RunConfig, n_rows: int) -> np.ndarray:
     return np.asarray(plan.pilot_sample(n_rows, min(config.pilot_size, n_rows), config.pilot_seed), dtype=np.int64)
 
 
-def continuous_gate(config: RunConfig, run_id: str) -> str | None:
-    """Why a chunk must not start (the running truncation rate of this run's rows is over the
-    threshold with confidence), or None. Catches a bad cap even when the pilot was skipped."""
+def continuous_gate(config: RunConfig) -> str | None:
+    """Why a chunk must not start (the running truncation rate is over the threshold with confidence),
+    or None. Catches a bad cap even when the pilot was skipped."""
     from tracegen import gate
 
     if config.gate_mode != "stop":
         return None
-    frame = open_ledger(config).frame()
-    frame = frame[frame["run_id"] == run_id].reset_index(drop=True)
-    truncated, judged = gate_counts(frame, config.max_tokens)
+    # Judged over every index's current row, not just this run's: after a pivot this run's own rows are
+    # mostly the long tail regenerated from a lower cap, which says little about the cap on its own.
+    truncated, judged = gate_counts(open_ledger(config).frame(), config.max_tokens)
     decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens)
     return decision.reason if decision.verdict == "stop" else None
 
@@ -133,7 +133,7 @@ def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[Server
 
             api_key = resolve_api_key(fleet.api_key_conn_id)
         in_flight = max(1, config.max_in_flight_per_server)
-        yield [ServerEndpoint(h.url, api_key=api_key, max_in_flight=in_flight) for h in handles]
+        yield [ServerEndpoint(h.url, api_key=api_key, max_in_flight=in_flight, name=h.label) for h in handles]
 
 
 def run_chunk(

@@ -39,6 +39,9 @@ class ServerEndpoint:
     # Sized like SGLang's --max-running-requests (plus a little queue): more only waits in SGLang's queue,
     # fewer leaves GPU slots idle.
     max_in_flight: int = 64
+    # What the ledger records as the row's server: a stable identity such as "gpu-host-3:gpu5". The URL
+    # alone can be a per-task SSH tunnel port that means nothing after the task ends.
+    name: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
@@ -84,6 +87,7 @@ class ServerState:
     __slots__ = (
         "endpoint",
         "url",
+        "name",
         "pools",
         "free_pools",
         "probe_http",
@@ -108,6 +112,7 @@ class ServerState:
     def __init__(self, endpoint: ServerEndpoint, config: ClientConfig, tls: ssl.SSLContext) -> None:
         self.endpoint = endpoint
         self.url = endpoint.url
+        self.name = endpoint.name or endpoint.url
         # httpcore's pool does O(requests x connections) work on every request event, which costs ~4 ms CPU
         # per completion at 64 connections. Small pools keep that term constant: the in-flight slots are
         # spread over ceil(max_in_flight / pool_size) clients, each sized to its share of slots.

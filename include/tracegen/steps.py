@@ -197,16 +197,17 @@ def _tokens_per_s_per_gpu(summary: dict[str, Any], n_gpus: int) -> float | None:
 
 def generate_chunk(run: dict[str, Any], servers: list[dict[str, Any]], chunk: dict[str, Any]) -> dict[str, Any]:
     """One mapped task: generate what is left of one chunk. Starts only while the running gate holds."""
-    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.sdk.exceptions import AirflowFailException
 
     from tracegen.pipeline import ChunkWork, continuous_gate, run_chunk
 
     work = ChunkWork(**chunk)
     _context()["chunk_label"] = work.label
     config, run_id, fleet = _run(run)
-    verdict = continuous_gate(config, run_id)
+    verdict = continuous_gate(config)
     if verdict is not None:
-        raise AirflowSkipException(f"{work.label} not started: {verdict}")
+        # Failed, not skipped: a run whose chunks did not run must not end looking successful.
+        raise AirflowFailException(f"{work.label} not started, the continuous gate is closed: {verdict}")
     return run_chunk(config, run_id, fleet, chunk=work.chunk, label=work.label,
                      indices=range(work.start, work.stop))
 

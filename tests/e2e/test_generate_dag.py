@@ -194,7 +194,8 @@ def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_ur
     assert_complete_and_clean(s3_uri)
     frame = ledger_of(s3_uri).frame()
     assert frame["index"].is_unique  # every row exactly once
-    assert set(frame["server"]) == {f"http://127.0.0.1:{first}", f"http://127.0.0.1:{first + 1}"}
+    # Rows name the GPU that made them, not the task's SSH tunnel port.
+    assert set(frame["server"]) == {f"{spec.hosts[0].conn_id}:gpu0", f"{spec.hosts[0].conn_id}:gpu1"}
 
 
 def test_rerun_failed_repairs_injected_failures_then_idles(airflow_env, dataset, fleet, s3_uri):
