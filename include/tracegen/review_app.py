@@ -22,7 +22,8 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
@@ -199,7 +200,7 @@ td.id{font-family:ui-monospace,monospace;font-size:12px}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
 .pass{background:#dafbe1;color:#116329} .stop{background:#ffebe9;color:#a40e26}
 .warn{background:#fff8c5;color:#7d4e00} .none{background:#eaeef2;color:#57606a}
-.problem{color:#a40e26} a{color:#0969da}
+.problem{color:#a40e26} a{color:#0969da} td.wrap{white-space:normal;max-width:420px}
 """
 _NAV_CSS = ("position:sticky;top:0;z-index:10;background:#f6f8fa;border-bottom:1px solid #d0d7de;"
             "padding:6px 24px;font:13px system-ui,sans-serif")
@@ -252,7 +253,7 @@ def render_index(request: Request, listings: list[RootListing], problems: list[s
                 f"<td>{_e(f'{r.max_tokens:,}' if r.max_tokens is not None else '–')}</td>"
                 f'<td class="l">{_badge(r.pilot_verdict)}</td><td class="l">{_badge(r.verdict)}</td>'
                 f"<td>{_e(f'{r.rows:,}' if r.rows is not None else '–')}</td><td>{rate}</td>"
-                f'<td class="l">{links or "no report yet"}</td></tr>'
+                f'<td class="l wrap">{links or "no report yet"}</td></tr>'
             )
         out.append("</table>")
     return _page("tracegen reports", "".join(out))
@@ -286,6 +287,7 @@ def create_app(roots: Callable[[], list[str]] = configured_roots) -> FastAPI:
     """The review app; `roots` lists the output roots it may read (default: Airflow's configuration)."""
     app = FastAPI(
         title="tracegen reports",
+        lifespan=_warm_imports,
         dependencies=[Depends(require_airflow_access)],
         docs_url=None,
         redoc_url=None,
@@ -397,7 +399,20 @@ def create_app(roots: Callable[[], list[str]] = configured_roots) -> FastAPI:
         return HTMLResponse(page, headers={"Content-Security-Policy": _REPORT_CSP,
                                            "X-Content-Type-Options": "nosniff"})
 
+    @app.get("/{path:path}", include_in_schema=False)
+    def not_a_page(path: str) -> None:
+        # Starlette decodes %2F before routing, so "../" tricks end here, with a message instead of a bare 404.
+        raise HTTPException(404, f"no tracegen page at {path!r}; the run list is at {URL_PREFIX}/")
+
     return app
+
+
+@asynccontextmanager
+async def _warm_imports(app: FastAPI) -> AsyncIterator[None]:
+    """Import the storage readers (pandas) when the api-server starts, not on a reviewer's first click."""
+    import tracegen.ledger  # noqa: F401
+
+    yield
 
 
 # The `external_views` the plugin registers: a menu entry, and a tab on every DAG run showing its report.

@@ -1,0 +1,345 @@
+"""The review pages inside a real Airflow api-server, checked over HTTP and in headless Chromium.
+
+One module-scoped api-server (SimpleAuthManager with a known user, SQLite DB migrated here, this
+project's dags/ and plugins/) serves an output root built here with the real ledger and the real
+`audit_and_report`: a run stopped at the pilot gate, a run that passed, and a run with a corrupt report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from cdp_browser import Browser
+from fixtures.simulator import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+USER, PASSWORD = "reviewer", "review-" + secrets.token_hex(8)
+STOP_RUN = "manual__2026-01-02T10:00:00.000000+00:00"  # as Airflow names it
+PASS_RUN = "manual__2026-01-02T11:30:00.000000+00:00"
+BROKEN_RUN = "broken_run"
+SCREENSHOT_DIR = ROOT / ".state" / "test-screenshots"
+TIMEOUT = 60  # a 2-core CI box running other suites can be slow; no assertion depends on speed
+
+
+def _get(url: str, **kwargs) -> httpx.Response:
+    return httpx.get(url, timeout=TIMEOUT, **kwargs)
+
+
+def _post(url: str, **kwargs) -> httpx.Response:
+    return httpx.post(url, timeout=TIMEOUT, **kwargs)
+
+
+def _rows(run_id: str, cap: int, indices: range, truncated_every: int):
+    from tracegen.records import FAILED, OK, GeneratedRow
+
+    rows = []
+    for i in indices:
+        if i % 97 == 13:
+            rows.append(GeneratedRow(index=i, status=FAILED, max_tokens=cap, run_id=run_id, chunk=99999,
+                                     error="HTTP 503 from server after 6 attempts", attempt=6))
+            continue
+        cut = i % truncated_every == 0
+        tokens = cap if cut else 300 + (i * 37) % (cap - 400)
+        rows.append(GeneratedRow(
+            index=i, status=OK, max_tokens=cap, run_id=run_id, chunk=99999, finish_reason="length" if cut else "stop",
+            reasoning_content="Let me think about the <b>tests</b> " * 5, content="" if cut and i % 2 else "Done.",
+            completion_tokens=tokens, reasoning_tokens=int(tokens * 0.7), prompt_tokens=800,
+            server="http://127.0.0.1:30000", latency_s=1.5, category="refactor" if i % 3 else "debug",
+        ))
+    return rows
+
+
+def build_output_root(root: Path) -> None:
+    """Two runs through the real ledger and report code: 4096 stopped by the gate, then 8192 passing."""
+    from tracegen.config import RunConfig, safe_run_id
+    from tracegen.ledger import Ledger
+    from tracegen.pipeline import RUN_FILE, audit_and_report
+    from tracegen.storage import open_storage
+
+    ledger = Ledger(open_storage(str(root)))
+    ledger.bind_dataset("test-fingerprint", {"uri": "test", "rows": 400})
+    for n, (raw, cap, every, names) in enumerate(
+        [(STOP_RUN, 4096, 4, ("pilot-report",)), (PASS_RUN, 8192, 50, ("pilot-report", "report"))]
+    ):
+        run_id = safe_run_id(raw)
+        config = RunConfig(max_tokens=cap, dataset_uri="/data/prompts.jsonl", output_uri=str(root), pilot_size=300)
+        ledger.commit(_rows(run_id, cap, range(300), every), run_id, 99999, "pilot")
+        record = {"run_id": run_id, "created_at": 1_767_348_000.0 + 5400 * n, "chunk_size": 100,
+                  "config": config.to_json(), "fleet": {}}
+        ledger.put_run_file(run_id, RUN_FILE, json.dumps(record).encode())
+        for name in names:
+            audit_and_report(config, run_id, name=name, indices=None if name == "report" else list(range(300)))
+    ledger.put_run_file(BROKEN_RUN, "report.json", b"{not json")
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+    output: Path
+    empty_root: Path
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+def _airflow(env: dict[str, str], *args: str, log: Path) -> None:
+    with log.open("a") as out:
+        rc = subprocess.call([sys.executable, "-m", "airflow", *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise RuntimeError(f"airflow {' '.join(args)} failed ({rc}):\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("review")
+    home, output, empty_root = tmp / "airflow", tmp / "output", tmp / "empty-root"
+    home.mkdir()
+    build_output_root(output)
+    passwords = tmp / "passwords.json"
+    passwords.write_text(json.dumps({USER: PASSWORD}))
+    port = free_port()
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__PORT": str(port),
+        "TRACEGEN_STATE_DIR": str(tmp / "state"),
+        "TRACEGEN_OUTPUT_URI": str(output),
+        "AIRFLOW_VAR_TRACEGEN_OUTPUT_ROOTS": json.dumps([str(output), f"file://{empty_root}"]),
+    }
+    log = tmp / "airflow.log"
+    _airflow(env, "db", "migrate", log=log)
+    _airflow(env, "dags", "reserialize", log=log)  # the trigger form needs the DAG in the DB
+    with log.open("a") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1",
+                                 "--port", str(port), "--workers", "1"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"api-server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"api-server not healthy after 120 s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        resp = _post(f"{url}/auth/token", json={"username": USER, "password": PASSWORD})
+        assert resp.status_code == 201, resp.text
+        yield Server(url, resp.json()["access_token"], output, empty_root)
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    b = Browser()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _stored_id(raw: str) -> str:
+    from tracegen.config import safe_run_id
+
+    return safe_run_id(raw)
+
+
+# ---- HTTP: authentication, pages, JSON, bad input ---------------------------------------------------
+
+
+def test_unauthenticated_requests_are_refused(server: Server) -> None:
+    for path in ("/tracegen/", "/tracegen/runs.json", f"/tracegen/runs/{_stored_id(PASS_RUN)}"):
+        resp = _get(server.url + path, headers={"Accept": "application/json"})
+        assert resp.status_code == 401, (path, resp.status_code, resp.text[:200])
+    # A browser (Accept: text/html) goes to Airflow's login page and is sent back afterwards.
+    resp = _get(server.url + "/tracegen/", headers={"Accept": "text/html"})
+    assert resp.status_code == 303
+    assert resp.headers["location"].startswith("/auth/login?next=")
+    # A forged token is refused too.
+    resp = _get(server.url + "/tracegen/runs.json", headers={"Authorization": "Bearer not-a-jwt"})
+    assert resp.status_code in (401, 403)
+
+
+def test_run_list_json(server: Server) -> None:
+    resp = _get(server.url + "/tracegen/runs.json", headers=server.auth)
+    assert resp.status_code == 200, resp.text
+    doc = resp.json()
+    roots = {r["uri"]: r for r in doc["roots"]}
+    assert str(server.output) in roots and f"file://{server.empty_root}" in roots
+    assert roots[f"file://{server.empty_root}"]["runs"] == []
+    runs = {r["run_id"]: r for r in roots[str(server.output)]["runs"]}
+    stop, passed = runs[_stored_id(STOP_RUN)], runs[_stored_id(PASS_RUN)]
+    assert (stop["verdict"], stop["pilot_verdict"], stop["final_verdict"], stop["max_tokens"]) == ("stop", "stop", None, 4096)
+    assert (passed["verdict"], passed["pilot_verdict"], passed["max_tokens"]) == ("pass", "pass", 8192)
+    assert passed["rows"] == 300 and 0 < passed["truncation_rate"] < 0.05
+    assert 0.2 < stop["truncation_rate"] < 0.3
+    assert stop["created"] < passed["created"]
+    assert runs[BROKEN_RUN]["problem"].startswith("report.json is not valid JSON")
+    # Newest first.
+    assert [r["run_id"] for r in roots[str(server.output)]["runs"]][:2] == [_stored_id(PASS_RUN), _stored_id(STOP_RUN)]
+
+
+def test_report_files_are_served_as_stored(server: Server) -> None:
+    listing = _get(server.url + "/tracegen/runs.json", headers=server.auth).json()
+    key = next(r["key"] for r in listing["roots"] if r["uri"] == str(server.output))
+    run_dir = server.output / "runs" / _stored_id(PASS_RUN)
+    base = f"{server.url}/tracegen/roots/{key}/runs/{_stored_id(PASS_RUN)}"
+    resp = _get(f"{base}/report.json", headers=server.auth)
+    assert resp.status_code == 200 and resp.json() == json.loads((run_dir / "report.json").read_text())
+    resp = _get(f"{base}/pilot-report.html", headers=server.auth)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    assert "script-src" not in resp.headers["content-security-policy"]  # default-src 'none' forbids scripts
+    stored = (run_dir / "pilot-report.html").read_text()
+    body_start = stored.index("<body")
+    assert resp.text.startswith(stored[:body_start]) and resp.text.endswith(stored[-2000:])
+    assert "report.html</a>" in resp.text  # the navigation bar links the run's other files
+
+
+def test_dag_run_link_finds_the_report_from_airflows_run_id(server: Server) -> None:
+    # The UI substitutes {RUN_ID} URL-encoded; the page maps it to the sanitised stored id.
+    resp = _get(f"{server.url}/tracegen/runs/{httpx.URL(PASS_RUN).raw_path.decode()}",
+                     headers=server.auth, params={"dag_id": "tracegen_generate"})
+    assert resp.status_code == 200
+    assert "8192" in resp.text and "<svg" in resp.text
+    # A run the gate stopped has only its pilot report: that is what the tab shows.
+    resp = _get(f"{server.url}/tracegen/runs/{STOP_RUN}", headers=server.auth)
+    assert resp.status_code == 200 and "STOP" in resp.text.upper()
+    assert (server.output / "runs" / _stored_id(STOP_RUN) / "pilot-report.html").read_text()[-500:] in resp.text
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/tracegen/runs/scheduled__2020-01-01T00:00:00+00:00?dag_id=other_dag", "no tracegen report for run"),
+        ("/tracegen/runs/%2E%2E", "invalid run id"),
+        ("/tracegen/runs/%2E%2E%2F%2E%2E%2Fdataset.json", "no tracegen page at"),
+        ("/tracegen/roots/000000000000/runs/x/report.html", "no configured output root"),
+        ("/tracegen/roots/..%2F..%2Fetc/runs/x/report.html", "no tracegen page at"),
+        ("/tracegen/roots/ROOT/runs/x/report.html", "invalid output root key"),
+        ("/tracegen/roots/{key}/runs/{run}/run.json", "no such report file"),
+        ("/tracegen/roots/{key}/runs/{run}/..%2F..%2Fdataset.json", "no tracegen page at"),
+        ("/tracegen/roots/{key}/runs/{run}/%2E%2E", "no such report file"),
+        ("/tracegen/roots/{key}/runs/.hidden/report.json", "invalid run id"),
+        ("/tracegen/roots/{key}/runs/never_ran/report.html", "has no report.html"),
+    ],
+)
+def test_bad_paths_are_clear_404s(server: Server, path: str, message: str) -> None:
+    listing = _get(server.url + "/tracegen/runs.json", headers=server.auth).json()
+    key = next(r["key"] for r in listing["roots"] if r["uri"] == str(server.output))
+    url = server.url + path.format(key=key, run=_stored_id(PASS_RUN))
+    resp = _get(url, headers=server.auth)
+    assert resp.status_code == 404, (url, resp.status_code, resp.text[:300])
+    assert message in resp.json()["detail"]
+    if url.endswith(".json"):
+        return  # a .json URL answers in JSON whatever the Accept header says
+    html_resp = _get(url, headers={**server.auth, "Accept": "text/html"})
+    assert html_resp.status_code == 404 and message in html_resp.text and "<h1>404</h1>" in html_resp.text
+
+
+def test_plugin_registers_the_app_and_the_views(server: Server) -> None:
+    resp = _get(f"{server.url}/api/v2/plugins", headers=server.auth)
+    plugin = next(p for p in resp.json()["plugins"] if p["name"] == "tracegen_review")
+    assert [a["url_prefix"] for a in plugin["fastapi_apps"]] == ["/tracegen"]
+    views = {v["destination"]: v for v in plugin["external_views"]}
+    assert views["nav"]["href"] == "/tracegen/"
+    assert views["dag_run"]["href"].startswith("/tracegen/runs/{RUN_ID}") and views["dag_run"]["url_route"]
+
+
+# ---- the trigger form's params (REST) -------------------------------------------------------------
+
+
+def test_trigger_params_carry_titles_and_invalid_values_are_rejected(server: Server) -> None:
+    resp = _get(f"{server.url}/api/v2/dags/tracegen_generate/details", headers=server.auth)
+    assert resp.status_code == 200, resp.text
+    params = resp.json()["params"]
+    assert params["max_tokens"]["schema"]["title"] == "Max tokens (completion cap)"
+    assert all(p["schema"].get("title") and p.get("description") for p in params.values())
+    for bad in (0, "lots"):
+        resp = _post(f"{server.url}/api/v2/dags/tracegen_generate/dagRuns", headers=server.auth,
+                          json={"logical_date": None, "conf": {"max_tokens": bad}})
+        assert resp.status_code == 400, (bad, resp.status_code, resp.text[:300])
+        assert "max_tokens" in resp.text
+    runs = _get(f"{server.url}/api/v2/dags/tracegen_generate/dagRuns", headers=server.auth).json()
+    assert runs["total_entries"] == 0
+
+
+# ---- in the browser ---------------------------------------------------------------------------------
+
+
+def _login(browser: Browser, server: Server) -> None:
+    browser.set_cookie(server.url + "/", "_token", server.token)
+
+
+def test_browser_without_login_lands_on_the_login_page(server: Server, browser: Browser) -> None:
+    browser.clear_cookies()
+    browser.goto(f"{server.url}/tracegen/")
+    browser.wait_for("location.pathname.startsWith('/auth/login')")
+    assert "tracegen reports" not in browser.text()
+
+
+def test_browser_renders_run_list_and_report(server: Server, browser: Browser) -> None:
+    _login(browser, server)
+    browser.goto(f"{server.url}/tracegen/")
+    text = browser.text()
+    assert "tracegen reports" in text and _stored_id(STOP_RUN) in text and "No runs yet." in text
+    assert browser.eval("document.querySelectorAll('span.badge.stop').length") >= 1
+    assert browser.eval("document.querySelectorAll('span.badge.pass').length") >= 1
+    # Follow the list's link to the passing run's final report, as a reviewer would.
+    browser.eval("[...document.querySelectorAll('a')].find(a => a.href.includes('"
+                 + _stored_id(PASS_RUN) + "/report.html')).click()")
+    browser.wait_for("location.pathname.endsWith('/report.html') && document.readyState === 'complete'")
+    text = browser.text()
+    assert "PASS" in text.upper() and "8192" in text.replace(",", "")
+    assert browser.eval("document.querySelectorAll('svg').length") >= 2  # the inline plots
+    # Hostile-looking model text is shown as text, never as markup.
+    assert browser.eval("document.querySelectorAll('main b, body > b').length") == 0 or "<b>tests</b>" in text
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    shot = browser.screenshot(SCREENSHOT_DIR / "review-report.png")
+    assert shot.stat().st_size > 10_000
+    browser.goto(f"{server.url}/tracegen/")
+    browser.screenshot(SCREENSHOT_DIR / "review-list.png")
+
+
+def test_browser_trigger_form_shows_params_and_rejects_bad_max_tokens(server: Server, browser: Browser) -> None:
+    _login(browser, server)
+    browser.goto(f"{server.url}/dags/tracegen_generate")
+    browser.wait_for("[...document.querySelectorAll('button')].some(b => /trigger/i.test(b.innerText))", 60)
+    browser.eval("[...document.querySelectorAll('button')].find(b => /trigger/i.test(b.innerText)).click()")
+    browser.wait_for("document.body.innerText.includes('Max tokens (completion cap)')", 30)
+    text = browser.text()
+    for title in ("Max tokens (completion cap)", "Output root", "Dataset", "Pilot size", "Truncation threshold",
+                  "Rows truncated under a lower cap"):
+        assert title in text, title
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    browser.screenshot(SCREENSHOT_DIR / "trigger-form.png")
