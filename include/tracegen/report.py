@@ -68,6 +68,15 @@ def _pct(x: float | None, digits: int = 1) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}%"
 
 
+def _hours(x: Any) -> str:
+    """Hours with the precision a person needs: minutes for short runs, whole hours for week-long ones."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if x < 1:
+        return f"{x * 60:.1f} min"
+    return f"{x:,.1f} h" if x < 100 else f"{x:,.0f} h"
+
+
 def _num(x: Any, digits: int = 0) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "–"
@@ -344,14 +353,14 @@ def _cap_table_html(ct: dict[str, Any] | None) -> str:
     headers = ["max_tokens", "predicted truncation", f"{round(ct['confidence'] * 100)}% interval",
                "tokens/row", "vs current", "basis"]
     if has_tp:
-        headers += ["ETA (h)", "GPU-hours"]
+        headers += ["ETA", "GPU time"]
     rows, classes = [], []
     for r in ct["rows"]:
         cells = [f"{r['cap']:,}" + (" (context)" if r["clipped_to_context"] else ""), _pct(r["truncation"]),
                  f"{_pct(r['truncation_low'])}–{_pct(r['truncation_high'])}", _num(r["expected_tokens_per_row"]),
                  f"{r['tokens_vs_current']:.2f}×", _e(r["basis"])]
         if has_tp:
-            cells += [_num(r["eta_hours"], 1), _num(r["gpu_hours"], 0)]
+            cells += [_hours(r["eta_hours"]), _hours(r["gpu_hours"])]
         rows.append(cells)
         classes.append("rec" if r["cap"] == ct["recommended_cap"] else ("cur" if r["cap"] == ct["current_cap"]
                                                                          else ""))
