@@ -135,7 +135,7 @@ def test_html_sections_in_order_and_plots():
     assert "cap 4,096" in page
     assert "What to do:" in page and "max_tokens=8192" in page
     assert 'class="rec"' in page  # the recommended cap row is highlighted
-    assert "GPU-hours" in page
+    assert "GPU time" in page
 
 
 def test_no_external_resources():
