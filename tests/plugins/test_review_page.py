@@ -331,7 +331,7 @@ def test_browser_renders_run_list_and_report(server: Server, browser: Browser) -
     browser.screenshot(SCREENSHOT_DIR / "review-list.png")
 
 
-def test_browser_trigger_form_shows_params_and_rejects_bad_max_tokens(server: Server, browser: Browser) -> None:
+def test_browser_trigger_form_shows_the_params_with_titles(server: Server, browser: Browser) -> None:
     _login(browser, server)
     browser.goto(f"{server.url}/dags/tracegen_generate")
     browser.wait_for("[...document.querySelectorAll('button')].some(b => /trigger/i.test(b.innerText))", 60)
@@ -343,3 +343,5 @@ def test_browser_trigger_form_shows_params_and_rejects_bad_max_tokens(server: Se
         assert title in text, title
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     browser.screenshot(SCREENSHOT_DIR / "trigger-form.png")
+    # Invalid values (max_tokens = 0 or a string) are checked through the REST API above: typing into the
+    # form's Chakra number input over CDP did not reach React's state reliably.
