@@ -198,9 +198,19 @@ def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_ur
     assert set(frame["server"]) == {f"{spec.hosts[0].conn_id}:gpu0", f"{spec.hosts[0].conn_id}:gpu1"}
 
 
-def test_rerun_failed_repairs_injected_failures_then_idles(airflow_env, dataset, fleet, s3_uri):
-    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0))
+def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow_env, dataset, fleet, s3_uri):
+    from tracegen.fleet import provision
+
+    spec = FleetSpec.from_json(fleet.read_text())
+    pids = [h.pid for h in provision(spec)]  # the servers this run reuses
+    result = dags_test(airflow_env, "tracegen_generate",
+                       base_conf(dataset, s3_uri, fleet, pilot_size=0, teardown=True))
     assert result.returncode == 0, result.stdout[-3000:]
+    # teardown=true: every server's process group is gone, checked by pid.
+    assert [s.healthy for s in status(spec)] == [False, False]
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists(), f"server pid {pid} outlived teardown"
+
     ledger = ledger_of(s3_uri)
     run = newest_run(ledger)
     # Inject: one chunk's commits vanish (its task died before committing) and 25 rows of another chunk
@@ -209,14 +219,14 @@ def test_rerun_failed_repairs_injected_failures_then_idles(airflow_env, dataset,
     assert entries
     for key in entries:
         ledger.storage.delete(key)
-    failed = list(range(400, 425))
     for key in [k for k in ledger.entries() if "/c00002-" in k]:
         ledger.storage.delete(key)
     rows = [GeneratedRow(index=i, status=FAILED, max_tokens=200, run_id=run, chunk=2,
-                         error="injected: 6 attempts failed") for i in failed]
+                         error="injected: 6 attempts failed") for i in range(400, 425)]
     ledger.commit(rows, run, 2, f"injected-{uuid.uuid4().hex[:8]}")
     assert dataset_status(s3_uri)["left"] == 200 + 200
 
+    # The scheduled DAG relaunches the fleet from the run's record and finishes both chunks.
     roots = {"AIRFLOW_VAR_TRACEGEN_OUTPUT_ROOTS": json.dumps([s3_uri])}
     result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -227,16 +237,3 @@ def test_rerun_failed_repairs_injected_failures_then_idles(airflow_env, dataset,
     result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
     assert result.returncode == 0, result.stdout[-3000:]
     assert len(ledger_of(s3_uri).frame()) == before
-
-
-def test_teardown_leaves_no_server_behind(airflow_env, dataset, fleet, s3_uri):
-    from tracegen.fleet import provision
-
-    spec = FleetSpec.from_json(fleet.read_text())
-    pids = [h.pid for h in provision(spec)]  # the servers this run reuses
-    result = dags_test(airflow_env, "tracegen_generate",
-                       base_conf(dataset, s3_uri, fleet, pilot_size=0, teardown=True))
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert [s.healthy for s in status(spec)] == [False, False]
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists(), f"server pid {pid} outlived teardown"
