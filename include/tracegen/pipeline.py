@@ -30,6 +30,9 @@ RUN_FILE = "run.json"  # runs/<run_id>/run.json: the config and fleet the run's 
 # Rows per chunk when the param leaves it to us: about one part per chunk on small datasets, grown for
 # large ones so the mapped task count stays under plan's limit (far below max_map_length).
 TARGET_CHUNK_ROWS = 500
+# Planner and audit reads fold the ledger into a Parquet snapshot once this many entries are not in one
+# yet, so every later read (each chunk task's resume) costs one GET instead of thousands.
+COMPACT_OVER = 200
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def prepare_run(config: RunConfig, run_id: str, fleet: FleetSpec) -> list[ChunkW
     record = {"run_id": run_id, "created_at": time.time(), "chunk_size": chunk_size,
               "config": config.to_json(), "fleet": fleet.to_dict()}
     ledger.put_run_file(run_id, RUN_FILE, json.dumps(record, indent=2).encode())
-    work = chunks_with_work(ledger.frame(), index.n_rows, chunk_size, config)
+    work = chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), index.n_rows, chunk_size, config)
     log.info(
         "plan: %d rows, chunk size %d, %d chunks with work left (%d rows to generate at max_tokens=%d)",
         index.n_rows, chunk_size, len(work), sum(w.remaining for w in work), config.max_tokens,
@@ -215,7 +218,7 @@ def audit_and_report(
     from tracegen.audit import audit, censoring_arrays
 
     ledger = open_ledger(config)
-    frame = ledger.frame()
+    frame = ledger.frame(compact_over=COMPACT_OVER)
     if indices is not None:
         frame = frame[np.isin(frame["index"].to_numpy(dtype=np.int64), indices)].reset_index(drop=True)
     result = audit(frame, config.max_tokens, run_id=run_id)
@@ -349,7 +352,7 @@ def unfinished_work(output_uri: str, aws_conn_id: str = "aws_default") -> list[d
         n_rows = dataset_index(record.config, ledger).n_rows
     except StorageKeyError:
         return []
-    work = chunks_with_work(ledger.frame(), n_rows, record.chunk_size, record.config)
+    work = chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), n_rows, record.chunk_size, record.config)
     log.info("%s: run %s has %d chunks with %d rows left", output_uri, record.run_id, len(work),
              sum(w.remaining for w in work))
     return [{"output_uri": output_uri, "run_id": record.run_id, **w.to_json()} for w in work]
