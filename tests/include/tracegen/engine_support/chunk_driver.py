@@ -5,15 +5,13 @@
                              "client": {...ClientConfig overrides}}'
 
 Prints the chunk summary as one JSON line on stdout and exits 0; on ChunkInterrupted prints the
-message on stderr and exits 3 (any other error: a traceback and exit 1). The last stdout line also
-carries `peak_rss_kib` (this process's ru_maxrss), which bench/chunk_memory.py reads.
+message on stderr and exits 3 (any other error: a traceback and exit 1).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import resource
 import sys
 
 import numpy as np
@@ -43,14 +41,10 @@ def main(argv: list[str]) -> int:
         summary = engine.run(np.arange(job["start"], job["stop"], dtype=np.int64)).to_json()
     except ChunkInterrupted as exc:
         print(f"ChunkInterrupted: {exc}", file=sys.stderr, flush=True)
-        print(json.dumps({**engine.summary.to_json(), "peak_rss_kib": _rss()}), flush=True)
+        print(json.dumps({**engine.summary.to_json()}), flush=True)
         return 3
-    print(json.dumps({**summary, "peak_rss_kib": _rss()}), flush=True)
+    print(json.dumps({**summary}), flush=True)
     return 0
-
-
-def _rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 if __name__ == "__main__":
