@@ -132,6 +132,13 @@ def pick_redis_db(services: Services) -> int:
     raise ClusterError(f"Redis at {services.redis_host}:{services.redis_port}: no empty DB among 1..{count - 1}")
 
 
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 @dataclass
 class Component:
     """One running Airflow command, in its own process group, logging to a file."""
@@ -144,8 +151,8 @@ class Component:
     def start(self, env: dict[str, str]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as out:
-            # Own session: a SIGKILL of the group takes the worker's pool and task processes with it,
-            # as losing the machine would.
+            # Own session: `kill()` finds the worker's pool and task processes by it, as losing the
+            # machine would take them all.
             self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, cwd=PROJECT_DIR)
 
@@ -154,13 +161,17 @@ class Component:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        """SIGKILL the whole process group: the component dies mid-task, without any cleanup."""
+        """SIGKILL every process of the component's session: it dies mid-task without any cleanup, as if
+        its machine were lost. A session, not a process group: Airflow's task supervisor moves each task
+        process into a process group of its own."""
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # Stop first so nothing can fork a process we would miss, then kill what is stopped.
+        for _ in range(3):
+            for pid in self.session_pids():
+                _signal(pid, signal.SIGSTOP)
+        for pid in self.session_pids():
+            _signal(pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -174,26 +185,24 @@ class Component:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
-        try:  # children that outlived their parent's SIGTERM
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in self.session_pids():  # children that outlived their parent's SIGTERM
+            _signal(pid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
 
-    def group_pids(self) -> set[int]:
-        """Every live process of this component's process group (worker, pool, supervisors, tasks)."""
+    def session_pids(self) -> set[int]:
+        """Every live process of this component's session (worker, pool, task supervisors, tasks)."""
         if self.proc is None:
             return set()
         pids = set()
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    if os.getpgid(int(entry.name)) == self.proc.pid:
+                    if os.getsid(int(entry.name)) == self.proc.pid:
                         pids.add(int(entry.name))
-                except ProcessLookupError:
+                except (ProcessLookupError, PermissionError):
                     continue
         return pids
 

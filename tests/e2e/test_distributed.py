@@ -107,10 +107,11 @@ def test_generate_runs_on_celery_workers(cluster: AirflowCluster, api: AirflowAp
 
 
 def _kill_worker_running(cluster: AirflowCluster, api: AirflowApi, run_id: str, timeout: float) -> tuple:
-    """SIGKILL the worker (its whole process group) that runs a generate_chunk task, once that task has
+    """SIGKILL the worker (every process of its session) that runs a generate_chunk task, once that task has
     been running for a moment; returns (worker name, map index)."""
     deadline = time.monotonic() + timeout
     seen: dict[int, float] = {}
+    pids: dict[int, int] = {}
     while time.monotonic() < deadline:
         if api.run(GENERATE, run_id)["state"] in ("success", "failed"):
             break
@@ -118,14 +119,16 @@ def _kill_worker_running(cluster: AirflowCluster, api: AirflowApi, run_id: str, 
             if ti["task_id"] != "generate_chunk" or ti["state"] != "running" or not ti.get("pid"):
                 continue
             first = seen.setdefault(ti["map_index"], time.monotonic())
+            pids[ti["map_index"]] = ti["pid"]
             if time.monotonic() - first < 1.5:  # let it get its requests in flight
                 continue
             for name in cluster.worker_names:
-                if ti["pid"] in cluster.components[name].group_pids():
+                if ti["pid"] in cluster.components[name].session_pids():
                     cluster.components[name].kill()
                     return name, ti["map_index"]
         time.sleep(0.3)
-    raise AssertionError(f"no generate_chunk task seen running on a worker: {api.describe(GENERATE, run_id)}")
+    raise AssertionError(f"no generate_chunk task seen running on a worker (task pids seen: {pids}): "
+                         f"{api.describe(GENERATE, run_id)}")
 
 
 @pytest.mark.timeout(420)
