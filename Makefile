@@ -49,3 +49,15 @@ airflow: venv
 
 clean:
 	rm -rf $(VENV) $(STATE)
+
+# GPU occupancy of a whole run (pilot, gate, chunk fan-out) vs the seed's asyncio script, and in-flight
+# auto-tuning vs a sweep of fixed limits, on a simulated fleet; a few minutes. See docs/benchmarks.md.
+.PHONY: bench-occupancy
+bench-occupancy: venv
+	$(PY) bench/occupancy.py
+
+# The distributed setup (PostgreSQL + CeleryExecutor on Redis, two workers) as local processes, for a person:
+# prints the UI URL and credentials. Needs PostgreSQL and Redis on loopback (docs/deployment.md).
+.PHONY: airflow-up
+airflow-up: venv
+	bash scripts/airflow-cluster.sh
