@@ -266,9 +266,12 @@ def test_s3_outage_during_commits_is_ridden_out(tmp_path, sim_server, s3, s3_uri
     finally:
         engine_log.removeHandler(collect)
     assert any("commit failed, will retry" in m for m in collect.messages), "no commit hit the outage"
-    assert summary.committed_rows == n_rows and summary.interrupted is None
+    assert summary.interrupted is None and summary.statuses == {OK: n_rows}
+    # The ledger is the truth. (summary.committed_rows can undercount here: a segment whose entry PUT
+    # reached S3 but whose reply was cut by the outage is later found committed and only discarded.)
     frame = assert_healthy(ledger, n_rows, config)
     assert sorted(frame["index"]) == list(range(n_rows))
+    assert not any((tmp_path / "spool").rglob("*.jsonl"))
 
 
 def test_s3_down_at_the_final_commit_fails_clearly_and_the_spool_keeps_the_rows(tmp_path, sim_server, s3, s3_uri):
