@@ -82,6 +82,11 @@ class ClientConfig:
     pool_size: int = 8
     # Seed for the backoff jitter (tests); None = fresh randomness.
     jitter_seed: int | None = None
+    # Autotune hook (tracegen.autotune): adjust each server's in-flight limit from its /metrics, starting
+    # from the endpoint's max_in_flight and staying within [1, autotune_ceiling]. False: the limit is fixed.
+    autotune: bool = False
+    autotune_interval_s: float = 1.0
+    autotune_ceiling: int = 1024
 
     def __post_init__(self) -> None:
         for name in (
@@ -93,9 +98,10 @@ class ClientConfig:
             "probe_interval_s",
             "probe_timeout_s",
             "all_down_fatal_s",
+            "autotune_interval_s",
         ):
             _positive(name, getattr(self, name))
-        for name in ("max_attempts", "quarantine_after", "pool_size"):
+        for name in ("max_attempts", "quarantine_after", "pool_size", "autotune_ceiling"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -123,14 +129,41 @@ class SGLangClient:
         self._pool = ServerPool(list(servers), self.config)
         self._rng = random.Random(self.config.jitter_seed)
         self._fatal: FatalClientError | None = None
+        # Autotune hook: started on first use (it needs the running loop); listeners hear capacity changes.
+        self._tuner: Any = None
+        self._capacity_listeners: list[Any] = []
 
     async def __aenter__(self) -> SGLangClient:
+        self._start_tuner()
         return self
+
+    def _start_tuner(self) -> None:
+        if not self.config.autotune or self._tuner is not None:
+            return
+        from tracegen.autotune import Autotuner, TunePolicy
+
+        policy = TunePolicy(ceiling=self.config.autotune_ceiling, interval_s=self.config.autotune_interval_s)
+        self._tuner = Autotuner(self._pool, policy, on_change=self._capacity_changed)
+        self._tuner.start()
+
+    def on_capacity_change(self, listener: Any) -> None:
+        """Call `listener(capacity)` whenever the autotuner changes the total in-flight limit."""
+        self._capacity_listeners.append(listener)
+
+    def _capacity_changed(self) -> None:
+        for listener in self._capacity_listeners:
+            listener(self.capacity)
+
+    @property
+    def autotune_history(self) -> list[dict[str, Any]]:
+        return self._tuner.history if self._tuner is not None else []
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._tuner is not None:
+            await self._tuner.stop()
         await self._pool.aclose()
 
     @property
@@ -158,6 +191,7 @@ class SGLangClient:
         """Generate the completion of dataset row `index`. Raises FatalClientError on configuration problems."""
         if self._fatal is not None:
             raise self._fatal
+        self._start_tuner()
         if not isinstance(messages, list) or not messages:
             raise ValueError(f"row {index}: messages must be a non-empty list, got {type(messages).__name__}")
         if tools is not None and not isinstance(tools, list):

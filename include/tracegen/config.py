@@ -56,6 +56,9 @@ class RunConfig:
     part_rows: int = 500
     part_seconds: float = 60.0
     max_in_flight_per_server: int = 128
+    # True: each server's in-flight limit starts at max_in_flight_per_server and follows what the server
+    # reports (tracegen.autotune); False: max_in_flight_per_server is a fixed limit.
+    autotune_in_flight: bool = True
     request_deadline_s: float = 1800.0
     max_attempts: int = 6
     context_length: int = 0  # 0: unknown until the fleet reports it; validated again after provisioning
@@ -80,6 +83,8 @@ class RunConfig:
         _check_int("part_rows", self.part_rows, 1, 100_000)
         _check_float("part_seconds", self.part_seconds, 0.1, 3600.0)
         _check_int("max_in_flight_per_server", self.max_in_flight_per_server, 1, 4096)
+        if not isinstance(self.autotune_in_flight, bool):
+            raise ConfigError(f"autotune_in_flight: expected true or false, got {self.autotune_in_flight!r}")
         _check_float("request_deadline_s", self.request_deadline_s, 1.0, 24 * 3600.0)
         _check_int("max_attempts", self.max_attempts, 1, 100)
         _check_int("context_length", self.context_length, 0, 10_000_000)

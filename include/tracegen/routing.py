@@ -95,6 +95,8 @@ class ServerState:
         "headers",
         "extensions",
         "max_in_flight",
+        "limit",
+        "tls",
         "in_flight",
         "consecutive_failures",
         "quarantined",
@@ -137,6 +139,10 @@ class ServerState:
             verify=tls,
         )
         self.max_in_flight = endpoint.max_in_flight
+        # Autotune hook (tracegen.autotune): the in-flight limit routing obeys. Starts at max_in_flight;
+        # ServerPool.set_limit moves it (and grows the connection pools when it rises above them).
+        self.limit = endpoint.max_in_flight
+        self.tls = tls
         self.in_flight = 0
         self.consecutive_failures = 0
         self.quarantined = False
@@ -177,7 +183,25 @@ class ServerPool:
     @property
     def capacity(self) -> int:
         """Total in-flight limit over all servers: the concurrency worth offering the client."""
-        return sum(s.max_in_flight for s in self.servers)
+        return sum(s.limit for s in self.servers)
+
+    def set_limit(self, server: ServerState, limit: int) -> None:
+        """Autotune hook: change one server's in-flight limit. Raising it above the slots the pools were
+        built for adds pools; lowering it lets requests in flight finish and sends no new ones past it."""
+        if type(limit) is not int or limit < 1:
+            raise ValueError(f"in-flight limit for {server.url} must be an integer >= 1, got {limit!r}")
+        size = self.config.pool_size
+        while server.max_in_flight < limit:
+            # One more pool of `size` slots; its slot entries join the free list like the first ones.
+            server.pools.append(
+                httpx.AsyncHTTPTransport(limits=_limits(self.config, size), verify=server.tls, retries=0)
+            )
+            server.free_pools.extend([len(server.pools) - 1] * size)
+            server.max_in_flight += size
+        grew = limit > server.limit
+        server.limit = limit
+        if grew:
+            self._wake_all()
 
     # -- routing --------------------------------------------------------------------------------
 
@@ -189,7 +213,7 @@ class ServerPool:
         self._rotate = (self._rotate + 1) % n
         for i in range(n):
             s = self.servers[(self._rotate + i) % n]
-            if s.quarantined or s.in_flight >= s.max_in_flight:
+            if s.quarantined or s.in_flight >= s.limit:
                 continue
             if s is avoid:
                 fallback = s
@@ -371,6 +395,7 @@ class ServerPool:
             {
                 "url": s.url,
                 "in_flight": s.in_flight,
+                "limit": s.limit,
                 "sent": s.sent,
                 "completed": s.completed,
                 "failures": s.failures,
