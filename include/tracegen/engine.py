@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tracegen import plan
+from tracegen.autotune import InFlightLimit
 from tracegen.client import ClientConfig, FatalClientError, Sampling, ServerEndpoint, SGLangClient
 from tracegen.config import RunConfig
 from tracegen.dataset import DatasetIndex, InvalidRow, PromptRow, read_indices
@@ -129,7 +130,8 @@ class ChunkEngine:
         self.ledger, self.dataset, self.servers, self.model = ledger, dataset, list(servers), model
         self.spool_dir = spool_dir  # None: the default local state dir (TRACEGEN_SPOOL_DIR overrides)
         self.client_config = client_config or ClientConfig(
-            request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts
+            request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
+            autotune=config.autotune_in_flight,  # autotune hook: per-server limits follow the servers
         )
         self.sampling = Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p)
         self.progress_interval_s = progress_interval_s
@@ -192,14 +194,17 @@ class ChunkEngine:
     # ---- steps ----------------------------------------------------------------------------------
 
     def _remaining(self, indices: np.ndarray) -> np.ndarray:
-        frame = self.ledger.frame()
+        # Only this chunk's rows and the columns "done" needs: memory follows the chunk, not the dataset.
+        frame = self.ledger.plan_frame(indices)
         return plan.remaining(frame, indices, self.config.max_tokens, self.config.truncated_policy)
 
     async def _generate(self, todo: np.ndarray) -> None:
         progress = Progress(self.label, int(todo.size), self.progress_interval_s)
         self._segment_started = time.monotonic()
         async with SGLangClient(self.servers, self.client_config) as client:
-            slots = asyncio.Semaphore(client.capacity)
+            # Autotune hook: a resizable semaphore, so rows read ahead follow the tuned in-flight limits.
+            slots = InFlightLimit(client.capacity)
+            client.on_capacity_change(slots.set_limit)
             in_flight: set[asyncio.Task[GeneratedRow]] = set()
             ticker = asyncio.create_task(self._tick(progress))
             self._generating = True
@@ -297,12 +302,15 @@ class ChunkEngine:
             # storage calls block (S3 PUTs with retries) and the loop must keep the servers fed meanwhile.
             self.spool.seal()
             try:
-                committed = await asyncio.to_thread(recover, self.spool, self.ledger)
+                await asyncio.to_thread(recover, self.spool, self.ledger, self._count_commit)
             except Exception as exc:
                 if not self.stop_requested and self._generating:
                     # The sealed segment stays in the spool; the next flush commits it with the newer rows.
                     log.warning("%s: commit failed, will retry with the next part: %s", self.label, exc)
                     return
                 raise
-            self.summary.committed_rows += committed
-            self.summary.parts += 1 if committed else 0
+
+    def _count_commit(self, rows: int) -> None:
+        # Called from the commit thread; the commit lock keeps it the only writer of these counters.
+        self.summary.committed_rows += rows
+        self.summary.parts += 1

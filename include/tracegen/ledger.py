@@ -31,12 +31,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from tracegen.records import FAILED, LEDGER_COLUMNS, GeneratedRow
 from tracegen.storage import LocalStorage, Storage, StorageKeyError
 
 SCHEMA = 1
 FRAME_COLUMNS = (*LEDGER_COLUMNS, "part", "committed_at")
+PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")  # what "done" is decided from
+_PLAN_BATCH = 256  # entries parsed at a time by plan_frame: bounds memory whatever the ledger's size
 
 ENTRY_DIR = "ledger/"
 PART_DIR = "parts/"
@@ -305,6 +308,48 @@ class Ledger:
             return empty_frame(), used, 0
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         return frame, used, len(todo)
+
+    def plan_frame(self, indices: np.ndarray | Sequence[int]) -> pd.DataFrame:
+        """Only what planning needs (index, status, finish_reason, max_tokens) for the rows of `indices`.
+
+        A chunk task resumes from this instead of `frame()`: its memory then follows the chunk, not the
+        dataset (the full frame of a 1M-row ledger costs hundreds of MiB per task). Entries are parsed a
+        batch at a time and filtered as they are read; the snapshot is read with a column and range filter.
+        """
+        wanted = np.unique(np.asarray(indices, dtype=np.int64))
+        if wanted.size == 0:
+            return pd.DataFrame({c: pd.Series(dtype=empty_frame()[c].dtype) for c in PLAN_COLUMNS})
+        lo, hi = int(wanted[0]), int(wanted[-1])
+        parts: list[pd.DataFrame] = []
+        covered: set[str] = set()
+        snap = self.latest_snapshot()
+        if snap is not None:
+            try:
+                raw = self.storage.get(snap["parquet"])
+            except StorageKeyError:
+                snap = None  # pruned by a concurrent compaction: the entries hold everything
+            else:
+                table = pq.read_table(
+                    io.BytesIO(raw), columns=list(PLAN_COLUMNS),
+                    filters=[("index", ">=", lo), ("index", "<=", hi)],
+                )
+                del raw
+                frame = table.to_pandas()
+                parts.append(frame[np.isin(frame["index"].to_numpy(dtype=np.int64), wanted)])
+                covered = set(snap["entries"])
+        todo = [k for k in self.entries() if k not in covered]
+        for start in range(0, len(todo), _PLAN_BATCH):
+            batch = todo[start : start + _PLAN_BATCH]
+            cols: dict[str, list[Any]] = {c: [] for c in PLAN_COLUMNS}
+            for key, raw in zip(batch, self._get_many(batch), strict=True):
+                entry = _parse_entry(raw, self.storage.uri_for(key))
+                keep = np.flatnonzero(np.isin(np.asarray(entry["columns"]["index"], dtype=np.int64), wanted))
+                for c in PLAN_COLUMNS:
+                    column = entry["columns"][c]
+                    cols[c].extend(column[i] for i in keep)
+            parts.append(pd.DataFrame(cols))
+        frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(PLAN_COLUMNS))
+        return frame.reset_index(drop=True).astype({"index": np.int64, "max_tokens": np.int64})
 
     def frame(self, compact_over: int | None = None) -> pd.DataFrame:
         """One row per committed ledger row: LEDGER_COLUMNS + part + committed_at. Never reads parts.

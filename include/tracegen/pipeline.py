@@ -33,6 +33,8 @@ TARGET_CHUNK_ROWS = 500
 # Planner and audit reads fold the ledger into a Parquet snapshot once this many entries are not in one
 # yet, so every later read (each chunk task's resume) costs one GET instead of thousands.
 COMPACT_OVER = 200
+# Rows the continuous gate judges: enough for a tight interval, few enough to read in any chunk task.
+CONTINUOUS_GATE_SAMPLE = 20_000
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,13 @@ def continuous_gate(config: RunConfig) -> str | None:
 
     if config.gate_mode != "stop":
         return None
-    # Judged over every index's current row, not just this run's: after a pivot this run's own rows are
-    # mostly the long tail regenerated from a lower cap, which says little about the cap on its own.
-    truncated, judged = gate_counts(open_ledger(config).frame(), config.max_tokens)
+    # Judged over the current rows of a fixed random sample of the dataset, not just this run's rows:
+    # after a pivot this run's own rows are mostly the long tail regenerated from a lower cap, which says
+    # little about the cap on its own. A sample keeps a chunk task's memory independent of dataset size.
+    ledger = open_ledger(config)
+    n_rows = dataset_index(config, ledger).n_rows
+    sample = plan.pilot_sample(n_rows, min(n_rows, CONTINUOUS_GATE_SAMPLE), config.pilot_seed + 1)
+    truncated, judged = gate_counts(ledger.plan_frame(sample), config.max_tokens)
     decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens)
     return decision.reason if decision.verdict == "stop" else None
 

@@ -37,6 +37,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -247,11 +248,18 @@ def flush(spool: Spool, ledger: Ledger) -> int:
     return recover(spool, ledger)
 
 
-def recover(spool: Spool, ledger: Ledger) -> int:
-    """Commit-or-discard every pending segment (the start-up half of the protocol). Returns rows committed."""
+def recover(spool: Spool, ledger: Ledger, on_commit: Callable[[int], None] | None = None) -> int:
+    """Commit-or-discard every pending segment (the start-up half of the protocol). Returns rows committed.
+
+    `on_commit(n)` hears of each segment as it becomes durable, so a caller's count stays right even when
+    a later segment's commit raises (an S3 outage that outlasts the storage retries).
+    """
     committed = 0
     for seg in spool.pending():
         if not ledger.has_segment(spool.run_id, spool.chunk, seg.id):
-            committed += ledger.commit(seg.rows, spool.run_id, spool.chunk, seg.id).n_rows
+            n = ledger.commit(seg.rows, spool.run_id, spool.chunk, seg.id).n_rows
+            committed += n
+            if on_commit is not None:
+                on_commit(n)
         spool.discard(seg)
     return committed

@@ -233,3 +233,25 @@ def test_a_commit_killed_at_either_put_is_invisible_then_retries_cleanly(tmp_pat
     assert ledger.frame().empty and not ledger.has_segment(RUN, 0, "seg")  # the entry is the commit point
     assert ledger.commit([row(1), row(2)], RUN, 0, "seg").created
     assert sorted(ledger.frame()["index"]) == [1, 2] and ledger.check_invariants() == [] and ledger.orphan_parts() == []
+
+
+def test_plan_frame_holds_only_the_asked_rows_and_agrees_with_frame(tmp_path: Path) -> None:
+    from tracegen import plan
+
+    ledger = Ledger(open_storage(str(tmp_path)))
+    for chunk in range(4):
+        rows = [row(i, finish="length" if i % 5 == 0 else "stop", chunk=chunk) for i in range(chunk * 50, chunk * 50 + 50)]
+        ledger.commit(rows, RUN, chunk, f"s{chunk}")
+        if chunk == 1:
+            ledger.compact()  # half from the snapshot, half from loose entries
+    ledger.commit([row(i, cap=8192, chunk=9, run="r2") for i in (0, 5, 120)], "r2", 9, "late")
+    wanted = list(range(90, 130)) + [0, 5]
+    lean = ledger.plan_frame(wanted)
+    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens"])
+    assert set(lean["index"]) == set(wanted)
+    assert len(lean) == len(wanted) + 2 + 1  # indices 0, 5 and 120 hold a 4096 and an 8192 row
+    full = ledger.frame()
+    for cap, policy in [(4096, "keep"), (8192, "regenerate"), (8192, "keep")]:
+        expected = plan.remaining(full, wanted, cap, policy)
+        assert plan.remaining(lean, wanted, cap, policy).tolist() == expected.tolist()
+    assert ledger.plan_frame([]).empty
