@@ -479,12 +479,13 @@ def main(argv: list[str] | None = None) -> int:
                              extra_env={"TRACEGEN_OUTPUT_URI": str(args.root / "output")})
     print(f"starting a distributed Airflow (PostgreSQL DB {cluster.database}, Celery on Redis, "
           f"{args.workers} workers) ...", flush=True)
-    stopping = False
 
     def _interrupt(*_: object) -> None:
         raise KeyboardInterrupt
 
+    # Explicitly: a shell starting this in the background leaves SIGINT ignored.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         cluster.start()
         print(f"\nUI:        {cluster.api_url}\nuser:      {ADMIN_USER}\npassword:  {cluster.password}\n"
@@ -493,11 +494,10 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             time.sleep(2)
             dead = [name for name, c in cluster.components.items() if not c.alive]
-            if dead and not stopping:
+            if dead:
                 print(f"{dead[0]} exited; its log:\n{cluster.components[dead[0]].tail()}", flush=True)
                 return 1
     except KeyboardInterrupt:
-        stopping = True
         return 0
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
