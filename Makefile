@@ -61,3 +61,19 @@ bench-occupancy: venv
 .PHONY: airflow-up
 airflow-up: venv
 	bash scripts/airflow-cluster.sh
+
+# Every benchmark; each prints its figures as ratios against a baseline run in the same process.
+# Latest figures: docs/benchmarks.md.
+.PHONY: bench
+bench: venv
+	$(PY) bench/client_overhead.py
+	$(PY) bench/plan_resume.py
+	$(PY) bench/audit_ledger.py
+	$(PY) bench/dataset_read.py
+	$(PY) bench/chunk_memory.py
+	$(PY) bench/occupancy.py
+
+# Long soak and chaos runs kept out of `make test` (e.g. 120 SIGKILL trials of a chunk).
+.PHONY: soak
+soak: venv system-deps
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
