@@ -36,8 +36,9 @@ class TunePolicy:
 
     floor: int = 1
     ceiling: int = 1024
-    # Queue kept behind a full batch, as a fraction of max running requests.
-    headroom: float = 0.5
+    # Queue kept behind a full batch, as a fraction of max running requests. A queue costs the GPU nothing
+    # and covers other chunk tasks starting up or draining, so it is a whole batch deep.
+    headroom: float = 1.0
     # Shrink only when the queue exceeds `shrink_at` x the target queue: hysteresis against flapping.
     shrink_at: float = 2.0
     # Seconds between polls of one server.
@@ -200,23 +201,42 @@ class Autotuner:
                 log.debug("autotune %s: poll failed: %s", server.url, exc)
             else:
                 if obs is None:
-                    log.warning("autotune %s: no /metrics (start SGLang with --enable-metrics); keeping "
-                                "the fixed limit %d", server.url, server.limit)
+                    log.warning(
+                        "autotune %s: no /metrics (start SGLang with --enable-metrics); keeping "
+                        "the fixed limit %d",
+                        server.url,
+                        server.limit,
+                    )
                     return
             pause = self.policy.interval_s
             if obs is not None and not server.quarantined:
                 new = decide(obs, self.policy)
                 if new != server.limit:
-                    log.info("autotune %s: in-flight limit %d -> %d (running %d/%s, queued %d)", server.url,
-                             server.limit, new, obs.running, obs.max_running, obs.queued)
+                    log.info(
+                        "autotune %s: in-flight limit %d -> %d (running %d/%s, queued %d)",
+                        server.url,
+                        server.limit,
+                        new,
+                        obs.running,
+                        obs.max_running,
+                        obs.queued,
+                    )
                     self.pool.set_limit(server, new)
                     if self.on_change is not None:
                         self.on_change()
                     # Look again soon after a change: a bad start converges in a fraction of an interval.
                     pause = self.policy.interval_s / 4
                 if len(self.history) < 10_000:
-                    self.history.append({"t": time.monotonic(), "url": server.url, "running": obs.running,
-                                         "queued": obs.queued, "limit": new, "throughput": obs.throughput})
+                    self.history.append(
+                        {
+                            "t": time.monotonic(),
+                            "url": server.url,
+                            "running": obs.running,
+                            "queued": obs.queued,
+                            "limit": new,
+                            "throughput": obs.throughput,
+                        }
+                    )
             await asyncio.sleep(pause)
 
 

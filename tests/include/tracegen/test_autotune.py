@@ -148,8 +148,12 @@ def test_autotune_raises_a_bad_default_until_the_stand_in_runs_full_batches(sim_
             async def one(i: int) -> str:
                 await gate.acquire()
                 try:
-                    row = await client.complete(i, [{"role": "user", "content": f"q{i}"}],
-                                                sampling=Sampling(max_tokens=200), model="m")
+                    row = await client.complete(
+                        i,
+                        [{"role": "user", "content": f"q{i}"}],
+                        sampling=Sampling(max_tokens=200),
+                        model="m",
+                    )
                 finally:
                     gate.release()
                 return row.status
@@ -161,4 +165,6 @@ def test_autotune_raises_a_bad_default_until_the_stand_in_runs_full_batches(sim_
     history, stats, capacity = asyncio.run(scenario())
     assert seen_capacity and max(seen_capacity) >= 8 + 4  # a full batch plus the headroom queue
     assert stats[0]["limit"] == capacity >= 8
-    assert any(h["running"] == 8 and h["queued"] > 0 for h in history), [(h["running"], h["queued"], h["limit"]) for h in history]
+    assert any(h["running"] == 8 and h["queued"] > 0 for h in history), [
+        (h["running"], h["queued"], h["limit"]) for h in history
+    ]

@@ -1,0 +1,142 @@
+"""The benchmark's simulated fleet: SGLang stand-ins as subprocesses, and a sampler of their accounting.
+
+Occupancy comes from the stand-ins' own counters (`tracegen_sim:busy_slot_seconds_total` and
+`tracegen_sim:available_slot_seconds_total`, simulated seconds), sampled a few times a second, so idle
+slot-time can be attributed to whatever the orchestrator was doing at that moment.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "qwen3.6-27b-sim"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    from tracegen.autotune import parse_metrics as parse
+
+    return parse(text)
+
+
+@dataclass
+class Fleet:
+    """Running stand-ins: urls, processes, and the step model they were started with."""
+
+    urls: list[str]
+    procs: list[subprocess.Popen]
+    max_running: int
+    time_scale: float
+    step_base_s: float = 0.015
+    step_per_req_s: float = 0.00015
+    accept_length: float = 3.0
+
+    @property
+    def slots(self) -> int:
+        return self.max_running * len(self.urls)
+
+    def capacity_tokens_per_wall_s(self) -> float:
+        """Fleet decode throughput with every slot busy: the denominator of the ideal wall time."""
+        step = self.step_base_s + self.step_per_req_s * self.max_running
+        return len(self.urls) * self.max_running * self.accept_length / step * self.time_scale
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            proc.wait(10)
+
+
+def start_fleet(n: int, max_running: int, time_scale: float, seed: int = 0) -> Fleet:
+    procs, urls = [], []
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    for _ in range(n):
+        port = free_port()
+        argv = [sys.executable, "-m", "tracegen.simulator", "--model-path", "Qwen/Qwen3.6-27B",
+                "--served-model-name", MODEL, "--port", str(port), "--max-running-requests", str(max_running),
+                "--speculative-algorithm", "NEXTN", "--reasoning-parser", "qwen3", "--context-length", "40960",
+                "--enable-metrics", "--sim-time-scale", str(time_scale), "--sim-seed", str(seed),
+                "--sim-warmup-s", "0.05", "--log-level", "warning"]  # fmt: skip
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))  # fmt: skip
+        urls.append(f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    for proc, url in zip(procs, urls, strict=True):
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"stand-in {url} exited with {proc.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"stand-in {url} not healthy after 60 s")
+            time.sleep(0.05)
+    return Fleet(urls, procs, max_running, time_scale)
+
+
+@dataclass
+class Sample:
+    t: float  # wall time.time()
+    busy: float  # summed over servers, simulated slot-seconds
+    available: float
+    tokens: float
+    running: int
+    queued: int
+
+
+@dataclass
+class Sampler:
+    """Polls every server's /metrics every `interval_s` on a thread; `samples` is the time series."""
+
+    urls: list[str]
+    interval_s: float = 0.2
+    samples: list[Sample] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._client = httpx.Client(timeout=5)
+
+    def read(self) -> Sample:
+        busy = avail = tokens = 0.0
+        running = queued = 0
+        for url in self.urls:
+            m = parse_metrics(self._client.get(url + "/metrics").text)
+            busy += m["tracegen_sim:busy_slot_seconds_total"]
+            avail += m["tracegen_sim:available_slot_seconds_total"]
+            tokens += m["tracegen_sim:generated_tokens_total"]
+            running += int(m["sglang:num_running_reqs"])
+            queued += int(m["sglang:num_queue_reqs"])
+        return Sample(time.time(), busy, avail, tokens, running, queued)
+
+    def start(self) -> None:
+        self.samples.append(self.read())
+        self._thread.start()
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self.read())
+        return self.samples
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.samples.append(self.read())
