@@ -137,7 +137,7 @@ def run_tracegen(fleet: Fleet, work: Path, dataset: Path, cap: int, args) -> dic
     chunks = ex.tasks[-1]["chunks"]
     pilot = ex.run("pilot")
     ex.run("gate")
-    ex.map([c for c in chunks], args.chunk_concurrency)
+    ex.map(chunks, args.chunk_concurrency)
     samples = sampler.stop()
     chunk_tasks = [t for t in ex.tasks if t["step"] == "chunk"]
     phases = attribute(samples, pilot, chunk_tasks, args.chunk_concurrency)
