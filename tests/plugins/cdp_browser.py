@@ -1,7 +1,8 @@
 """Headless Debian Chromium driven over the Chrome DevTools protocol (aiohttp websocket), for UI tests.
 
-Just enough of CDP to log in by cookie, open pages, read the DOM, run a little JavaScript (clicks,
-typing) and take screenshots. Fails loudly when /usr/bin/chromium is missing: `make test` installs it.
+Just enough of CDP to log in by cookie, open pages, read the DOM, run a little JavaScript and take
+screenshots, and to click and type like a person: real mouse and keyboard events through `Input.*`, which
+React-controlled fields (the Airflow trigger form) see, unlike a value assigned by script. Fails loudly when /usr/bin/chromium is missing: `make test` installs it.
 """
 
 from __future__ import annotations
@@ -102,6 +103,72 @@ class Browser:
                 return value
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {js_condition!r} at {self.eval('location.href')}")
+
+    # ---- a person's mouse and keyboard (trusted events, so React's handlers run) -------------------
+
+    def center_of(self, selector: str, timeout: float = 10.0) -> tuple[float, float]:
+        """Scroll the first element matching a CSS selector into view; its centre in viewport pixels.
+
+        Waits until the element stops moving: a dialog that is still animating open would take the
+        click somewhere else.
+        """
+        js = (f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return null;"
+              " e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
+              " return [r.x + r.width / 2, r.y + r.height / 2, r.width, r.height]; })()")
+        deadline = time.monotonic() + timeout
+        last = None
+        while True:
+            rect = self.eval(js)
+            if rect and rect == last and rect[2] > 0 and rect[3] > 0:
+                return rect[0], rect[1]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no steady visible element matches {selector!r} at {self.url()}: {rect}")
+            last = rect
+            time.sleep(0.15)
+
+    def click(self, selector: str, timeout: float = 30.0) -> None:
+        """Press and release the left mouse button over an element, as a person clicking it would.
+
+        Waits until nothing covers the element's centre: a real click there would hit the cover instead
+        (Airflow's error toast lays an invisible strip over the trigger dialog's button for a few seconds).
+        """
+        x, y = self.center_of(selector)
+        hit = (f"(() => {{ const t = document.querySelector({json.dumps(selector)});"
+               f" const e = document.elementFromPoint({x}, {y});"
+               " return t && e && t.contains(e) ? '' : (e ? e.outerHTML.slice(0, 200) : 'nothing'); })()")
+        deadline = time.monotonic() + timeout
+        while cover := self.eval(hit):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{selector!r} stayed covered by {cover}")
+            time.sleep(0.2)
+        self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+
+    def key(self, key: str, code: str, key_code: int, modifiers: int = 0, commands: list[str] | None = None) -> None:
+        """One key press (down + up). `commands` are editing commands the key triggers (e.g. selectAll)."""
+        down: dict[str, Any] = {"key": key, "code": code, "windowsVirtualKeyCode": key_code, "modifiers": modifiers}
+        if commands:
+            down["commands"] = commands
+        self.call("Input.dispatchKeyEvent", type="rawKeyDown", **down)
+        self.call("Input.dispatchKeyEvent", type="keyUp", key=key, code=code, windowsVirtualKeyCode=key_code,
+                  modifiers=modifiers)
+
+    def type_into(self, selector: str, text: str, pause: float = 0.05) -> None:
+        """Click a text field, select what it holds (Ctrl+A), delete it and type `text` key by key.
+
+        Each character is a real key press with a short pause after it, as a person types: a controlled
+        React field re-renders after every keystroke, and a burst faster than that can lose characters
+        (a number field turned "1.5" into "15"). Callers check the field's value afterwards.
+        """
+        self.click(selector)
+        self.wait_for(f"document.activeElement === document.querySelector({json.dumps(selector)})", 10)
+        self.key("a", "KeyA", 65, modifiers=2, commands=["selectAll"])
+        self.key("Backspace", "Backspace", 8)
+        for char in text:
+            self.call("Input.dispatchKeyEvent", type="keyDown", key=char, text=char, unmodifiedText=char)
+            self.call("Input.dispatchKeyEvent", type="keyUp", key=char)
+            time.sleep(pause)
 
     def url(self) -> str:
         return self.eval("location.href")

@@ -331,17 +331,92 @@ def test_browser_renders_run_list_and_report(server: Server, browser: Browser) -
     browser.screenshot(SCREENSHOT_DIR / "review-list.png")
 
 
-def test_browser_trigger_form_shows_the_params_with_titles(server: Server, browser: Browser) -> None:
+MAX_TOKENS_FIELD = "input[name=element_max_tokens]"
+DIALOG_TEXT = "[...document.querySelectorAll('[role=dialog]')].map(d => d.innerText).join('\\n')"
+
+
+def _open_trigger_form(browser: Browser, server: Server) -> None:
     _login(browser, server)
     browser.goto(f"{server.url}/dags/tracegen_generate")
     browser.wait_for("[...document.querySelectorAll('button')].some(b => /trigger/i.test(b.innerText))", 60)
     browser.eval("[...document.querySelectorAll('button')].find(b => /trigger/i.test(b.innerText)).click()")
+    browser.wait_for(f"!!document.querySelector({json.dumps(MAX_TOKENS_FIELD)})", 30)
+
+
+TRIGGER_BUTTON = "[data-testid=trigger-dag-submit]"  # the dialog's submit button
+TRIGGER_BUTTON_STATE = f"(b => b ? (b.disabled ? 'disabled' : 'enabled') : 'missing')(document.querySelector('{TRIGGER_BUTTON}'))"
+
+
+def _dag_runs(server: Server) -> list[dict]:
+    resp = _get(f"{server.url}/api/v2/dags/tracegen_generate/dagRuns", headers=server.auth)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["dag_runs"]
+
+
+def test_browser_trigger_form_shows_the_params_with_titles(server: Server, browser: Browser) -> None:
+    _open_trigger_form(browser, server)
     browser.wait_for("document.body.innerText.includes('Max tokens (completion cap)')", 30)
     text = browser.text()
     for title in ("Max tokens (completion cap)", "Output root", "Dataset", "Pilot size", "Truncation threshold",
                   "Rows truncated under a lower cap"):
         assert title in text, title
+    assert browser.eval(f"document.querySelector({json.dumps(MAX_TOKENS_FIELD)}).value") == "4096"
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     browser.screenshot(SCREENSHOT_DIR / "trigger-form.png")
-    # Invalid values (max_tokens = 0 or a string) are checked through the REST API above: typing into the
-    # form's Chakra number input over CDP did not reach React's state reliably.
+
+
+def test_browser_trigger_form_refuses_invalid_max_tokens_and_sends_a_typed_valid_one(
+    server: Server, browser: Browser
+) -> None:
+    """Typed with real keyboard events (React sees them): what the form does with each kind of bad value."""
+    before = {r["dag_run_id"] for r in _dag_runs(server)}
+    _open_trigger_form(browser, server)
+    field = json.dumps(MAX_TOKENS_FIELD)
+    value = f"document.querySelector({field}).value"
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+
+    # Letters: the number input drops them, the emptied required field shows an inline error, Trigger is off.
+    browser.type_into(MAX_TOKENS_FIELD, "lots")
+    browser.wait_for(f"document.querySelector({field}).getAttribute('aria-invalid') === 'true'")
+    assert browser.eval(value) == ""
+    assert "This field is required" in browser.eval(DIALOG_TEXT)
+    assert browser.eval(TRIGGER_BUTTON_STATE) == "disabled"
+    browser.screenshot(SCREENSHOT_DIR / "trigger-form-required.png")
+    browser.click(TRIGGER_BUTTON)  # a disabled button: nothing may be sent
+
+    # 0 (below the schema's minimum 1): the field takes the keystroke, and leaving it clamps it to 1 (Chakra's
+    # NumberInput clamps to the schema's min/max on blur). So 0 is never sent — but it is not refused either:
+    # clicking Trigger with 0 typed blurs the field first and triggers a run with max_tokens=1.
+    browser.type_into(MAX_TOKENS_FIELD, "0")
+    browser.wait_for(f"{value} === '0'", 5)
+    browser.key("Tab", "Tab", 9)
+    browser.wait_for(f"{value} === '1'")
+    assert browser.eval(TRIGGER_BUTTON_STATE) == "enabled"
+
+    # 1.5 is in range, so the form keeps it; the REST call it makes is refused and the error is shown.
+    browser.type_into(MAX_TOKENS_FIELD, "1.5")
+    browser.wait_for(f"{value} === '1.5'", 5)
+    assert browser.eval(TRIGGER_BUTTON_STATE) == "enabled"
+    browser.click(TRIGGER_BUTTON)
+    error = browser.wait_for(f"(t => t.includes('Invalid input for param max_tokens') && t)({DIALOG_TEXT})")
+    assert "400 Bad Request" in error and "1.5 is not of type 'integer'" in error
+    assert browser.eval(value) == "1.5"  # the dialog stays open with the value for the reviewer to fix
+    browser.center_of(MAX_TOKENS_FIELD)  # scroll the error (just above the params) into the screenshot
+    browser.screenshot(SCREENSHOT_DIR / "trigger-form-rejected.png")
+    assert {r["dag_run_id"] for r in _dag_runs(server)} == before, "an invalid max_tokens created a dag run"
+
+    # A valid typed value goes through the same form path and lands in the run's conf.
+    browser.type_into(MAX_TOKENS_FIELD, "8192")
+    browser.wait_for(f"{value} === '8192'", 5)
+    assert browser.eval(TRIGGER_BUTTON_STATE) == "enabled"
+    browser.click(TRIGGER_BUTTON)
+    deadline = time.monotonic() + TIMEOUT
+    while not (new := [r for r in _dag_runs(server) if r["dag_run_id"] not in before]):
+        assert time.monotonic() < deadline, f"no dag run after triggering max_tokens=8192: {browser.eval(DIALOG_TEXT)}"
+        time.sleep(0.3)
+    assert len(new) == 1, new  # exactly one: none of the refused attempts above created a run
+    conf = new[0]["conf"]
+    assert conf["max_tokens"] == 8192 and isinstance(conf["max_tokens"], int), conf
+    details = _get(f"{server.url}/api/v2/dags/tracegen_generate/details", headers=server.auth).json()
+    defaults = {name: p["value"] for name, p in details["params"].items()}
+    assert conf == {**defaults, "max_tokens": 8192}, conf  # the untouched fields keep their defaults
