@@ -9,13 +9,21 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+
+
+def _uri(value: str) -> str:
+    """A relative path typed in a shell means the working directory; storage URIs must be absolute."""
+    if "://" in value or value.startswith("/"):
+        return value
+    return os.path.abspath(value)
 
 
 def _status(args: argparse.Namespace) -> int:
     from tracegen.status import dataset_status, format_status
 
-    status = dataset_status(args.output_uri, aws_conn_id=args.aws_conn_id)
+    status = dataset_status(_uri(args.output_uri), aws_conn_id=args.aws_conn_id)
     print(json.dumps(status, indent=2, default=str) if args.json else format_status(status))
     return 0
 
@@ -25,7 +33,7 @@ def _audit(args: argparse.Namespace) -> int:
     from tracegen.pipeline import audit_and_report, latest_run
     from tracegen.storage import open_storage
 
-    ledger = Ledger(open_storage(args.output_uri, aws_conn_id=args.aws_conn_id))
+    ledger = Ledger(open_storage(_uri(args.output_uri), aws_conn_id=args.aws_conn_id))
     record = latest_run(ledger)
     if record is None:
         print(f"{args.output_uri}: no runs yet", file=sys.stderr)
@@ -45,7 +53,7 @@ def _export(args: argparse.Namespace) -> int:
     from tracegen.export import export_dataset
 
     result = export_dataset(
-        args.output_uri, args.dest, fmt=args.format, shard_rows=args.shard_rows,
+        _uri(args.output_uri), _uri(args.dest), fmt=args.format, shard_rows=args.shard_rows,
         include_truncated=args.include_truncated, aws_conn_id=args.aws_conn_id,
     )
     print(f"exported {result.rows:,} rows in {result.shards} shards to {result.dest}")

@@ -73,7 +73,8 @@ def _rate(frame: pd.DataFrame, run_id: str, now: float) -> float | None:
     stamps = pd.to_datetime(mine["committed_at"], utc=True, errors="coerce").dropna()
     if stamps.empty:
         return None
-    seconds = stamps.astype("int64").to_numpy() / 1e9
+    # Through a Timedelta, not astype(int64): the datetime unit (ns or us) depends on how it was read.
+    seconds = ((stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy()
     recent = seconds[seconds >= now - RATE_WINDOW_S]
     if recent.size == 0:
         return None

@@ -130,3 +130,17 @@ def test_export_with_truncated_rows_and_without_runs(root, tmp_path):
         export_dataset(str(tmp_path / "empty"), str(tmp_path / "e3"))
     with pytest.raises(ExportError, match="format 'csv'"):
         export_dataset(str(out), str(tmp_path / "e4"), fmt="csv")
+
+
+def test_status_rate_and_eta_follow_recent_commits(root):
+    import time
+
+    out, ledger = root
+    # run-b committed one row just now: a rate over the window, and an ETA for the 2 rows left.
+    s = dataset_status(str(out), now=time.time() + 1.0)
+    assert s["rows_per_s"] is not None and s["rows_per_s"] > 0
+    assert s["eta_s"] == pytest.approx(2 / s["rows_per_s"])
+    # An hour later nothing was committed within the window: idle, no made-up ETA.
+    later = dataset_status(str(out), now=time.time() + 3600)
+    assert later["rows_per_s"] is None and later["eta_s"] is None
+    assert "idle" in format_status(later)
