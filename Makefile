@@ -45,7 +45,8 @@ demo: venv
 # The Airflow UI on the same state as `make demo` (airflow standalone prints the admin password).
 airflow: venv
 	mkdir -p $(STATE)/airflow
-	$(AIRFLOW_ENV) $(VENV)/bin/airflow standalone
+	# standalone starts its components as `airflow ...` subprocesses: the venv's bin must be on PATH.
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(AIRFLOW_ENV) $(VENV)/bin/airflow standalone
 
 clean:
 	rm -rf $(VENV) $(STATE)
