@@ -234,7 +234,7 @@ class ChunkEngine:
                     task.cancel()
                 if in_flight:
                     await asyncio.gather(*in_flight, return_exceptions=True)
-                await self._commit_segment()
+                await self._commit_segment(final=True)
                 progress.maybe_log(force=True)
                 self.summary.statuses = dict(progress.statuses)
                 self.summary.finish_reasons = dict(progress.finish)
@@ -292,9 +292,11 @@ class ChunkEngine:
         if due:
             await self._commit_segment()
 
-    async def _commit_segment(self) -> None:
+    async def _commit_segment(self, final: bool = False) -> None:
         async with self._commit_lock:
-            if not self._pending_rows:
+            # The final flush runs even with no new rows: a segment stranded by an earlier failed commit
+            # must be committed (or the chunk must fail) before the chunk can report success.
+            if not self._pending_rows and not final:
                 return
             self._pending_rows = 0
             self._segment_started = time.monotonic()

@@ -298,16 +298,41 @@ def test_s3_down_at_the_final_commit_fails_clearly_and_the_spool_keeps_the_rows(
     assert sorted(frame["index"]) == list(range(n_rows))
 
 
+def test_final_flush_commits_a_segment_stranded_by_an_earlier_failed_commit(tmp_path):
+    """A mid-run commit that failed (S3 down longer than the storage retries) leaves a sealed segment in
+    the spool; if no row arrives after it, the end-of-chunk flush must still commit it, not report success
+    with rows only on the worker's disk."""
+    import asyncio
+
+    from tracegen.records import GeneratedRow
+    from tracegen.spool import Spool
+
+    dataset = write_dataset(tmp_path / "prompts.jsonl", 5)
+    config = make_config(dataset, str(tmp_path / "out"))
+    prepare(config, "run-strand")
+    eng = engine(config, "run-strand", endpoints(), tmp_path / "spool")
+    eng.spool = Spool(config.output_uri, "run-strand", 0, base_dir=str(tmp_path / "spool"))
+    for i in range(5):
+        eng.spool.append(GeneratedRow(index=i, status=OK, finish_reason="stop", max_tokens=config.max_tokens,
+                                      run_id="run-strand", chunk=0, content="done"))
+    eng.spool.seal()  # what a failed mid-run commit leaves behind; no rows pending after it
+    asyncio.run(eng._commit_segment(final=True))
+    eng.spool.close()
+    assert sorted(open_ledger(config).frame()["index"]) == [0, 1, 2, 3, 4]
+    assert eng.summary.committed_rows == 5
+    assert not any((tmp_path / "spool").rglob("seg-*.jsonl"))
+
+
 def _engine_with_outage(config, ledger, sim, tmp_path, s3, outage_s: float):
     """An engine whose first commit attempt starts an S3 outage of `outage_s` seconds."""
     eng = engine(config, "run-s3", endpoints(sim, in_flight=12), tmp_path / "spool", ledger=ledger)
     original = eng._commit_segment
     started = []
 
-    async def commit_with_outage():
+    async def commit_with_outage(final: bool = False):
         if not started:
             started.append(s3.proxy.outage_for(outage_s))
-        await original()
+        await original(final=final)
 
     eng._commit_segment = commit_with_outage
     return eng
