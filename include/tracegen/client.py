@@ -209,6 +209,12 @@ class SGLangClient:
             extra=extra_body,
         )
         self._pool.probe_model = model
+
+        def row(status: str, **fields: Any) -> GeneratedRow:
+            # The fields every outcome of this call shares; the outcome adds its own.
+            return GeneratedRow(index=index, status=status, max_tokens=sampling.max_tokens, run_id=run_id,
+                                chunk=chunk, category=category, **fields)
+
         pool = self._pool
         last_error = ""
         previous: ServerState | None = None
@@ -227,23 +233,11 @@ class SGLangClient:
                 last_error = f"{server.url}: {exc}"
             else:
                 if isinstance(result, str):
-                    return GeneratedRow(
-                        index=index,
-                        status=REJECTED,
-                        max_tokens=sampling.max_tokens,
-                        run_id=run_id,
-                        chunk=chunk,
-                        attempt=attempt,
-                        server=server.name,
-                        category=category,
-                        error=result,
-                    )
-                return GeneratedRow(
-                    index=index,
-                    status=OK,
-                    max_tokens=sampling.max_tokens,
-                    run_id=run_id,
-                    chunk=chunk,
+                    return row(REJECTED, attempt=attempt, server=server.name, error=result)
+                return row(
+                    OK,
+                    attempt=attempt,
+                    server=server.name,
                     id=result.id,
                     content=result.content,
                     reasoning_content=result.reasoning_content,
@@ -252,10 +246,7 @@ class SGLangClient:
                     prompt_tokens=result.prompt_tokens,
                     completion_tokens=result.completion_tokens,
                     reasoning_tokens=result.reasoning_tokens,
-                    attempt=attempt,
-                    server=server.name,
                     latency_s=time.monotonic() - started,
-                    category=category,
                 )
             finally:
                 pool.release(server, http)
@@ -264,17 +255,7 @@ class SGLangClient:
                 await asyncio.sleep(
                     backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s, self._rng)
                 )
-        return GeneratedRow(
-            index=index,
-            status=FAILED,
-            max_tokens=sampling.max_tokens,
-            run_id=run_id,
-            chunk=chunk,
-            attempt=attempt,
-            server="",
-            category=category,
-            error=f"{attempt} attempts failed; last: {last_error}",
-        )
+        return row(FAILED, attempt=attempt, server="", error=f"{attempt} attempts failed; last: {last_error}")
 
     async def _attempt(
         self, server: ServerState, http: httpx.AsyncHTTPTransport, body: bytes, started: float

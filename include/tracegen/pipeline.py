@@ -67,16 +67,17 @@ def dataset_index(config: RunConfig, ledger: Ledger, *, build: bool = False):
         return DatasetIndex.from_bytes(storage.get(DATASET_INDEX_KEY))
     try:
         index = DatasetIndex.from_bytes(storage.get(DATASET_INDEX_KEY))
-        if index.source_uri == config.dataset_uri:
-            return index
     except StorageKeyError:
-        pass
-    index = build_index(
-        config.dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=config.aws_conn_id
-    )
-    # Refuse a second dataset before writing anything that describes it.
-    ledger.bind_dataset(index.fingerprint, {"uri": config.dataset_uri, "rows": index.n_rows})
-    storage.put(DATASET_INDEX_KEY, index.to_bytes())
+        index = None
+    if index is None or index.source_uri != config.dataset_uri:
+        index = build_index(
+            config.dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=config.aws_conn_id
+        )
+        # Refuse a second dataset before writing anything that describes it.
+        ledger.bind_dataset(index.fingerprint, {"uri": config.dataset_uri, "rows": index.n_rows})
+        storage.put(DATASET_INDEX_KEY, index.to_bytes())
+    else:
+        ledger.bind_dataset(index.fingerprint, {"uri": config.dataset_uri, "rows": index.n_rows})
     return index
 
 
@@ -84,7 +85,6 @@ def prepare_run(config: RunConfig, run_id: str, fleet: FleetSpec) -> list[ChunkW
     """Index the dataset, bind it to the output root, store the run's config, and list chunks with work left."""
     ledger = open_ledger(config)
     index = dataset_index(config, ledger, build=True)
-    ledger.bind_dataset(index.fingerprint, {"uri": config.dataset_uri, "rows": index.n_rows})
     chunk_size = config.chunk_size or plan.choose_chunk_size(index.n_rows, TARGET_CHUNK_ROWS)
     record = {"run_id": run_id, "created_at": time.time(), "chunk_size": chunk_size,
               "config": config.to_json(), "fleet": fleet.to_dict()}
@@ -224,9 +224,10 @@ def audit_and_report(
     from tracegen.audit import audit, censoring_arrays
 
     ledger = open_ledger(config)
-    frame = ledger.frame(compact_over=COMPACT_OVER)
+    full = ledger.frame(compact_over=COMPACT_OVER)
+    frame = full
     if indices is not None:
-        frame = frame[np.isin(frame["index"].to_numpy(dtype=np.int64), indices)].reset_index(drop=True)
+        frame = full[np.isin(full["index"].to_numpy(dtype=np.int64), indices)].reset_index(drop=True)
     result = audit(frame, config.max_tokens, run_id=run_id)
 
     table = None
@@ -236,7 +237,7 @@ def audit_and_report(
     except ValueError as exc:
         log.warning("no cap table: %s", exc)
     else:
-        remaining = _rows_remaining(config, ledger, frame if indices is None else ledger.frame())
+        remaining = _rows_remaining(config, ledger, full)
         throughput = None
         if tokens_per_s_per_gpu and tokens_per_s_per_gpu > 0:
             throughput = capfit.Throughput(tokens_per_s_per_gpu, max(1, n_gpus), remaining)

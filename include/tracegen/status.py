@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -108,8 +109,6 @@ def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _verdict(ledger: Ledger, run_id: str) -> str | None:
-    import json
-
     for name in ("report.json", "pilot-report.json"):
         try:
             doc = json.loads(ledger.get_run_file(run_id, name))
