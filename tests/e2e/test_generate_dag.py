@@ -187,11 +187,12 @@ def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_ur
     # Make sure the servers are up (reused by the run), then arm GPU 0 to crash after 80 requests.
     from tracegen.fleet import provision
 
-    provision(spec)
+    crashing_pid = provision(spec)[0].pid
     httpx.post(f"http://127.0.0.1:{first}/sim/faults", json={"crash_after": 80}, timeout=10).raise_for_status()
     result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0))
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
+    assert not Path(f"/proc/{crashing_pid}").exists(), "the armed server never crashed: the test proved nothing"
     frame = ledger_of(s3_uri).frame()
     assert frame["index"].is_unique  # every row exactly once
     # Rows name the GPU that made them, not the task's SSH tunnel port.
