@@ -104,21 +104,44 @@ class Executor:
         time.sleep(self.sched_delay_s)  # the scheduler notices the success and queues the next task
         return out
 
-    def map(self, chunks: list[dict], concurrency: int) -> None:
-        pending = list(chunks)
-        running: list[tuple[subprocess.Popen, dict]] = []
-        ready_at = [time.time()] * concurrency  # when each task slot can start its next task
-        while pending or running:
-            for proc, record in list(running):
-                if proc.poll() is not None:
-                    running.remove((proc, record))
-                    self.finish(proc, record)
-                    ready_at.append(time.time() + self.sched_delay_s)
-            ready_at.sort()
-            while pending and ready_at and ready_at[0] <= time.time() and len(running) < concurrency:
-                ready_at.pop(0)
-                running.append(self.spawn("chunk", chunk=pending.pop(0)))
+    def fan_out(self, alongside: list[dict], after_gate: list[dict], concurrency: int) -> dict:
+        """The DAG past `plan_run`: the pilot and `generate_alongside_pilot` start together, the gate after
+        the pilot, `generate_chunk` after the gate; each mapped task at most `concurrency` at once, and a
+        scheduler delay between a task's end and what it unblocks. Returns the gate task's record."""
+        now = time.time()
+        pending: dict[str, list[dict]] = {
+            "pilot": [{}], "gate": [], "alongside": [{"chunk": c, "alongside_pilot": True} for c in alongside],
+            "after_gate": [],
+        }  # fmt: skip
+        # Per task (group), when each of its slots can start its next task.
+        slots = {"pilot": [now], "gate": [], "alongside": [now] * concurrency, "after_gate": []}
+        step = {"pilot": "pilot", "gate": "gate", "alongside": "chunk", "after_gate": "chunk"}
+        running: list[tuple[str, subprocess.Popen, dict]] = []
+        gate: dict = {}
+        while any(pending.values()) or running:
+            for item in list(running):
+                group, proc, record = item
+                if proc.poll() is None:
+                    continue
+                running.remove(item)
+                self.finish(proc, record)
+                ready = time.time() + self.sched_delay_s
+                slots[group].append(ready)
+                if group == "pilot":
+                    pending["gate"].append({})
+                    slots["gate"] = [ready]
+                elif group == "gate":
+                    gate = record
+                    if record["rc"] == 0:
+                        pending["after_gate"] = [{"chunk": c, "alongside_pilot": False} for c in after_gate]
+                        slots["after_gate"] = [ready] * concurrency
+            for group, queue in pending.items():
+                slots[group].sort()
+                while queue and slots[group] and slots[group][0] <= time.time():
+                    slots[group].pop(0)
+                    running.append((group, *self.spawn(step[group], **queue.pop(0))))
             time.sleep(0.02)
+        return gate
 
 
 def run_tracegen(fleet: Fleet, work: Path, dataset: Path, cap: int, args) -> dict:
@@ -135,41 +158,38 @@ def run_tracegen(fleet: Fleet, work: Path, dataset: Path, cap: int, args) -> dic
     sampler.start()
     ex.run("plan")
     chunks = ex.tasks[-1]["chunks"]
-    pilot = ex.run("pilot")
-    ex.run("gate")
-    ex.map(chunks, args.chunk_concurrency)
+    lead = args.chunk_concurrency
+    gate = ex.fan_out(chunks[:lead], chunks[lead:], args.chunk_concurrency)
     samples = sampler.stop()
+    pilot = next(t for t in ex.tasks if t["step"] == "pilot")
     chunk_tasks = [t for t in ex.tasks if t["step"] == "chunk"]
-    phases = attribute(samples, pilot, chunk_tasks, args.chunk_concurrency)
-    rows = pilot["summary"]["generated"] + sum(t["summary"]["generated"] for t in chunk_tasks)
+    generating = [pilot, *chunk_tasks]
+    phases = attribute(samples, generating, gate)
+    rows = sum(t.get("summary", {}).get("generated", 0) for t in generating)
     overhead = [(t["work_start"] - t["spawned"]) + (t["exited"] - t["work_end"]) for t in chunk_tasks]
-    fan_start = min(t["work_start"] for t in chunk_tasks)
-    fan = window([x for x in samples if x.t >= fan_start], fleet)
+    first_request = min(t["work_start"] for t in generating)
+    run = window([x for x in samples if x.t >= first_request], fleet)
     return {**window(samples, fleet), "phases": phases, "rows": rows, "chunks": len(chunk_tasks),
-            "fanout_occupancy": fan["occupancy"], "barrier_wall_s": fan_start - samples[0].t,
+            "from_first_request": run, "startup_wall_s": first_request - samples[0].t,
             "task_overhead_s": sum(overhead) / max(len(overhead), 1)}  # fmt: skip
 
 
-def attribute(samples, pilot: dict, chunk_tasks: list[dict], concurrency: int) -> dict[str, float]:
+def attribute(samples, generating: list[dict], gate: dict) -> dict[str, float]:
     """Idle slot-seconds (simulated) by what the orchestrator was doing while they were idle."""
-    first_chunk = min((t["work_start"] for t in chunk_tasks), default=float("inf"))
+    first = min(t["work_start"] for t in generating)
+    gate_passed = gate.get("exited", float("inf"))
     idle: dict[str, float] = defaultdict(float)
     for a, b in zip(samples, samples[1:], strict=False):
         gap = (b.available - a.available) - (b.busy - a.busy)
         mid = (a.t + b.t) / 2
-        if mid < pilot["work_start"]:
-            phase = "plan + pilot task start-up"
-        elif mid < pilot["work_end"]:
-            phase = "pilot (incl. its tail)"
-        elif mid < first_chunk:
-            phase = "gate (audit task, scheduling)"
+        if mid < first:
+            phase = "start-up (plan task, first tasks)"
+        elif mid < gate_passed:
+            phase = "pilot + gate (first chunks alongside)"
+        elif any(t["work_start"] > mid for t in generating):
+            phase = "fan-out, chunks still to start"
         else:
-            generating = sum(t["work_start"] <= mid < t["work_end"] for t in chunk_tasks)
-            later = any(t["work_start"] > mid for t in chunk_tasks)
-            if later:
-                phase = "between chunks" if generating < concurrency else "chunk tails"
-            else:
-                phase = "run end tail (last chunks)"
+            phase = "run end tail (last chunks)"
         idle[phase] += gap
     return dict(idle)
 
@@ -194,7 +214,10 @@ def run_baseline(fleet: Fleet, work: Path, dataset: Path, cap: int, concurrency:
                           *fleet.urls], check=True, capture_output=True, text=True)  # fmt: skip
     samples = sampler.stop()
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    return {**window(samples, fleet), "rows": result["rows"]}
+    first_request = result["started"]  # right after it read the dataset, before its first request
+    run = window([x for x in samples if x.t >= first_request], fleet)
+    return {**window(samples, fleet), "rows": result["rows"], "from_first_request": run,
+            "startup_wall_s": first_request - samples[0].t}  # fmt: skip
 
 
 # ---- auto-tuning vs a sweep of fixed limits -------------------------------------------------------
@@ -314,8 +337,9 @@ def main() -> int:
             tg = run_tracegen(fleet, work / f"tracegen-{cap}", dataset, cap, args)
             if args.skip_baseline:
                 print(
-                    f"cap {cap}: tracegen occupancy {pct(tg['occupancy'])}, fan-out {pct(tg['fanout_occupancy'])}, "
-                    f"wall {tg['wall_s']:.1f} s, phases { ({k: round(v) for k, v in tg['phases'].items()}) }"
+                    f"cap {cap}: tracegen occupancy {pct(tg['occupancy'])}, from the first request "
+                    f"{pct(tg['from_first_request']['occupancy'])}, wall {tg['wall_s']:.1f} s, "
+                    f"phases { ({k: round(v) for k, v in tg['phases'].items()}) }"
                 )
                 continue
             bl = run_baseline(fleet, work / f"baseline-{cap}", dataset, cap, baseline_conc)
@@ -345,15 +369,17 @@ def report_cap(cap: int, tg: dict, bl: dict, fleet: Fleet, args) -> None:
         f"  tracegen/baseline: wall {tg['wall_s'] / bl['wall_s']:.3f}, occupancy "
         f"{tg['occupancy'] / bl['occupancy']:.3f}"
     )
-    print(
-        f"  tracegen fan-out only (first chunk start to end): occupancy {pct(tg['fanout_occupancy'])}; "
-        f"{tg['barrier_wall_s']:.1f} wall s from the start to the first chunk generating (plan, pilot, gate)"
-    )
+    for name, r in (("tracegen", tg), ("baseline", bl)):
+        run = r["from_first_request"]
+        print(
+            f"  {name:9s} from its first request: occupancy {pct(run['occupancy'])}, wall {run['wall_s']:.1f} s; "
+            f"{r['startup_wall_s']:.1f} wall s of start-up before it"
+        )
     print(
         f"  tracegen idle slot-time (simulated slot-s, % of available) by phase, {tg['chunks']} chunk tasks:"
     )
     for phase, idle in sorted(tg["phases"].items(), key=lambda kv: -kv[1]):
-        print(f"    {phase:32s} {idle:10,.0f}  {pct(idle / tg['available'])}")
+        print(f"    {phase:40s} {idle:10,.0f}  {pct(idle / tg['available'])}")
     print(
         f"  chunk task orchestration overhead (spawn->generating + generating->exit): "
         f"{tg['task_overhead_s']:.2f} wall s per chunk",
@@ -392,10 +418,10 @@ def sweep(fleet: Fleet, work: Path, args) -> dict:
 def extrapolate(results: dict, fleet: Fleet, args) -> dict:
     """Whole-run occupancy at the seed's scale (913,786 prompts, 7 servers) from the measured idle parts.
 
-    Idle slot-time is measured per slot and split by kind: simulated-time idle (pilot tail, end tail) is
-    the same at any scale; idle at chunk boundaries is charged per chunk as measured (an upper bound: most
-    of it is task start-up, wall-clock time the time scale multiplies); the pilot-to-fan-out barrier is
-    wall-clock time, charged in real seconds.
+    Idle slot-time is measured per slot and split by kind: start-up before the first request is
+    wall-clock time, charged in real seconds; idle while the pilot and the gate run, and the end tail,
+    are simulated time, the same at any scale; idle during the fan-out is charged per chunk as measured
+    (an upper bound: part of it is task start-up, wall-clock time the time scale multiplies).
     """
     cap = max(results["caps"])
     tg = results["caps"][cap]["tracegen"]
@@ -406,31 +432,22 @@ def extrapolate(results: dict, fleet: Fleet, args) -> dict:
     per_server = fleet.capacity_tokens_per_wall_s() / fleet.time_scale / len(fleet.urls)
     run_s = SEED_PROMPTS * tokens_per_row / (per_server * SEED_SERVERS)  # ideal, every slot busy
     ph, slots = tg["phases"], fleet.slots
-    tails = (ph.get("pilot (incl. its tail)", 0.0) + ph.get("run end tail (last chunks)", 0.0)) / slots
-    boundary = (ph.get("between chunks", 0.0) + ph.get("chunk tails", 0.0)) / slots / max(tg["chunks"], 1)
-    # Plan, task start-ups, audit and scheduling: wall-clock costs, charged in real seconds at the seed.
-    barrier = (
-        ph.get("plan + pilot task start-up", 0.0) + ph.get("gate (audit task, scheduling)", 0.0)
-    ) / slots
-    barrier /= fleet.time_scale
-    idle = tails + barrier + n_chunks * boundary
+    startup = ph.get("start-up (plan task, first tasks)", 0.0) / slots / fleet.time_scale
+    tails = (ph.get("pilot + gate (first chunks alongside)", 0.0) + ph.get("run end tail (last chunks)", 0.0))
+    tails /= slots
+    boundary = ph.get("fan-out, chunks still to start", 0.0) / slots / max(tg["chunks"], 1)
+    idle = startup + tails + n_chunks * boundary
     occupancy = run_s / (run_s + idle)
     out = {"chunk_size": chunk_size, "chunks": n_chunks, "ideal_run_h": run_s / 3600, "idle_s_per_slot": {
-        "pilot and end tails": tails, "pilot-to-fan-out barrier (wall)": barrier,
-        "chunk boundaries (upper bound)": n_chunks * boundary}, "tracegen_occupancy": occupancy}  # fmt: skip
+        "start-up (wall)": startup, "pilot, gate and end tail": tails,
+        "fan-out, per chunk (upper bound)": n_chunks * boundary}, "tracegen_occupancy": occupancy}  # fmt: skip
     print(f"\n== seed scale: {SEED_PROMPTS:,} prompts, {SEED_SERVERS} servers, cap {cap} ==")
     print(
         f"  {n_chunks} chunks of {chunk_size:,}; ideal run {run_s / 3600:.1f} h at {tokens_per_row:,.0f} tokens/row"
     )
     for kind, v in out["idle_s_per_slot"].items():
         print(f"  idle per slot, {kind:34s} {v:8,.0f} s  ({pct(v / run_s)} of the run)")
-    # If the chunk-boundary idle is all wall-clock start-up, the time scale inflated it that much.
-    low_idle = tails + barrier + n_chunks * boundary / fleet.time_scale
-    out["tracegen_occupancy_if_boundaries_wall_clock"] = run_s / (run_s + low_idle)
-    print(
-        f"  tracegen whole-run occupancy at the seed's scale: {pct(occupancy)} (chunk boundaries as measured)"
-        f" to {pct(run_s / (run_s + low_idle))} (chunk-boundary idle all wall-clock start-up)"
-    )
+    print(f"  tracegen whole-run occupancy at the seed's scale: {pct(occupancy)}")
     if bl is not None:
         end = bl["idle"] / slots
         out["baseline_occupancy"] = run_s / (run_s + end)

@@ -10,7 +10,10 @@ Trigger with a `max_tokens` cap. The run:
 4. runs a **pilot** on a random sample, **audits** it and **gates**: if the pilot's truncation rate
    (`finish_reason == "length"`) is above the threshold the run stops before spending GPU-days, and the
    report says which cap would fix it and what that costs;
-5. **fans out** one mapped task per index chunk (`generate`), each resuming from what is committed;
+5. **fans out** one mapped task per index chunk, each resuming from what is committed. The first few
+   (`generate_alongside_pilot`) start with the pilot so no GPU idles while the pilot's last rows finish
+   and the gate audits; they stop, keeping what finished, if the gate says stop. The rest
+   (`generate_chunk`) start once the gate has passed;
 6. writes the **final audit report** (JSON + HTML under `runs/<run_id>/` in the output root);
 7. optionally **tears down** the servers (they are long-lived infrastructure by default).
 
@@ -129,21 +132,29 @@ def tracegen_generate():
     servers = task(steps.provision_fleet)(run)
     chunks = task(steps.plan_run, retries=0)(run)
     pilot = task(steps.run_pilot)(run, servers)
-    gate = task(steps.audit_and_gate, retries=0)(run, pilot)
+    lead = steps.generate_chunk_concurrency()
+    # The gate passes on the chunks past the first `lead`; it fails (and they never start) on stop.
+    past_gate = task(steps.audit_and_gate, retries=0)(run, pilot, chunks, lead=lead)
+    chunk_task = {"map_index_template": "{{ chunk_label }}", "max_active_tis_per_dagrun": lead}
+    # The first `lead` chunks keep the fleet busy while the pilot finishes and the gate decides, and stop
+    # when it says stop: one task per slot, each taking its chunk from the plan.
+    alongside = (
+        task(steps.generate_alongside_pilot, **chunk_task)
+        .partial(run=run, servers=servers, chunks=chunks)
+        .expand(slot=list(range(lead)))
+    )
     generated = (
-        task(steps.generate_chunk, map_index_template="{{ chunk_label }}",
-             max_active_tis_per_dagrun=steps.generate_chunk_concurrency())
+        task(steps.generate_chunk, **chunk_task)
         .partial(run=run, servers=servers)
-        .expand(chunk=chunks)
+        .expand(chunk=past_gate)
     )
     report = task(steps.final_report, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
     stop = task(steps.teardown_fleet, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
     watcher = task(steps.watcher, trigger_rule=TriggerRule.ONE_FAILED, retries=0)()
 
-    servers >> pilot
     chunks >> pilot
-    gate >> generated >> report >> stop
-    [gate, generated, report, stop] >> watcher
+    [alongside, generated] >> report >> stop
+    [past_gate, alongside, generated, report, stop] >> watcher
 
 
 tracegen_generate()

@@ -18,9 +18,10 @@ from tracegen.engine import PILOT_CHUNK  # noqa: E402
 from tracegen.fleet import FleetSpec  # noqa: E402
 from tracegen.pipeline import (  # noqa: E402
     ChunkWork,
+    GateClosed,
     audit_and_report,
-    continuous_gate,
     dataset_index,
+    generate_chunk_work,
     open_ledger,
     pilot_indices,
     prepare_run,
@@ -63,20 +64,15 @@ def main(spec_path: str, out_path: str) -> int:
             json.dump(out, open(out_path, "w"))
             return 3
     elif step == "chunk":
+        # What steps.generate_chunk / steps.generate_alongside_pilot call, minus the Airflow context.
         work = ChunkWork(**spec["chunk"])
-        verdict = continuous_gate(config)
-        if verdict is not None:
-            raise SystemExit(f"{work.label}: gate closed: {verdict}")
         out["work_start"] = time.time()
-        out["summary"] = run_chunk(
-            config,
-            run_id,
-            fleet,
-            chunk=work.chunk,
-            label=work.label,
-            indices=range(work.start, work.stop),
-            endpoints=endpoints,
-        )
+        try:
+            out["summary"] = generate_chunk_work(
+                config, run_id, fleet, work, alongside_pilot=spec["alongside_pilot"], endpoints=endpoints
+            )
+        except GateClosed as exc:
+            out["gate_closed"] = str(exc)
         out["work_end"] = time.time()
     else:
         raise SystemExit(f"unknown step {step!r}")

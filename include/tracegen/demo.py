@@ -93,7 +93,9 @@ def main() -> int:
     if rc == 0 or gate.get("verdict") != "stop":
         _explain_failure(logs / "run-4096.log")
         return 1
-    _say(f"  the run stopped at the gate, before the fan-out:\n    {gate['reason']}\n    next: {gate['action']}")
+    _say(f"  the pilot gate stopped the run:\n    {gate['reason']}\n    next: {gate['action']}")
+    _say(f"  {_rows_of_run(output, run1.name):,} rows committed at 4096: the pilot's, and those of the first "
+         "chunks, which run beside the pilot and stop with its gate (finished rows are kept)")
     _say(f"  pilot report: {run1 / 'pilot-report.html'}")
     cap = gate.get("suggested_cap") or 8192
 
@@ -107,7 +109,7 @@ def main() -> int:
     final = _verdict(run2 / "report.json")
     _say(f"  pilot gate: {_verdict(run2 / 'pilot-report.json').get('reason')}")
     _say(f"  final audit: {final.get('reason')}")
-    _say("  pilot rows finished under 4096 were kept; only rows truncated at 4096 were generated again.")
+    _say("  rows finished under 4096 were kept; only rows truncated at 4096 were generated again.")
 
     _say("\n[4/4] status, from the ledger alone (python -m tracegen status):\n")
     from tracegen.status import dataset_status, format_status
@@ -120,6 +122,14 @@ def main() -> int:
     _say("UI:      make airflow   (then open http://localhost:8080; same state, both runs visible)")
     _say(f"\ndone in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def _rows_of_run(output: Path, run_id: str) -> int:
+    from tracegen.ledger import Ledger
+    from tracegen.storage import open_storage
+
+    frame = Ledger(open_storage(str(output))).frame()
+    return int((frame["run_id"] == run_id).sum())
 
 
 if __name__ == "__main__":

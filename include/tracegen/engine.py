@@ -5,7 +5,11 @@ The loop that makes a chunk crash-safe:
 2. compute what is left from the ledger (rows done for this cap are never generated again);
 3. keep `client.capacity` requests in flight; every finished row goes to the spool (fsynced) first;
 4. every `part_rows` rows or `part_seconds` seconds, seal the spool segment and commit it as one part;
-5. on SIGTERM or a fatal client error, stop sending, commit what finished, and say so.
+5. on SIGTERM, a fatal client error or a `stop_check` saying so (the pilot gate closing while this chunk
+   runs beside the pilot), stop sending, commit what finished, and say so.
+
+Rows known to be long (truncated under a lower cap, so regenerated now) are sent first: a chunk's
+stragglers then start early instead of holding its end, and the servers stay full around them.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,7 +47,12 @@ class InvalidRowError(ValueError):
 
 
 class ChunkInterrupted(RuntimeError):
-    """The chunk stopped early (SIGTERM or a fatal client error) after committing what had finished."""
+    """The chunk stopped early (SIGTERM, a fatal client error, a stop check) after committing what had
+    finished. `reason` says which."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -125,6 +134,8 @@ class ChunkEngine:
         spool_dir: str | None = None,
         client_config: ClientConfig | None = None,
         progress_interval_s: float = 15.0,
+        stop_check: Callable[[int, int], str | None] | None = None,
+        stop_check_interval_s: float = 5.0,
     ) -> None:
         self.config, self.run_id, self.chunk, self.label = config, run_id, chunk, label
         self.ledger, self.dataset, self.servers, self.model = ledger, dataset, list(servers), model
@@ -135,6 +146,9 @@ class ChunkEngine:
         )
         self.sampling = Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p)
         self.progress_interval_s = progress_interval_s
+        # Polled from a thread while generating (it may read storage) with (truncated, ok) rows so far; a
+        # reason it returns stops the chunk.
+        self.stop_check, self.stop_check_interval_s = stop_check, stop_check_interval_s
         self.stop_requested: str | None = None
         self.summary = ChunkSummary(run_id=run_id, chunk=chunk)
         self._pending_rows = 0
@@ -142,6 +156,7 @@ class ChunkEngine:
         self._commit_lock = asyncio.Lock()
         self.spool: Spool | None = None
         self._generating = False
+        self._known_long = np.empty(0, dtype=np.int64)  # rows of this chunk truncated under a lower cap
 
     # ---- public ---------------------------------------------------------------------------------
 
@@ -181,7 +196,8 @@ class ChunkEngine:
         if self.summary.interrupted:
             raise ChunkInterrupted(
                 f"{self.label} stopped early ({self.summary.interrupted}) after committing "
-                f"{self.summary.committed_rows} rows; a retry resumes from there"
+                f"{self.summary.committed_rows} rows; a retry resumes from there",
+                self.summary.interrupted,
             )
         return self.summary
 
@@ -196,7 +212,9 @@ class ChunkEngine:
     def _remaining(self, indices: np.ndarray) -> np.ndarray:
         # Only this chunk's rows and the columns "done" needs: memory follows the chunk, not the dataset.
         frame = self.ledger.plan_frame(indices)
-        return plan.remaining(frame, indices, self.config.max_tokens, self.config.truncated_policy)
+        todo = plan.remaining(frame, indices, self.config.max_tokens, self.config.truncated_policy)
+        self._known_long = plan.known_long(frame, todo)
+        return todo
 
     async def _generate(self, todo: np.ndarray) -> None:
         progress = Progress(self.label, int(todo.size), self.progress_interval_s)
@@ -209,8 +227,7 @@ class ChunkEngine:
             ticker = asyncio.create_task(self._tick(progress))
             self._generating = True
             try:
-                rows = read_indices(self.dataset, todo.tolist(), aws_conn_id=self.config.aws_conn_id)
-                for item in rows:
+                for item in self._rows_longest_first(todo):
                     if self.stop_requested:
                         break
                     if isinstance(item, InvalidRow):
@@ -240,6 +257,15 @@ class ChunkEngine:
                 self.summary.finish_reasons = dict(progress.finish)
                 self.summary.completion_tokens = progress.tokens
                 self.summary.generated = progress.done
+
+    def _rows_longest_first(self, todo: np.ndarray) -> Iterable[PromptRow | InvalidRow]:
+        """The rows of `todo`, those known to be long first (each read is in dataset order)."""
+        long = self._known_long
+        if long.size:
+            log.info("%s: %d rows truncated under a lower cap go first", self.label, long.size)
+            yield from read_indices(self.dataset, long.tolist(), aws_conn_id=self.config.aws_conn_id)
+            todo = np.setdiff1d(todo, long, assume_unique=True)
+        yield from read_indices(self.dataset, todo.tolist(), aws_conn_id=self.config.aws_conn_id)
 
     def _invalid_row(self, item: InvalidRow) -> GeneratedRow:
         if self.config.invalid_rows == "fail":
@@ -280,10 +306,23 @@ class ChunkEngine:
         progress.add(row)
 
     async def _tick(self, progress: Progress) -> None:
+        checked = time.monotonic()
         while True:
             await asyncio.sleep(0.2)
             await self._maybe_commit()
             progress.maybe_log()
+            if self.stop_check is not None and time.monotonic() - checked >= self.stop_check_interval_s:
+                checked = time.monotonic()
+                reason = await self._run_stop_check(progress)
+                if reason:
+                    self.request_stop(reason)
+
+    async def _run_stop_check(self, progress: Progress) -> str | None:
+        try:
+            return await asyncio.to_thread(self.stop_check, progress.finish["length"], progress.statuses[OK])
+        except Exception as exc:  # a storage hiccup must not stop generation; the next poll tries again
+            log.warning("%s: stop check failed, will try again: %s", self.label, exc)
+            return None
 
     async def _maybe_commit(self) -> None:
         due = self._pending_rows >= self.config.part_rows or (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 DATASET_INDEX_KEY = "dataset/index.json"
 RUN_FILE = "run.json"  # runs/<run_id>/run.json: the config and fleet the run's rows were meant to have
+PILOT_REPORT = "pilot-report.json"  # runs/<run_id>/pilot-report.json: the gate's verdict on the pilot
 # Rows per chunk when the param leaves it to us: about one part per chunk on small datasets, grown for
 # large ones so the mapped task count stays under plan's limit (far below max_map_length).
 TARGET_CHUNK_ROWS = 500
@@ -127,6 +128,48 @@ def continuous_gate(config: RunConfig) -> str | None:
     return decision.reason if decision.verdict == "stop" else None
 
 
+class PilotGateWatch:
+    """Stop check for a chunk that runs beside the pilot, called with the rows the chunk has finished.
+
+    Those chunks keep the fleet busy while the pilot's stragglers finish and the gate audits (DESIGN §8:
+    the barrier otherwise idles every GPU), but they must not spend GPU time the gate would refuse:
+    - the pilot report's verdict, once there, rules: stop closes the watch, anything else opens it for good;
+    - until then the chunk's own rows are judged by the gate's test, stricter (99% confidence, at least
+      the gate's minimum sample, since it is repeated every poll), so a chunk that runs before the pilot
+      (a single-process `airflow dags test` runs tasks one at a time, in no fixed order) stops after a
+      gate's worth of rows, not a chunk's.
+    """
+
+    def __init__(self, config: RunConfig, run_id: str) -> None:
+        self.config, self.run_id = config, run_id
+        self._settled = config.gate_mode != "stop"
+        self.closed: str | None = None  # why the gate stopped the run, once it has
+
+    def __call__(self, truncated: int = 0, judged: int = 0) -> str | None:
+        from tracegen import gate
+
+        if self._settled:
+            return self.closed
+        try:
+            pilot = json.loads(open_ledger(self.config).get_run_file(self.run_id, PILOT_REPORT))
+        except StorageKeyError:
+            pilot = None  # the gate has not ruled yet
+        if pilot is not None:
+            self._settled = True
+            verdict = pilot.get("verdict") or {}
+            if verdict.get("verdict") == "stop":
+                self.closed = f"the pilot gate stopped the run: {verdict.get('reason')}"
+            return self.closed
+        if judged < gate.DEFAULT_MIN_SAMPLE:
+            return None
+        own = gate.decide(truncated, judged, self.config.truncation_threshold, confidence=0.99,
+                          max_tokens=self.config.max_tokens)
+        if own.verdict == "stop":
+            self._settled = True
+            self.closed = f"this chunk's own rows close the gate before the pilot's verdict: {own.reason}"
+        return self.closed
+
+
 @contextmanager
 def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[ServerEndpoint]]:
     """Endpoints for the HTTP client, valid inside the block (SSH tunnels stay open while it runs).
@@ -155,8 +198,12 @@ def run_chunk(
     indices: np.ndarray | Sequence[int],
     spool_dir: str | None = None,
     endpoints: Sequence[ServerEndpoint] | None = None,
+    stop_check: Callable[[int, int], str | None] | None = None,
 ) -> dict[str, Any]:
-    """Generate and commit every row of `indices` not done yet for this run's cap. Returns a small summary."""
+    """Generate and commit every row of `indices` not done yet for this run's cap. Returns a small summary.
+
+    `stop_check` (polled while generating) may stop the chunk early; it then raises `ChunkInterrupted`
+    after committing what finished."""
     from tracegen.engine import ChunkEngine
 
     ledger = open_ledger(config)
@@ -165,7 +212,7 @@ def run_chunk(
     def run(servers: Sequence[ServerEndpoint]) -> dict[str, Any]:
         engine = ChunkEngine(
             config=config, run_id=run_id, chunk=chunk, label=label, ledger=ledger, dataset=index,
-            servers=servers, model=fleet.model_name, spool_dir=spool_dir,
+            servers=servers, model=fleet.model_name, spool_dir=spool_dir, stop_check=stop_check,
         )
         return engine.run(np.asarray(indices, dtype=np.int64)).to_json()
 
@@ -173,6 +220,48 @@ def run_chunk(
         return run(endpoints)
     with fleet_endpoints(fleet, config) as servers:
         return run(servers)
+
+
+class GateClosed(RuntimeError):
+    """A chunk did not start, or stopped early after committing what finished, because a gate is closed."""
+
+
+def generate_chunk_work(
+    config: RunConfig,
+    run_id: str,
+    fleet: FleetSpec,
+    work: ChunkWork,
+    *,
+    alongside_pilot: bool = False,
+    endpoints: Sequence[ServerEndpoint] | None = None,
+) -> dict[str, Any]:
+    """One mapped generation task: what is left of `work`, unless a gate is closed.
+
+    `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
+    leaves the pilot's rows to the pilot task and stops as soon as the pilot gate stops the run.
+    """
+    from tracegen.engine import ChunkInterrupted
+
+    verdict = continuous_gate(config)
+    if verdict is not None:
+        raise GateClosed(f"{work.label} not started, the continuous gate is closed: {verdict}")
+    indices = np.arange(work.start, work.stop, dtype=np.int64)
+    watch = None
+    if alongside_pilot:
+        watch = PilotGateWatch(config, run_id)
+        if (closed := watch()) is not None:
+            raise GateClosed(f"{work.label} not started: {closed}")
+        if config.pilot_size:
+            # The pilot task generates these at the same time; both would otherwise send them.
+            pilot = pilot_indices(config, dataset_index(config, open_ledger(config)).n_rows)
+            indices = np.setdiff1d(indices, pilot, assume_unique=True)
+    try:
+        return run_chunk(config, run_id, fleet, chunk=work.chunk, label=work.label, indices=indices,
+                         endpoints=endpoints, stop_check=watch)
+    except ChunkInterrupted as exc:
+        if watch is not None and watch.closed == exc.reason:
+            raise GateClosed(str(exc)) from None
+        raise
 
 
 @dataclass(frozen=True)
@@ -335,7 +424,7 @@ def latest_run(ledger: Ledger) -> RunRecord | None:
 
 def stopped_at_gate(ledger: Ledger, run_id: str) -> bool:
     try:
-        pilot = json.loads(ledger.get_run_file(run_id, "pilot-report.json"))
+        pilot = json.loads(ledger.get_run_file(run_id, PILOT_REPORT))
     except StorageKeyError:
         return False
     verdict = pilot.get("verdict") or {}

@@ -148,6 +148,17 @@ def remaining(
     return wanted[~mask[wanted - lo]]
 
 
+def known_long(frame: pd.DataFrame, todo: np.ndarray) -> np.ndarray:
+    """The indices of `todo` with a committed row cut off by a cap (`ok`, finish `length`): they are
+    at least that long, so sending them first starts a chunk's stragglers early. Ascending order."""
+    todo = np.asarray(todo, dtype=np.int64)
+    if todo.size == 0 or len(frame) == 0:
+        return np.empty(0, dtype=np.int64)
+    truncated = ((frame["status"] == OK) & (frame["finish_reason"] == "length")).to_numpy(bool)
+    long_idx = np.unique(frame["index"].to_numpy(np.int64)[truncated])
+    return long_idx[np.isin(long_idx, todo)]
+
+
 def remaining_per_chunk(mask: np.ndarray, plan: Iterable[Chunk]) -> np.ndarray:
     """Rows left in each chunk, from a `done_mask` — chunks with 0 left need no mapped task."""
     plan = list(plan)

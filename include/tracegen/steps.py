@@ -150,7 +150,7 @@ def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plan_run(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """Chunks that still have work for this cap (the mapped fan-out's input)."""
+    """Chunks that still have work for this cap (the mapped fan-outs' input)."""
     from tracegen.pipeline import prepare_run
 
     config, run_id, fleet = _run(run)
@@ -173,15 +173,21 @@ def run_pilot(run: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, A
     return {"indices": int(indices.size), **summary}
 
 
-def audit_and_gate(run: dict[str, Any], pilot: dict[str, Any]) -> dict[str, Any]:
-    """Audit the pilot rows and stop the run (gate_mode=stop) when truncation is over the threshold."""
+def audit_and_gate(
+    run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict[str, Any]], lead: int
+) -> list[dict[str, Any]]:
+    """Audit the pilot rows and stop the run (gate_mode=stop) when truncation is over the threshold.
+
+    Returns the chunks to fan out past the gate: the plan's chunks but the first `lead`, which run beside
+    the pilot (`generate_alongside_pilot`)."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from tracegen.pipeline import audit_and_report, dataset_index, open_ledger, pilot_indices
 
     config, run_id, fleet = _run(run)
     if not pilot.get("indices"):
-        return {"verdict": "skipped", "reason": "no pilot (pilot_size=0)"}
+        log.info("no pilot (pilot_size=0): nothing to gate on; the continuous gate watches the fan-out")
+        return chunks[lead:]
     indices = pilot_indices(config, dataset_index(config, open_ledger(config)).n_rows)
     outcome = audit_and_report(
         config, run_id, name="pilot-report", indices=indices, n_gpus=len(fleet.servers()),
@@ -192,7 +198,7 @@ def audit_and_gate(run: dict[str, Any], pilot: dict[str, Any]) -> dict[str, Any]
         if config.gate_mode == "stop":
             raise AirflowFailException(message)
         log.warning("gate_mode=warn, going on: %s", message)
-    return outcome.to_json()
+    return chunks[lead:]
 
 
 def _tokens_per_s_per_gpu(summary: dict[str, Any], n_gpus: int) -> float | None:
@@ -201,20 +207,39 @@ def _tokens_per_s_per_gpu(summary: dict[str, Any], n_gpus: int) -> float | None:
 
 
 def generate_chunk(run: dict[str, Any], servers: list[dict[str, Any]], chunk: dict[str, Any]) -> dict[str, Any]:
-    """One mapped task: generate what is left of one chunk. Starts only while the running gate holds."""
+    """One mapped task past the pilot gate: generate what is left of one chunk. Starts only while the
+    running gate holds."""
+    return _generate(run, chunk, alongside_pilot=False)
+
+
+def generate_alongside_pilot(
+    run: dict[str, Any], servers: list[dict[str, Any]], chunks: list[dict[str, Any]], slot: int
+) -> dict[str, Any]:
+    """The plan's chunk number `slot` (one of the first few), generated while the pilot runs and the gate
+    audits it: leaves the pilot's rows to the pilot, and stops (committing what finished) as soon as the
+    gate says stop."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    if slot >= len(chunks):
+        _context()["chunk_label"] = f"slot {slot}: no chunk"
+        raise AirflowSkipException(f"the plan has {len(chunks)} chunks with work; none for slot {slot}")
+    return _generate(run, chunks[slot], alongside_pilot=True)
+
+
+def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bool) -> dict[str, Any]:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tracegen.pipeline import ChunkWork, continuous_gate, run_chunk
+    from tracegen.pipeline import ChunkWork, GateClosed, generate_chunk_work
 
     work = ChunkWork(**chunk)
     _context()["chunk_label"] = work.label
     config, run_id, fleet = _run(run)
-    verdict = continuous_gate(config)
-    if verdict is not None:
-        # Failed, not skipped: a run whose chunks did not run must not end looking successful.
-        raise AirflowFailException(f"{work.label} not started, the continuous gate is closed: {verdict}")
-    return run_chunk(config, run_id, fleet, chunk=work.chunk, label=work.label,
-                     indices=range(work.start, work.stop))
+    try:
+        return generate_chunk_work(config, run_id, fleet, work, alongside_pilot=alongside_pilot)
+    except GateClosed as exc:
+        # Failed, not skipped: a run whose chunks did not run must not end looking successful. No retry:
+        # it would only find the gate closed again.
+        raise AirflowFailException(str(exc)) from None
 
 
 def final_report(run: dict[str, Any]) -> dict[str, Any]:

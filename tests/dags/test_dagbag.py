@@ -45,9 +45,21 @@ def test_trigger_form_params_have_titles_and_max_tokens_first(dagbag):
 
 
 def test_mapped_generation_is_readable_and_bounded(dagbag):
-    task = dagbag.dags["tracegen_generate"].get_task("generate_chunk")
-    assert task.map_index_template == "{{ chunk_label }}"
-    assert task.max_active_tis_per_dagrun >= 1
+    for task_id in ("generate_alongside_pilot", "generate_chunk"):
+        task = dagbag.dags["tracegen_generate"].get_task(task_id)
+        assert task.map_index_template == "{{ chunk_label }}"
+        assert task.max_active_tis_per_dagrun >= 1
+
+
+def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag):
+    dag = dagbag.dags["tracegen_generate"]
+    upstream = {t: dag.get_task(t).upstream_task_ids for t in ("generate_alongside_pilot", "generate_chunk")}
+    # Beside the pilot: needs the plan and the servers, not the pilot or its gate (DESIGN §8, occupancy).
+    assert upstream["generate_alongside_pilot"] == {"validate_run", "provision_fleet", "plan_run"}
+    assert "audit_and_gate" in upstream["generate_chunk"]
+    report = dag.get_task("final_report").upstream_task_ids
+    assert {"generate_alongside_pilot", "generate_chunk"} <= report
+    assert {"generate_alongside_pilot", "generate_chunk", "audit_and_gate"} <= dag.get_task("watcher").upstream_task_ids
 
 
 def test_parsing_imports_nothing_heavy():

@@ -19,9 +19,10 @@ import httpx
 import numpy as np
 import pytest
 
-from tracegen.config import SAMPLE_DATASET
+from tracegen.config import SAMPLE_DATASET, RunConfig
 from tracegen.fleet import FleetSpec, status, teardown
 from tracegen.ledger import Ledger
+from tracegen.pipeline import pilot_indices
 from tracegen.records import FAILED, GeneratedRow
 from tracegen.status import dataset_status
 from tracegen.storage import open_storage
@@ -148,8 +149,10 @@ def _has(ledger: Ledger, run_id: str, name: str) -> bool:
 
 
 def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri):
-    # 1. The seed's cap: the pilot gate stops the run before the fan-out.
-    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=100))
+    # 1. The seed's cap: the pilot gate stops the run. Six chunks of 100: the first three run beside the
+    # pilot (and stop with its gate), the other three wait for the gate and never start.
+    result = dags_test(airflow_env, "tracegen_generate",
+                       base_conf(dataset, s3_uri, fleet, max_tokens=100, chunk_size=100))
     assert result.returncode != 0
     ledger = ledger_of(s3_uri)
     run1 = newest_run(ledger)
@@ -158,8 +161,12 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
     assert "> 5.0% at max_tokens=100" in pilot["verdict"]["reason"]
     assert pilot["cap_table"]["recommended_cap"] is not None
     frame = ledger.frame()
-    assert frame["index"].nunique() == 300  # the pilot only: nothing was fanned out
-    pilot_kept = frame[frame["finish_reason"] != "length"]["index"].to_numpy()
+    pilot_rows = set(pilot_indices(RunConfig(dataset_uri=dataset, output_uri=s3_uri, pilot_size=300), N_ROWS).tolist())
+    beyond_pilot = set(frame["index"].tolist()) - pilot_rows
+    assert pilot_rows <= set(frame["index"].tolist())
+    assert all(i < 300 for i in beyond_pilot), "a chunk past the gate ran although the gate said stop"
+    assert frame["index"].is_unique  # the chunks beside the pilot left the pilot's rows to it
+    kept = frame[frame["finish_reason"] != "length"]["index"].to_numpy()
 
     # 2. The pivot: a higher cap regenerates only what was truncated and what was never generated.
     result = dags_test(airflow_env, "tracegen_generate",
@@ -170,7 +177,7 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
     run2 = newest_run(ledger)
     frame = ledger.frame()
     regenerated = frame[frame["run_id"] == run2]["index"].to_numpy()
-    assert not np.isin(pilot_kept, regenerated).any()  # finished pilot rows were kept, not generated again
+    assert not np.isin(kept, regenerated).any()  # finished rows were kept, not generated again
     report = json.loads(ledger.get_run_file(run2, "report.json"))
     assert report["verdict"]["verdict"] == "pass"
 

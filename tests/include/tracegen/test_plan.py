@@ -15,6 +15,7 @@ from tracegen.plan import (
     choose_chunk_size,
     chunks,
     done_mask,
+    known_long,
     pilot_sample,
     remaining,
     remaining_per_chunk,
@@ -82,6 +83,20 @@ def test_done_semantics_per_status() -> None:
     assert done_mask(f, 8, 2048, "regenerate").tolist() == [1, 1, 1, 0, 1, 0, 0, 0]
     assert done_mask(f, 8, 8192, "regenerate").tolist() == [1, 1, 0, 0, 1, 1, 1, 0]
     assert done_mask(f, 8, 8192, "keep").tolist() == [1, 1, 1, 0, 1, 1, 1, 0]
+
+
+def test_known_long_are_the_todo_rows_once_cut_off_by_a_cap() -> None:
+    f = frame(
+        r(0, finish="length", cap=4096),
+        r(1, finish="stop"),
+        r(2, finish="length", cap=2048),
+        r(2, finish="length", cap=4096),  # cut twice: listed once
+        r(3, status=FAILED),
+        r(5, finish="length", cap=4096),  # long, but not in this chunk's todo
+    )
+    assert known_long(f, np.array([4, 3, 2, 0])).tolist() == [0, 2]
+    assert known_long(f, np.array([], dtype=np.int64)).tolist() == []
+    assert known_long(empty_frame(), np.array([0, 1])).tolist() == []
 
 
 def test_the_4096_to_8192_pivot(tmp_path: Path) -> None:
