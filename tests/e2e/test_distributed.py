@@ -25,6 +25,7 @@ from tracegen.storage import open_storage
 
 GENERATE = "tracegen_generate"
 RERUN = "tracegen_rerun_failed"
+CHUNK_TASKS = ("generate_alongside_pilot", "generate_chunk")
 N_ROWS = 240  # of the bundled prompts: 5 mapped chunks of 50 after a 40-row pilot
 RUN_CONF = {"max_tokens": 8192, "pilot_size": 40, "chunk_size": 50, "teardown": True}
 
@@ -100,34 +101,37 @@ def test_generate_runs_on_celery_workers(cluster: AirflowCluster, api: AirflowAp
     _wait_success(cluster, api, GENERATE, run_id, timeout=240)
 
     states = {(t["task_id"], t["map_index"]): t["state"] for t in api.task_instances(GENERATE, run_id)}
-    generated = [k for k in states if k[0] == "generate_chunk"]
-    assert len(generated) == 5 and all(states[k] == "success" for k in generated), states
+    generated = [k for k in states if k[0] in CHUNK_TASKS]
+    # Five chunks: the first three beside the pilot, two past the gate.
+    assert sorted(k[0] for k in generated) == ["generate_alongside_pilot"] * 3 + ["generate_chunk"] * 2, states
+    assert all(states[k] == "success" for k in generated), states
     assert states[("teardown_fleet", -1)] == "success" and states[("watcher", -1)] == "skipped", states
     _check_output(output, run_id)
 
 
 def _kill_worker_running(cluster: AirflowCluster, api: AirflowApi, run_id: str, timeout: float) -> tuple:
-    """SIGKILL the worker (every process of its session) that runs a generate_chunk task, once that task has
-    been running for a moment; returns (worker name, map index)."""
+    """SIGKILL the worker (every process of its session) that runs a chunk task, once that task has been
+    running for a moment; returns (worker name, task id, map index)."""
     deadline = time.monotonic() + timeout
-    seen: dict[int, float] = {}
-    pids: dict[int, int] = {}
+    seen: dict[tuple[str, int], float] = {}
+    pids: dict[tuple[str, int], int] = {}
     while time.monotonic() < deadline:
         if api.run(GENERATE, run_id)["state"] in ("success", "failed"):
             break
         for ti in api.task_instances(GENERATE, run_id):
-            if ti["task_id"] != "generate_chunk" or ti["state"] != "running" or not ti.get("pid"):
+            if ti["task_id"] not in CHUNK_TASKS or ti["state"] != "running" or not ti.get("pid"):
                 continue
-            first = seen.setdefault(ti["map_index"], time.monotonic())
-            pids[ti["map_index"]] = ti["pid"]
+            key = (ti["task_id"], ti["map_index"])
+            first = seen.setdefault(key, time.monotonic())
+            pids[key] = ti["pid"]
             if time.monotonic() - first < 1.5:  # let it get its requests in flight
                 continue
             for name in cluster.worker_names:
                 if ti["pid"] in cluster.components[name].session_pids():
                     cluster.components[name].kill()
-                    return name, ti["map_index"]
+                    return name, *key
         time.sleep(0.3)
-    raise AssertionError(f"no generate_chunk task seen running on a worker (task pids seen: {pids}): "
+    raise AssertionError(f"no chunk task seen running on a worker (task pids seen: {pids}): "
                          f"{api.describe(GENERATE, run_id)}")
 
 
@@ -135,14 +139,14 @@ def _kill_worker_running(cluster: AirflowCluster, api: AirflowApi, run_id: str, 
 def test_run_survives_sigkill_of_a_celery_worker(cluster: AirflowCluster, api: AirflowApi, dataset: Path) -> None:
     output = cluster.root / "out-kill"
     run_id = api.trigger(GENERATE, _conf(dataset, output))
-    killed, map_index = _kill_worker_running(cluster, api, run_id, timeout=180)
+    killed, task_id, map_index = _kill_worker_running(cluster, api, run_id, timeout=180)
     assert not cluster.components[killed].alive
     survivors = [n for n in cluster.worker_names if n != killed]
     assert all(cluster.components[n].alive for n in survivors)
 
     _wait_success(cluster, api, GENERATE, run_id, timeout=300)
     lost = next(t for t in api.task_instances(GENERATE, run_id)
-                if t["task_id"] == "generate_chunk" and t["map_index"] == map_index)
+                if t["task_id"] == task_id and t["map_index"] == map_index)
     # The scheduler noticed the lost task (no heartbeat) and a surviving worker ran it again.
     assert lost["state"] == "success" and lost["try_number"] >= 2, lost
     _check_output(output, run_id)
