@@ -238,7 +238,7 @@ def generate_chunk_work(
     """One mapped generation task: what is left of `work`, unless a gate is closed.
 
     `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
-    leaves the pilot's rows to the pilot task and stops as soon as the pilot gate stops the run.
+    leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes.
     """
     from tracegen.engine import ChunkInterrupted
 
