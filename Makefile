@@ -57,6 +57,13 @@ clean:
 bench-occupancy: venv
 	$(PY) bench/occupancy.py
 
+# The same comparison with a whole tracegen_generate run on a real Airflow (PostgreSQL, CeleryExecutor on
+# Redis, as `make airflow-up`) and its bundled 2-GPU simulated fleet; about 15 minutes. Needs PostgreSQL and
+# Redis on loopback.
+.PHONY: bench-occupancy-airflow
+bench-occupancy-airflow: venv
+	$(PY) bench/occupancy_airflow.py
+
 # The distributed setup (PostgreSQL + CeleryExecutor on Redis, two workers) as local processes, for a person:
 # prints the UI URL and credentials. Needs PostgreSQL and Redis on loopback (docs/deployment.md).
 .PHONY: airflow-up

@@ -92,6 +92,23 @@ def start_fleet(n: int, max_running: int, time_scale: float, seed: int = 0) -> F
     return Fleet(urls, procs, max_running, time_scale)
 
 
+def running_fleet(urls: list[str]) -> Fleet:
+    """A `Fleet` for stand-ins launched by someone else (e.g. tracegen's own fleet provisioning).
+
+    Slots, time scale and step model come from each server's /server_info, so the ideal wall time is
+    computed with the same step model the servers run; `stop()` is a no-op (no processes of ours).
+    """
+    infos = [httpx.get(url + "/server_info", timeout=10).json() for url in urls]
+    keys = ("max_running_requests", "sim_time_scale", "sim_step_base_ms", "sim_step_per_req_ms")
+    models = {tuple(info[k] for k in keys) + (info["internal_states"][0]["avg_spec_accept_length"],)
+              for info in infos}  # fmt: skip
+    if len(models) != 1:
+        raise SystemExit(f"stand-ins run different step models: {sorted(models)}")
+    max_running, time_scale, base_ms, per_req_ms, accept = models.pop()
+    return Fleet(urls, [], int(max_running), float(time_scale), base_ms / 1000.0, per_req_ms / 1000.0,
+                 float(accept or 1.0))  # fmt: skip
+
+
 @dataclass
 class Sample:
     t: float  # wall time.time()
