@@ -84,7 +84,8 @@ def decide(obs: Observation, policy: TunePolicy = TunePolicy()) -> int:
       by us. Jump to what would fill it (max running minus running, plus the target queue), at least
       doubling, so a bad default is fixed in one or two polls.
     - Queue far above the target: the server is over-fed; give back this client's share of the excess
-      (several clients on one server each shrink in proportion to what they hold).
+      (several clients on one server each shrink in proportion to what they hold), once: while the
+      client still holds more than its limit the cut has not taken effect, and it holds.
     - Otherwise hold. In particular a client in its tail (fewer requests than its limit) never grows:
       it has nothing more to send.
     A queue with a batch below max running means the server is limited by KV memory, not slots; the
@@ -109,10 +110,14 @@ def decide(obs: Observation, policy: TunePolicy = TunePolicy()) -> int:
         # Batch full but the queue is thinner than the target: top it up (other clients' tails).
         return min(policy.ceiling, limit + (target_queue - obs.queued))
     if obs.queued > policy.shrink_at * max(target_queue, 1):
+        if obs.own_in_flight > limit:
+            # An earlier cut has not drained yet: the queue still holds requests sent before it, and
+            # cutting again on every poll would drive every client sharing the server to the floor.
+            return limit
         outstanding = max(obs.running + obs.queued, 1)
         share = min(1.0, obs.own_in_flight / outstanding)
         excess = obs.queued - target_queue
-        return max(policy.floor, limit - math.ceil(excess * share))
+        return max(policy.floor, obs.own_in_flight - math.ceil(excess * share))
     return limit
 
 

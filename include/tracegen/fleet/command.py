@@ -62,7 +62,10 @@ def launch_argv(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None =
                 f"api key from connection {spec.api_key_conn_id!r} is empty or has control characters"
             )
         argv += ["--api-key", api_key]
-    for flag, value in spec.sglang_flags.items():
+    # In name order: one fleet description gives one argv (and config hash) however it was stored; an XCom
+    # on PostgreSQL (JSONB) hands the flags back in another order than the fleet file's, and a changed
+    # hash would restart healthy servers (a model reload on a GPU).
+    for flag, value in sorted(spec.sglang_flags.items()):
         argv += _flag_args(flag, value)
     return argv
 

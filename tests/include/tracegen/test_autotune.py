@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -49,6 +50,16 @@ def test_thin_queue_behind_a_full_batch_is_topped_up():
 def test_overfed_server_shrinks_by_this_clients_share_of_the_excess():
     # 64 running + 192 queued, target 32: excess 160; this client holds half of the 256 outstanding.
     assert decide(obs(running=64, queued=192, own_in_flight=128, limit=128), POLICY) == 128 - 80
+
+
+def test_a_cut_that_has_not_drained_yet_is_not_cut_again():
+    # Six chunk tasks started together on a 64-slot server, 128 each: one cut, then hold while the
+    # requests sent before it drain (the queue lags the cut). Cutting on every poll drove all to 1.
+    first = decide(obs(running=64, queued=704, own_in_flight=128, limit=128), POLICY)
+    assert first == 128 - math.ceil((704 - 32) * 128 / 768)
+    assert decide(obs(running=64, queued=650, own_in_flight=120, limit=first), POLICY) == first
+    # A client in its tail gives back from what it holds, not from a limit it no longer uses.
+    assert decide(obs(running=64, queued=192, own_in_flight=40, limit=128), POLICY) == 40 - math.ceil(160 * 40 / 256)
 
 
 def test_shrinking_never_goes_below_the_floor_and_growth_stops_at_the_ceiling():

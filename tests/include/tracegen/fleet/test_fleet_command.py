@@ -35,13 +35,13 @@ def test_launch_argv_is_exact():
         "--model-path", "Qwen/Qwen3-30B-A3B",
         "--served-model-name", "qwen3",
         "--host", "127.0.0.1", "--port", "30003",
+        "--cuda-graph-bs", "1", "2", "4",
+        "--enable-metrics",
+        "--mem-fraction-static", "0.85",
+        "--reasoning-parser", "qwen3",
         "--speculative-algorithm", "EAGLE3",
         "--speculative-draft-model-path", "/models/drafter-v1",
         "--speculative-num-steps", "3",
-        "--mem-fraction-static", "0.85",
-        "--enable-metrics",
-        "--cuda-graph-bs", "1", "2", "4",
-        "--reasoning-parser", "qwen3",
     ]  # fmt: skip
     assert launch_argv(spec, host, 0, api_key="s3cret")[9:13] == ["--port", "30000", "--api-key", "s3cret"]
     assert server_env(spec, 3) == {"CUDA_VISIBLE_DEVICES": "3"}
@@ -59,6 +59,17 @@ def test_config_hash_tracks_flags_and_hides_the_key():
     assert same != config_hash(launch_argv(other, h, 0), env)
     assert same != config_hash(launch_argv(spec, h, 0), {"CUDA_VISIBLE_DEVICES": "1"})
     assert config_hash(launch_argv(spec, h, 0, "k1"), env) != config_hash(launch_argv(spec, h, 0, "k2"), env)
+
+
+def test_flag_order_in_the_description_does_not_change_argv_or_hash():
+    # A fleet description that went through an XCom on PostgreSQL (JSONB) comes back with its flags in
+    # another order; it must still match the servers it launched, or they would be restarted.
+    flags = {"--reasoning-parser": "qwen3", "--max-running-requests": 64, "--enable-metrics": True}
+    a = FleetSpec.from_dict({"hosts": [{"conn_id": "a", "gpus": [0]}], "model_path": "m", "sglang_flags": flags})
+    b = FleetSpec.from_dict({**a.to_dict(), "sglang_flags": dict(reversed(list(flags.items())))})
+    h, env = a.hosts[0], server_env(a, 0)
+    assert launch_argv(a, h, 0) == launch_argv(b, h, 0)
+    assert config_hash(launch_argv(a, h, 0), env) == config_hash(launch_argv(b, h, 0), env)
 
 
 INJECTIONS = {
