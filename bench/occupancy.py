@@ -101,8 +101,8 @@ class Executor:
         self.tasks.append(record)
         return record
 
-    def run(self, step: str) -> dict:
-        proc, record = self.spawn(step)
+    def run(self, step: str, **extra) -> dict:
+        proc, record = self.spawn(step, **extra)
         proc.wait()
         out = self.finish(proc, record)
         time.sleep(self.sched_delay_s)  # the scheduler notices the success and queues the next task
@@ -160,9 +160,9 @@ def run_tracegen(fleet: Fleet, work: Path, dataset: Path, cap: int, args) -> dic
     ex = Executor(work, fleet.urls, config, f"bench-{cap}", args.sched_delay_s)
     sampler = Sampler(fleet.urls)
     sampler.start()
-    ex.run("plan")
-    chunks = ex.tasks[-1]["chunks"]
     lead = args.chunk_concurrency
+    ex.run("plan", stagger=lead)  # as steps.plan_run: chunks staggered over the tasks in flight at once
+    chunks = ex.tasks[-1]["chunks"]
     gate = ex.fan_out(chunks[:lead], chunks[lead:], args.chunk_concurrency)
     samples = sampler.stop()
     pilot = next(t for t in ex.tasks if t["step"] == "pilot")

@@ -305,6 +305,8 @@ def main() -> int:
         if args.keep:
             results = {"tracegen": {k: v for k, v in tg.items() if k != "samples"}, "baseline": bl}
             (root / "results.json").write_text(json.dumps(results, indent=2, default=str))
+            # The fleet's counters over the run, for looking at where idle slot-time falls.
+            (root / "samples.json").write_text(json.dumps([vars(s) for s in tg["samples"]]))
     except ClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

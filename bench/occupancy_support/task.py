@@ -26,6 +26,7 @@ from tracegen.pipeline import (  # noqa: E402
     pilot_indices,
     prepare_run,
     run_chunk,
+    starting_in_flight,
 )
 from tracegen.routing import ServerEndpoint  # noqa: E402
 
@@ -38,13 +39,13 @@ def main(spec_path: str, out_path: str) -> int:
     # What fleet_endpoints yields after provisioning (the bench's servers are already up, so the
     # provisioning check is replaced by the URLs themselves).
     endpoints = [
-        ServerEndpoint(u, max_in_flight=max(1, config.max_in_flight_per_server), name=f"sim:gpu{i}")
+        ServerEndpoint(u, max_in_flight=starting_in_flight(config), name=f"sim:gpu{i}")
         for i, u in enumerate(spec["urls"])
     ]
     out: dict = {"started": STARTED, "imported": time.time()}
     step = spec["step"]
     if step == "plan":
-        out["chunks"] = [w.to_json() for w in prepare_run(config, run_id, fleet)]
+        out["chunks"] = [w.to_json() for w in prepare_run(config, run_id, fleet, stagger=spec["stagger"])]
     elif step == "pilot":
         indices = pilot_indices(config, dataset_index(config, open_ledger(config)).n_rows)
         out["work_start"] = time.time()

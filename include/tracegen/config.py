@@ -56,9 +56,13 @@ class RunConfig:
     part_rows: int = 500
     part_seconds: float = 60.0
     max_in_flight_per_server: int = 128
-    # True: each server's in-flight limit starts at max_in_flight_per_server and follows what the server
+    # True: each server's in-flight limit starts at autotune_start_in_flight and follows what the server
     # reports (tracegen.autotune); False: max_in_flight_per_server is a fixed limit.
     autotune_in_flight: bool = True
+    # A trickle, not a batch: a chunk task that starts while others keep the servers full then takes over
+    # as they drain instead of taking an equal share at once (tasks with equal shares end together, and
+    # the fleet drains through all their tails at once); on servers with room it grows within a poll.
+    autotune_start_in_flight: int = 8
     request_deadline_s: float = 1800.0
     max_attempts: int = 6
     context_length: int = 0  # 0: unknown until the fleet reports it; validated again after provisioning
@@ -83,6 +87,7 @@ class RunConfig:
         _check_int("part_rows", self.part_rows, 1, 100_000)
         _check_float("part_seconds", self.part_seconds, 0.1, 3600.0)
         _check_int("max_in_flight_per_server", self.max_in_flight_per_server, 1, 4096)
+        _check_int("autotune_start_in_flight", self.autotune_start_in_flight, 1, 4096)
         if not isinstance(self.autotune_in_flight, bool):
             raise ConfigError(f"autotune_in_flight: expected true or false, got {self.autotune_in_flight!r}")
         _check_float("request_deadline_s", self.request_deadline_s, 1.0, 24 * 3600.0)

@@ -28,9 +28,14 @@ log = logging.getLogger(__name__)
 DATASET_INDEX_KEY = "dataset/index.json"
 RUN_FILE = "run.json"  # runs/<run_id>/run.json: the config and fleet the run's rows were meant to have
 PILOT_REPORT = "pilot-report.json"  # runs/<run_id>/pilot-report.json: the gate's verdict on the pilot
-# Rows per chunk when the param leaves it to us: about one part per chunk on small datasets, grown for
-# large ones so the mapped task count stays under plan's limit (far below max_map_length).
+# Rows per chunk when the param leaves it to us: at least this, at least `FLEET_BATCHES_PER_CHUNK` of the
+# fleet's batches, and grown for large datasets so the mapped task count stays under plan's limit (far
+# below max_map_length).
 TARGET_CHUNK_ROWS = 500
+# Chunks started a stagger'th of a chunk apart only keep the fleet fed through each other's tails when
+# that stagger outlasts a tail: the longest rows take about three times the mean, so a chunk is four
+# fleet batches (its task holds 1/stagger of the fleet's slots for 4 x stagger rounds of rows).
+FLEET_BATCHES_PER_CHUNK = 4
 # Planner and audit reads fold the ledger into a Parquet snapshot once this many entries are not in one
 # yet, so every later read (each chunk task's resume) costs one GET instead of thousands.
 COMPACT_OVER = 200
@@ -82,28 +87,76 @@ def dataset_index(config: RunConfig, ledger: Ledger, *, build: bool = False):
     return index
 
 
-def prepare_run(config: RunConfig, run_id: str, fleet: FleetSpec) -> list[ChunkWork]:
-    """Index the dataset, bind it to the output root, store the run's config, and list chunks with work left."""
+@dataclass(frozen=True)
+class ChunkLayout:
+    """How a run cuts the dataset into chunks (`plan.chunks`). Stored in runs/<run_id>/run.json, so the
+    scheduled rerun of a run's unfinished chunks finds the very chunks the run had."""
+
+    size: int
+    stagger: int = 0  # chunk tasks the run had in flight at once; 0: every chunk `size` rows
+    first_size: int | None = None  # rows of each of the first `stagger` chunks (those beside the pilot)
+
+    def chunks(self, n_rows: int) -> list[plan.Chunk]:
+        return plan.chunks(n_rows, self.size, stagger=self.stagger, first_size=self.first_size)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunk_size": self.size, "chunk_stagger": self.stagger, "first_chunk_size": self.first_size}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ChunkLayout:
+        # Records written before staggering have only "chunk_size": their chunks were all that size.
+        first = doc.get("first_chunk_size")
+        return cls(int(doc["chunk_size"]), int(doc.get("chunk_stagger") or 0), None if first is None else int(first))
+
+
+def fleet_slots(fleet: FleetSpec) -> int | None:
+    """Requests the whole fleet decodes at once, when its flags say (`--max-running-requests`); without
+    the flag each SGLang server sizes its batch from KV memory at start-up, which a plan cannot know."""
+    per_server = fleet.sglang_flags.get("--max-running-requests")
+    if type(per_server) is not int or per_server < 1:
+        return None
+    return per_server * len(fleet.servers())
+
+
+def choose_layout(config: RunConfig, n_rows: int, fleet: FleetSpec, stagger: int) -> ChunkLayout:
+    """The run's chunks: `config.chunk_size` rows when set; otherwise at least `TARGET_CHUNK_ROWS` and
+    `FLEET_BATCHES_PER_CHUNK` of the fleet's batches, and the first chunks (beside the pilot) twice the
+    pilot so they still run when the gate passes, instead of ending with the pilot and idling the fleet
+    while the gate audits and the next chunk tasks start."""
+    slots = fleet_slots(fleet)
+    if config.chunk_size:
+        return ChunkLayout(config.chunk_size, stagger)
+    size = plan.choose_chunk_size(n_rows, max(TARGET_CHUNK_ROWS, FLEET_BATCHES_PER_CHUNK * (slots or 0)))
+    pilot = min(config.pilot_size, n_rows)
+    return ChunkLayout(size, stagger, max(size, 2 * pilot))
+
+
+def prepare_run(config: RunConfig, run_id: str, fleet: FleetSpec, *, stagger: int = 0) -> list[ChunkWork]:
+    """Index the dataset, bind it to the output root, store the run's config, and list chunks with work left.
+
+    `stagger`: chunk tasks in flight at once (see `plan.chunks`); 0 for equal chunks."""
     ledger = open_ledger(config)
     index = dataset_index(config, ledger, build=True)
-    chunk_size = config.chunk_size or plan.choose_chunk_size(index.n_rows, TARGET_CHUNK_ROWS)
-    record = {"run_id": run_id, "created_at": time.time(), "chunk_size": chunk_size,
+    layout = choose_layout(config, index.n_rows, fleet, stagger)
+    record = {"run_id": run_id, "created_at": time.time(), **layout.to_json(),
               "config": config.to_json(), "fleet": fleet.to_dict()}
     ledger.put_run_file(run_id, RUN_FILE, json.dumps(record, indent=2).encode())
-    work = chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), index.n_rows, chunk_size, config)
+    work = chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), index.n_rows, layout, config)
     log.info(
-        "plan: %d rows, chunk size %d, %d chunks with work left (%d rows to generate at max_tokens=%d)",
-        index.n_rows, chunk_size, len(work), sum(w.remaining for w in work), config.max_tokens,
+        "plan: %d rows, chunks of %d (the first %d of %s, then %d staggered), %d chunks with work left "
+        "(%d rows to generate at max_tokens=%d)",
+        index.n_rows, layout.size, layout.stagger, layout.first_size or layout.size, layout.stagger, len(work),
+        sum(w.remaining for w in work), config.max_tokens,
     )
     return work
 
 
-def chunks_with_work(frame, n_rows: int, chunk_size: int, config: RunConfig) -> list[ChunkWork]:
+def chunks_with_work(frame, n_rows: int, layout: ChunkLayout, config: RunConfig) -> list[ChunkWork]:
     """The chunks that still hold rows to generate for this config's cap and truncated-row policy."""
     done = plan.done_mask(frame, n_rows, config.max_tokens, config.truncated_policy)
-    layout = plan.chunks(n_rows, chunk_size)
-    left = plan.remaining_per_chunk(done, layout)
-    return [ChunkWork(c.index, c.start, c.stop, int(n)) for c, n in zip(layout, left, strict=True) if n]
+    cut = layout.chunks(n_rows)
+    left = plan.remaining_per_chunk(done, cut)
+    return [ChunkWork(c.index, c.start, c.stop, int(n)) for c, n in zip(cut, left, strict=True) if n]
 
 
 def pilot_indices(config: RunConfig, n_rows: int) -> np.ndarray:
@@ -170,6 +223,11 @@ class PilotGateWatch:
         return self.closed
 
 
+def starting_in_flight(config: RunConfig) -> int:
+    """Each server's in-flight limit when a chunk task starts: the auto-tuner's trickle, or the fixed limit."""
+    return config.autotune_start_in_flight if config.autotune_in_flight else config.max_in_flight_per_server
+
+
 @contextmanager
 def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[ServerEndpoint]]:
     """Endpoints for the HTTP client, valid inside the block (SSH tunnels stay open while it runs).
@@ -184,7 +242,7 @@ def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[Server
             from tracegen.fleet.server import resolve_api_key
 
             api_key = resolve_api_key(fleet.api_key_conn_id)
-        in_flight = max(1, config.max_in_flight_per_server)
+        in_flight = starting_in_flight(config)
         yield [ServerEndpoint(h.url, api_key=api_key, max_in_flight=in_flight, name=h.label) for h in handles]
 
 
@@ -400,14 +458,14 @@ class RunRecord:
 
     run_id: str
     created_at: float
-    chunk_size: int
+    layout: ChunkLayout
     config: RunConfig
     fleet: dict[str, Any]
 
 
 def read_run_record(ledger: Ledger, run_id: str) -> RunRecord:
     doc = json.loads(ledger.get_run_file(run_id, RUN_FILE))
-    return RunRecord(doc["run_id"], float(doc["created_at"]), int(doc["chunk_size"]),
+    return RunRecord(doc["run_id"], float(doc["created_at"]), ChunkLayout.from_json(doc),
                      RunConfig.from_params(doc["config"]), doc["fleet"])
 
 
@@ -448,7 +506,7 @@ def unfinished_work(output_uri: str, aws_conn_id: str = "aws_default") -> list[d
         n_rows = dataset_index(record.config, ledger).n_rows
     except StorageKeyError:
         return []
-    work = chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), n_rows, record.chunk_size, record.config)
+    work = chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), n_rows, record.layout, record.config)
     log.info("%s: run %s has %d chunks with %d rows left", output_uri, record.run_id, len(work),
              sum(w.remaining for w in work))
     return [{"output_uri": output_uri, "run_id": record.run_id, **w.to_json()} for w in work]

@@ -59,10 +59,32 @@ def _check_int(name: str, value: int, minimum: int) -> int:
     return int(value)
 
 
-def chunks(n_rows: int, chunk_size: int) -> list[Chunk]:
+def chunks(n_rows: int, chunk_size: int, *, stagger: int = 0, first_size: int | None = None) -> list[Chunk]:
+    """The dataset cut into chunks of `chunk_size` rows, with a staggered start when `stagger` > 0.
+
+    `stagger` is how many chunk tasks run at once. The run starts that many together (the first chunks,
+    beside the pilot) and then, once the gate passes, that many more together. Tasks started together
+    end together: they share every server's queue evenly, so they advance at one rate. Their tails (the
+    long rows, after everything is sent) then coincide, and the whole fleet drains each time. So:
+    - the first `stagger` chunks hold `first_size` rows (default `chunk_size`), sized by the caller to
+      outlast the pilot, so they still feed the fleet while the gate audits;
+    - the next `stagger` chunks hold 1/stagger, 2/stagger, ..., all of `chunk_size`, so they end a
+      stagger'th of a chunk apart, as do the full chunks that follow them one for one;
+    - the rest hold `chunk_size`.
+    No chunk is larger than max(chunk_size, first_size).
+    """
     n_rows = _check_int("n_rows", n_rows, 0)
     chunk_size = _check_int("chunk_size", chunk_size, 1)
-    return [Chunk(i, s, min(s + chunk_size, n_rows)) for i, s in enumerate(range(0, n_rows, chunk_size))]
+    stagger = _check_int("stagger", stagger, 0)
+    first_size = chunk_size if first_size is None else _check_int("first_size", first_size, 1)
+    sizes = [first_size] * stagger + [math.ceil(chunk_size * (k + 1) / stagger) for k in range(stagger)]
+    out: list[Chunk] = []
+    start = 0
+    while start < n_rows:
+        size = sizes[len(out)] if len(out) < len(sizes) else chunk_size
+        out.append(Chunk(len(out), start, min(start + size, n_rows)))
+        start += size
+    return out
 
 
 def choose_chunk_size(n_rows: int, target: int, max_chunks: int = 512) -> int:

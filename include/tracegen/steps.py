@@ -154,7 +154,7 @@ def plan_run(run: dict[str, Any]) -> list[dict[str, Any]]:
     from tracegen.pipeline import prepare_run
 
     config, run_id, fleet = _run(run)
-    return [w.to_json() for w in prepare_run(config, run_id, fleet)]
+    return [w.to_json() for w in prepare_run(config, run_id, fleet, stagger=generate_chunk_concurrency())]
 
 
 def run_pilot(run: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, Any]:

@@ -26,7 +26,9 @@ from tracegen.storage import open_storage
 GENERATE = "tracegen_generate"
 RERUN = "tracegen_rerun_failed"
 CHUNK_TASKS = ("generate_alongside_pilot", "generate_chunk")
-N_ROWS = 240  # of the bundled prompts: 5 mapped chunks of 50 after a 40-row pilot
+# Of the bundled prompts: chunks of 50 staggered over 3 tasks at once (plan.chunks), i.e. three of 50
+# beside the 40-row pilot, then 17, 34 and the last 39 past the gate.
+N_ROWS = 240
 RUN_CONF = {"max_tokens": 8192, "pilot_size": 40, "chunk_size": 50, "teardown": True}
 
 
@@ -102,8 +104,8 @@ def test_generate_runs_on_celery_workers(cluster: AirflowCluster, api: AirflowAp
 
     states = {(t["task_id"], t["map_index"]): t["state"] for t in api.task_instances(GENERATE, run_id)}
     generated = [k for k in states if k[0] in CHUNK_TASKS]
-    # Five chunks: the first three beside the pilot, two past the gate.
-    assert sorted(k[0] for k in generated) == ["generate_alongside_pilot"] * 3 + ["generate_chunk"] * 2, states
+    # Six chunks: the first three beside the pilot, three past the gate.
+    assert sorted(k[0] for k in generated) == ["generate_alongside_pilot"] * 3 + ["generate_chunk"] * 3, states
     assert all(states[k] == "success" for k in generated), states
     assert states[("teardown_fleet", -1)] == "success" and states[("watcher", -1)] == "skipped", states
     _check_output(output, run_id)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import pytest
 
 from tracegen.autotune import InFlightLimit, Observation, TunePolicy, decide, parse_metrics
 from tracegen.client import ClientConfig, Sampling, SGLangClient
+from tracegen.config import RunConfig
+from tracegen.pipeline import starting_in_flight
 from tracegen.routing import ServerEndpoint
 
 POLICY = TunePolicy(headroom=0.5, shrink_at=2.0, ceiling=1024)
@@ -60,6 +63,20 @@ def test_a_cut_that_has_not_drained_yet_is_not_cut_again():
     assert decide(obs(running=64, queued=650, own_in_flight=120, limit=first), POLICY) == first
     # A client in its tail gives back from what it holds, not from a limit it no longer uses.
     assert decide(obs(running=64, queued=192, own_in_flight=40, limit=128), POLICY) == 40 - math.ceil(160 * 40 / 256)
+
+
+def test_a_chunk_task_joining_full_servers_trickles_until_the_others_drain():
+    # It starts at RunConfig.autotune_start_in_flight (8) beside tasks keeping the batch full and the
+    # target queue: it holds, so it does not take an equal share and end with them. When their tails thin
+    # the queue it tops up, and when the batch runs short it takes the whole deficit.
+    start = RunConfig(dataset_uri="-", output_uri="-").autotune_start_in_flight
+    assert decide(obs(running=64, queued=40, own_in_flight=start, limit=start), POLICY) == start
+    assert decide(obs(running=64, queued=12, own_in_flight=start, limit=start), POLICY) == start + 20
+    assert decide(obs(running=30, own_in_flight=start, limit=start), POLICY) == start + 34 + 32
+    # The chunk engine's servers start there; a fixed limit is used as it is.
+    config = RunConfig(dataset_uri="-", output_uri="-", max_in_flight_per_server=96)
+    assert starting_in_flight(config) == start
+    assert starting_in_flight(replace(config, autotune_in_flight=False)) == 96
 
 
 def test_shrinking_never_goes_below_the_floor_and_growth_stops_at_the_ceiling():

@@ -47,6 +47,26 @@ def test_chunks_cover_the_dataset_exactly() -> None:
         Chunk(0, 5, 5)
 
 
+def test_staggered_chunks_end_a_stagger_apart_and_cover_the_dataset() -> None:
+    # Three tasks at once: three first chunks (beside the pilot) of 1,000, then a third, two thirds and
+    # all of 512, then 512 each; a task taking the next chunk when one ends keeps the thirds' offsets.
+    plan = chunks(16_000, 512, stagger=3, first_size=1000)
+    sizes = [c.size for c in plan]
+    assert sizes[:7] == [1000, 1000, 1000, 171, 342, 512, 512]
+    assert set(sizes[5:-1]) == {512} and 0 < sizes[-1] <= 512
+    assert [c.index for c in plan] == list(range(len(plan)))
+    assert all(a.stop == b.start for a, b in zip(plan, plan[1:], strict=False))
+    assert plan[0].start == 0 and plan[-1].stop == 16_000
+    # Without a stagger, or with one, the dataset is covered; a small dataset ends mid-pattern.
+    assert chunks(240, 50, stagger=3) == [Chunk(0, 0, 50), Chunk(1, 50, 100), Chunk(2, 100, 150),
+                                          Chunk(3, 150, 167), Chunk(4, 167, 201), Chunk(5, 201, 240)]
+    assert chunks(100, 50, stagger=3, first_size=80) == [Chunk(0, 0, 80), Chunk(1, 80, 100)]
+    assert chunks(10, 4, stagger=0) == chunks(10, 4)
+    for bad in ({"stagger": -1}, {"stagger": 1.5}, {"first_size": 0}):
+        with pytest.raises(ValueError):
+            chunks(10, 4, **bad)
+
+
 def test_choose_chunk_size_keeps_mapped_tasks_well_under_1024() -> None:
     assert choose_chunk_size(913_786, 2000) == 2000  # 457 chunks
     size = choose_chunk_size(10_000_000, 2000)
