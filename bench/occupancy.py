@@ -305,7 +305,8 @@ def main() -> int:
         help="wall seconds between a task's end and the next task's start (scheduler latency)",
     )
     p.add_argument(
-        "--in-flight", type=int, default=None, help="max_in_flight_per_server (default: RunConfig's)"
+        "--in-flight", type=int, default=None,
+        help="max_in_flight_per_server: the fixed limit with --no-autotune (default: RunConfig's)",
     )
     p.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--baseline-concurrency", type=int, default=0, help="0: every slot of the fleet")
@@ -332,8 +333,9 @@ def main() -> int:
         f"fleet: {args.servers} stand-ins x {args.max_running} slots, time scale {args.time_scale:g}, "
         f"capacity {fleet.capacity_tokens_per_wall_s():,.0f} tok/wall-s; {args.rows:,} prompts, chunk "
         f"{args.chunk_size}, pilot {args.pilot}, {args.chunk_concurrency} chunk tasks at once, scheduler "
-        f"delay {args.sched_delay_s:g} s; tracegen in-flight/server {args.in_flight} "
-        f"({'auto-tuned' if args.autotune else 'fixed'}); baseline semaphore {baseline_conc}",
+        f"delay {args.sched_delay_s:g} s; tracegen in-flight/server "
+        f"{f'auto-tuned from {defaults.autotune_start_in_flight}' if args.autotune else f'{args.in_flight}, fixed'}; "
+        f"baseline semaphore {baseline_conc}",
         flush=True,
     )
     results: dict = {"args": vars(args), "caps": {}}

@@ -59,6 +59,9 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
     assert "audit_and_gate" in upstream["generate_chunk"]
     report = dag.get_task("final_report").upstream_task_ids
     assert {"generate_alongside_pilot", "generate_chunk"} <= report
+    # Teardown waits for the generation, not for the report (which reads only the ledger).
+    assert dag.get_task("teardown_fleet").upstream_task_ids == {"validate_run", "generate_alongside_pilot",
+                                                                 "generate_chunk"}
     assert {"generate_alongside_pilot", "generate_chunk", "audit_and_gate"} <= dag.get_task("watcher").upstream_task_ids
 
 
