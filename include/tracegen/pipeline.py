@@ -123,10 +123,10 @@ def choose_layout(config: RunConfig, n_rows: int, fleet: FleetSpec, stagger: int
     `FLEET_BATCHES_PER_CHUNK` of the fleet's batches, and the first chunks (beside the pilot) twice the
     pilot so they still run when the gate passes, instead of ending with the pilot and idling the fleet
     while the gate audits and the next chunk tasks start."""
-    slots = fleet_slots(fleet)
     if config.chunk_size:
         return ChunkLayout(config.chunk_size, stagger)
-    size = plan.choose_chunk_size(n_rows, max(TARGET_CHUNK_ROWS, FLEET_BATCHES_PER_CHUNK * (slots or 0)))
+    slots = fleet_slots(fleet) or 0
+    size = plan.choose_chunk_size(n_rows, max(TARGET_CHUNK_ROWS, FLEET_BATCHES_PER_CHUNK * slots))
     pilot = min(config.pilot_size, n_rows)
     return ChunkLayout(size, stagger, max(size, 2 * pilot))
 
