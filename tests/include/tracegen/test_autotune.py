@@ -70,6 +70,7 @@ def test_a_chunk_task_joining_full_servers_trickles_until_the_others_drain():
     # target queue: it holds, so it does not take an equal share and end with them. When their tails thin
     # the queue it tops up, and when the batch runs short it takes the whole deficit.
     start = RunConfig(dataset_uri="-", output_uri="-").autotune_start_in_flight
+    assert start <= 64 // 8, "the start must be a trickle against a 64-slot batch, not a batch"
     assert decide(obs(running=64, queued=40, own_in_flight=start, limit=start), POLICY) == start
     assert decide(obs(running=64, queued=12, own_in_flight=start, limit=start), POLICY) == start + 20
     assert decide(obs(running=30, own_in_flight=start, limit=start), POLICY) == start + 34 + 32
