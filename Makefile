@@ -18,7 +18,10 @@ AIRFLOW_ENV := AIRFLOW_HOME=$(STATE)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR
 $(VENV)/.installed: requirements.txt requirements-test.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv
-	$(UV) pip install --quiet --python $(PY) -r requirements-test.txt
+	# Bytecode now, not at first import: uv skips it by default, and where PYTHONDONTWRITEBYTECODE is set
+	# (it is on our build machines) every process would compile what it imports from source, every time:
+	# airflow.sdk took 3.1 s to import instead of 1.6 s, pandas 1.4 s instead of 0.4 s.
+	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements-test.txt
 	# Make `include/` importable as the `tracegen` package, as Airflow workers see it.
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tracegen-include.pth"
 	touch $@
