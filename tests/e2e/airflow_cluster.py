@@ -267,6 +267,8 @@ class AirflowCluster:
             "AIRFLOW__CELERY__BROKER_URL": f"redis://{self.services.redis_host}:{self.services.redis_port}/{self.redis_db}",
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.services.pg_url(self.database, "postgresql"),
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
+            # Workers import pandas & co. once, before forking task processes (as docker-compose.yaml).
+            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "tracegen.celery_config.CELERY_CONFIG",
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
             "AIRFLOW__API__BASE_URL": self.api_url,

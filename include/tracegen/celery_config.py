@@ -1,0 +1,27 @@
+"""Celery settings for tracegen's Airflow workers: Airflow's defaults, plus the heavy libraries imported once.
+
+Airflow 3's Celery worker forks a fresh process for every task, and a tracegen task's first act is to
+import pandas, numpy, pyarrow and httpx (~1.4 s of CPU, ~3 s of wall when the pilot and the first chunks
+start together on 2 cores). That cost falls where the fleet idles: between the trigger and the first
+request, and between the last row and the run's end. Imported once in the worker before it forks its
+pool, every task process inherits them.
+
+Only third-party libraries are preloaded: they change only with a reinstall, which restarts the workers
+anyway. `tracegen` itself is not, so a task always runs the include/ code on disk, as a DAG file would.
+
+Select it with `AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS=tracegen.celery_config.CELERY_CONFIG` on the
+workers (docker-compose.yaml and tests/e2e/airflow_cluster.py do).
+"""
+
+from __future__ import annotations
+
+from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
+
+# What a generation or report task imports before its first request (tracegen.ledger, .engine, .audit).
+PRELOADED_MODULES = ("numpy", "pandas", "pyarrow.parquet", "httpx")
+
+CELERY_CONFIG = {
+    **DEFAULT_CELERY_CONFIG,
+    # Celery imports these in the worker's main process before it forks its pool processes.
+    "imports": (*DEFAULT_CELERY_CONFIG.get("imports", ()), *PRELOADED_MODULES),
+}
