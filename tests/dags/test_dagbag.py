@@ -62,7 +62,12 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
     # Teardown waits for the generation, not for the report (which reads only the ledger).
     assert dag.get_task("teardown_fleet").upstream_task_ids == {"validate_run", "generate_alongside_pilot",
                                                                  "generate_chunk"}
-    assert {"generate_alongside_pilot", "generate_chunk", "audit_and_gate"} <= dag.get_task("watcher").upstream_task_ids
+    # The watcher fails the run on a failure the ALL_DONE report and teardown would hide; those two are
+    # leaves, so their own failure fails the run, and the watcher need not wait for them.
+    assert dag.get_task("watcher").upstream_task_ids == {"generate_alongside_pilot", "generate_chunk",
+                                                         "audit_and_gate"}
+    assert {t.task_id for t in dag.tasks if not t.downstream_task_ids} == {"final_report", "teardown_fleet",
+                                                                             "watcher"}
 
 
 def test_parsing_imports_nothing_heavy():
