@@ -112,10 +112,8 @@ class ChunkLayout:
 def fleet_slots(fleet: FleetSpec) -> int | None:
     """Requests the whole fleet decodes at once, when its flags say (`--max-running-requests`); without
     the flag each SGLang server sizes its batch from KV memory at start-up, which a plan cannot know."""
-    per_server = fleet.sglang_flags.get("--max-running-requests")
-    if type(per_server) is not int or per_server < 1:
-        return None
-    return per_server * len(fleet.servers())
+    per_server = fleet.max_running_requests
+    return None if per_server is None else per_server * len(fleet.servers())
 
 
 def choose_layout(config: RunConfig, n_rows: int, fleet: FleetSpec, stagger: int) -> ChunkLayout:

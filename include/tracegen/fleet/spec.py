@@ -22,6 +22,9 @@ MANAGED_FLAGS = frozenset(
     {"--model-path", "--model", "--host", "--port", "--api-key", "--served-model-name", "--base-gpu-id"}
 )
 
+# The one SGLang flag tracegen reads as well as passes on: the batch per server sizes the chunks.
+BATCH_FLAG = "--max-running-requests"
+
 _FLAG_NAME = re.compile(r"--[a-z0-9][a-z0-9-]*")
 # Paths and Hugging Face repo ids: no spaces, no shell metacharacters, no `..` components.
 _PATH_SEGMENT = r"[A-Za-z0-9_.+=@-]+"
@@ -55,6 +58,15 @@ def _check_plain_value(name: str, value: Any) -> None:
         raise FleetSpecError(f"{name}: {value!r} must be a string or a number")
     if isinstance(value, str) and _CONTROL.search(value):
         raise FleetSpecError(f"{name}: {value!r} contains a control character (newline, NUL, ...)")
+
+
+def _positive_int(value: Any) -> int | None:
+    """`value` as a count: an int, or its digits as a string (a command line's form), else None."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if type(value) is int and value >= 1:
+        return value
+    return None
 
 
 def is_loopback(bind_host: str) -> bool:
@@ -170,6 +182,12 @@ class FleetSpec:
                     _check_plain_value(f"sglang_flags[{flag}]", item)
             else:
                 _check_plain_value(f"sglang_flags[{flag}]", value)
+        batch = self.sglang_flags.get(BATCH_FLAG)
+        if batch is not None and batch is not False and _positive_int(batch) is None:
+            raise FleetSpecError(
+                f"sglang_flags[{BATCH_FLAG}]: {batch!r} must be a positive integer, the requests each server "
+                "decodes at once (tracegen sizes chunks from it)"
+            )
 
         if not isinstance(self.env, dict):
             raise FleetSpecError(f"env: {self.env!r} must be a mapping of name to value")
@@ -186,6 +204,13 @@ class FleetSpec:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= 86400:
                 raise FleetSpecError(f"{name}: {value!r} must be a number of seconds in {low}..86400")
+
+    @property
+    def max_running_requests(self) -> int | None:
+        """Requests each server decodes at once, when the flags set it; without the flag SGLang sizes its
+        batch from KV memory at start-up."""
+        batch = self.sglang_flags.get(BATCH_FLAG)
+        return None if batch is None or batch is False else _positive_int(batch)
 
     @property
     def model_name(self) -> str:

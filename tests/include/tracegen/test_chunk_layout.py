@@ -22,7 +22,7 @@ from tracegen.pipeline import (
 )
 
 
-def fleet(max_running: int | None = 64, gpus: int = 2) -> FleetSpec:
+def fleet(max_running: int | str | None = 64, gpus: int = 2) -> FleetSpec:
     flags = {} if max_running is None else {"--max-running-requests": max_running}
     return FleetSpec(hosts=(HostSpec("local", tuple(range(gpus))),), model_path="sim/m",
                      launch_module="tracegen.simulator", sglang_flags=flags)
@@ -32,6 +32,7 @@ def test_fleet_slots_come_from_the_flags_or_are_unknown() -> None:
     assert fleet_slots(fleet(64, gpus=2)) == 128
     assert fleet_slots(fleet(256, gpus=7)) == 1792
     assert fleet_slots(fleet(None)) is None  # SGLang sizes its batch from KV memory: a plan cannot know
+    assert fleet_slots(fleet("64", gpus=2)) == 128  # a fleet file may write it as on a command line
 
 
 def test_chosen_chunks_are_four_fleet_batches_and_the_first_ones_outlast_the_pilot(tmp_path: Path) -> None:

@@ -54,6 +54,10 @@ def test_from_json_roundtrip():
         ({"sglang_flags": {"--x": "a\nb"}}, "control character"),
         ({"sglang_flags": {"--x": {"a": 1}}}, "string or a number"),
         ({"sglang_flags": {"--x": []}}, "empty list"),
+        ({"sglang_flags": {"--max-running-requests": "lots"}}, "must be a positive integer"),
+        ({"sglang_flags": {"--max-running-requests": 0}}, "must be a positive integer"),
+        ({"sglang_flags": {"--max-running-requests": 2.5}}, "must be a positive integer"),
+        ({"sglang_flags": {"--max-running-requests": True}}, "must be a positive integer"),
         ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "CUDA_VISIBLE_DEVICES"),
         ({"env": {"A B": "x"}}, "environment variable"),
         ({"bind_host": "0.0.0.0"}, "api_key_conn_id"),
@@ -84,3 +88,9 @@ def test_network_bind_with_api_key_is_allowed():
 def test_invalid_json_is_a_clear_error():
     with pytest.raises(FleetSpecError, match="not valid JSON"):
         FleetSpec.from_json("{hosts: ")
+
+
+@pytest.mark.parametrize(("value", "batch"), [(64, 64), ("64", 64), (None, None), (False, None)])
+def test_the_batch_per_server_is_read_from_the_flags(value, batch):
+    flags = {} if value is None else {"--max-running-requests": value}
+    assert FleetSpec.from_dict(base(sglang_flags=flags)).max_running_requests == batch
