@@ -82,8 +82,9 @@ PARAMS = {
         title="Chunk size",
         description="Rows per mapped generation task; 0 chooses it: four batches of the whole fleet "
         "(--max-running-requests x GPUs) and at least 500, grown so the number of mapped tasks stays well "
-        "under Airflow's max_map_length (1024), with the first chunks twice the pilot. A few chunks after "
-        "the first are a third and two thirds of the size, so chunk tasks started together end apart.",
+        "under Airflow's max_map_length (1024), with the first chunks twice the pilot. The chunks that start "
+        "together when the gate passes are 1/N, 2/N ... N/N of the size (N chunk tasks at once, "
+        "TRACEGEN_CHUNK_CONCURRENCY), so they end apart.",
     ),
     "pilot_size": Param(DEFAULTS["pilot_size"], type="integer", minimum=0, maximum=1_000_000,
                         title="Pilot size",
