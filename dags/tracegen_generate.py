@@ -3,7 +3,8 @@
 
 Trigger with a `max_tokens` cap. The run:
 
-1. **validates** the params and the fleet description;
+1. **validates** the params and the fleet description (steps 2 and 3 start at the same time and
+   validate them too, so a bad param stops all three before anything is launched);
 2. **provisions** one SGLang server per GPU over SSH (healthy servers already serving the same model
    and flags are reused) and waits for health;
 3. **plans** the work from the ledger in the output root (rows already committed are never generated twice);
@@ -131,9 +132,12 @@ PARAMS = {
     max_active_runs=1,
 )
 def tracegen_generate():
+    # Validation, provisioning and planning start together: provision_fleet and plan_run validate the
+    # params themselves (a bad param fails all three, naming it, before anything is launched). The run's
+    # snapshot for every later task, the report and teardown included, is validate_run's.
     run = task(steps.validate_run, retries=0)()
-    servers = task(steps.provision_fleet)(run)
-    chunks = task(steps.plan_run, retries=0)(run)
+    servers = task(steps.provision_fleet)()
+    chunks = task(steps.plan_run, retries=0)()
     pilot = task(steps.run_pilot)(run, servers)
     lead = steps.generate_chunk_concurrency()
     # The gate passes on the chunks past the first `lead`; it fails (and they never start) on stop.

@@ -106,7 +106,11 @@ def _run(run: dict[str, Any]):
 
 
 def validate_run() -> dict[str, Any]:
-    """Params → validated RunConfig + fleet; a bad param fails here, naming it, before any GPU work."""
+    """Params → validated RunConfig + fleet; a bad param fails here, naming it, before any GPU work.
+
+    The run's snapshot for the tasks after the first ones. `provision_fleet` and `plan_run` call it
+    themselves instead of waiting for this task: they start with it, and the first request to the GPUs
+    comes one scheduler hand-off sooner (~1 s)."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from tracegen.config import ConfigError
@@ -126,7 +130,7 @@ def validate_run() -> dict[str, Any]:
             "teardown": bool(params.get("teardown", False))}
 
 
-def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
+def provision_fleet() -> list[dict[str, Any]]:
     """Launch or reuse one server per GPU and wait for health; check the cap fits the model's context."""
     import httpx
     from airflow.sdk.exceptions import AirflowFailException
@@ -134,7 +138,7 @@ def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
     from tracegen.config import ConfigError
     from tracegen.fleet import FleetConnection, provision
 
-    config, _, fleet = _run(run)
+    config, _, fleet = _run(validate_run())
     with FleetConnection(fleet) as connection:
         handles = provision(fleet, connection)
         for handle in handles:
@@ -149,11 +153,11 @@ def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"server": h.label, "pid": h.pid, "reused": h.reused} for h in handles]
 
 
-def plan_run(run: dict[str, Any]) -> list[dict[str, Any]]:
+def plan_run() -> list[dict[str, Any]]:
     """Chunks that still have work for this cap (the mapped fan-outs' input)."""
     from tracegen.pipeline import prepare_run
 
-    config, run_id, fleet = _run(run)
+    config, run_id, fleet = _run(validate_run())
     return [w.to_json() for w in prepare_run(config, run_id, fleet, stagger=generate_chunk_concurrency())]
 
 

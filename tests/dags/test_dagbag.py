@@ -56,6 +56,9 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
     upstream = {t: dag.get_task(t).upstream_task_ids for t in ("generate_alongside_pilot", "generate_chunk")}
     # Beside the pilot: needs the plan and the servers, not the pilot or its gate (DESIGN §8, occupancy).
     assert upstream["generate_alongside_pilot"] == {"validate_run", "provision_fleet", "plan_run"}
+    # The three start together (provisioning and planning validate the params themselves): the first
+    # request waits for one layer of tasks, not two.
+    assert all(not dag.get_task(t).upstream_task_ids for t in ("validate_run", "provision_fleet", "plan_run"))
     assert "audit_and_gate" in upstream["generate_chunk"]
     report = dag.get_task("final_report").upstream_task_ids
     assert {"generate_alongside_pilot", "generate_chunk"} <= report

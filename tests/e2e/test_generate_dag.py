@@ -245,3 +245,23 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow
     result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
     assert result.returncode == 0, result.stdout[-3000:]
     assert len(ledger_of(s3_uri).frame()) == before
+
+
+def test_a_bad_fleet_flag_fails_the_run_naming_it_before_anything_starts(airflow_env, dataset, fleet, tmp_path):
+    # validate_run, provision_fleet and plan_run start together and each validates the params: none may
+    # launch a server or write to the output root first.
+    spec = json.loads(fleet.read_text())
+    port = free_port_pair()
+    spec["hosts"][0]["base_port"] = port
+    spec["sglang_flags"]["--max-running-requests"] = "lots"
+    bad_fleet = tmp_path / "bad-fleet.json"
+    bad_fleet.write_text(json.dumps(spec))
+    output = tmp_path / "out"
+    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, str(output), bad_fleet))
+    assert result.returncode != 0
+    logs = result.stdout + result.stderr
+    assert "sglang_flags[--max-running-requests]: 'lots' must be a positive integer" in logs, logs[-3000:]
+    assert not output.exists() or not any(output.rglob("*")), "the output root was written to"
+    for gpu in (0, 1):
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port + gpu}/health", timeout=2)
