@@ -61,7 +61,7 @@ bench-occupancy: venv
 	$(PY) bench/occupancy.py
 
 # The same comparison with a whole tracegen_generate run on a real Airflow (PostgreSQL, CeleryExecutor on
-# Redis, as `make airflow-up`) and its bundled 2-GPU simulated fleet; about 15 minutes. Needs PostgreSQL and
+# Redis, as `make airflow-up`) and its bundled 2-GPU simulated fleet; about 13 minutes. Needs PostgreSQL and
 # Redis on loopback.
 .PHONY: bench-occupancy-airflow
 bench-occupancy-airflow: venv

@@ -23,8 +23,8 @@ the run triggered through the REST API.
     make bench-occupancy-airflow        # = .venv/bin/python bench/occupancy_airflow.py
     .venv/bin/python bench/occupancy_airflow.py --rows 1500 --time-scale 40    # smoke run, about 2 minutes
 
-Defaults: 16,000 prompts at time scale 8, cap 8192 — a tracegen run of about 7 minutes, long against the
-~11 s from the trigger to the first request; about 15 minutes in all on 2 cores (cluster start-up, warm-up
+Defaults: 16,000 prompts at time scale 8, cap 8192 — a tracegen run of about 6 minutes, long against the
+2–3 s from the trigger to the first request; about 13 minutes in all on 2 cores (cluster start-up, warm-up
 run, tracegen run, baseline). Needs PostgreSQL and Redis on loopback (docs/deployment.md), like
 `make airflow-up`. `--keep` keeps the work directory: Airflow's task logs, the output, results.json.
 """
