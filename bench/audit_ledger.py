@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tracegen.audit import audit, censoring_arrays
-from tracegen.capfit import cap_table, fit_lengths
+from tracegen.audit.capfit import cap_table, fit_lengths
+from tracegen.audit.stats import audit, censoring_arrays
 
 
 def synthetic_ledger(n: int, seed: int = 0) -> pd.DataFrame:

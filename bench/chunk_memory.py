@@ -63,7 +63,7 @@ def make_root(work: Path, n_rows: int, measured: list[tuple[int, int]]) -> dict:
     from tracegen.fleet import FleetSpec
     from tracegen.fleet.spec import HostSpec
     from tracegen.pipeline import open_ledger, prepare_run
-    from tracegen.records import OK, GeneratedRow
+    from tracegen.store.records import OK, GeneratedRow
 
     dataset = work / f"prompts-{n_rows}.jsonl"
     with open(dataset, "w") as f:
@@ -113,11 +113,11 @@ def peak_rss_mib() -> float:
 def child(job: dict) -> None:
     import numpy as np
 
-    from tracegen.client import ClientConfig
     from tracegen.config import RunConfig
-    from tracegen.engine import ChunkEngine
+    from tracegen.generate.engine import ChunkEngine
     from tracegen.pipeline import dataset_index, open_ledger
-    from tracegen.routing import ServerEndpoint
+    from tracegen.sglang.client import ClientConfig
+    from tracegen.sglang.routing import ServerEndpoint
 
     config = RunConfig.from_params(job["params"])
     ledger = open_ledger(config)

@@ -26,7 +26,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "include"))
 
-from tracegen.client import ClientConfig, Sampling, ServerEndpoint, SGLangClient  # noqa: E402
+from tracegen.sglang.client import ClientConfig, Sampling, ServerEndpoint, SGLangClient  # noqa: E402
 
 MODEL = "sim/bench"
 BUDGET_MS = 1.0

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tracegen.dataset import CountingSource, build_index, open_source, read_rows
+from tracegen.dataset.reader import CountingSource, build_index, open_source, read_rows
 from tracegen.sample_data import SAMPLE_DATASET
 
 

@@ -230,12 +230,12 @@ def run_baseline(fleet: Fleet, work: Path, dataset: Path, cap: int, concurrency:
 def tune_run(fleet: Fleet, work: Path, dataset: Path, cap: int, in_flight: int, autotune: bool,
              interval_s: float) -> dict:  # fmt: skip
     """One chunk of the whole dataset through the chunk engine, fixed or auto-tuned; wall time and tokens."""
-    from tracegen.client import ClientConfig
     from tracegen.config import RunConfig
-    from tracegen.engine import ChunkEngine
     from tracegen.fleet import FleetSpec
+    from tracegen.generate.engine import ChunkEngine
     from tracegen.pipeline import dataset_index, open_ledger, prepare_run
-    from tracegen.routing import ServerEndpoint
+    from tracegen.sglang.client import ClientConfig
+    from tracegen.sglang.routing import ServerEndpoint
 
     work.mkdir(parents=True)
     config = RunConfig(

@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from tracegen.ledger import SCHEMA, Ledger, entry_key, part_key
 from tracegen.plan import best_rows, choose_chunk_size, chunks, done_mask, remaining, remaining_per_chunk
-from tracegen.records import LEDGER_COLUMNS
-from tracegen.storage import LocalStorage
+from tracegen.store.ledger import SCHEMA, Ledger, entry_key, part_key
+from tracegen.store.records import LEDGER_COLUMNS
+from tracegen.store.storage import LocalStorage
 
 
 def synthetic_columns(n: int, rng: np.random.Generator) -> dict[str, list]:

@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    from tracegen.autotune import parse_metrics as parse
+    from tracegen.sglang.autotune import parse_metrics as parse
 
     return parse(text)
 

@@ -14,8 +14,8 @@ import time
 STARTED = time.time()  # before the heavy imports: start-up cost is part of a task's overhead
 
 from tracegen.config import RunConfig  # noqa: E402
-from tracegen.engine import PILOT_CHUNK  # noqa: E402
 from tracegen.fleet import FleetSpec  # noqa: E402
+from tracegen.generate.engine import PILOT_CHUNK  # noqa: E402
 from tracegen.pipeline import (  # noqa: E402
     ChunkWork,
     GateClosed,
@@ -28,7 +28,7 @@ from tracegen.pipeline import (  # noqa: E402
     run_chunk,
     starting_in_flight,
 )
-from tracegen.routing import ServerEndpoint  # noqa: E402
+from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
 
 
 def main(spec_path: str, out_path: str) -> int:

@@ -29,9 +29,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from tracegen.ledger import Ledger
     from tracegen.pipeline import audit_and_report, latest_run
-    from tracegen.storage import open_storage
+    from tracegen.store.ledger import Ledger
+    from tracegen.store.storage import open_storage
 
     ledger = Ledger(open_storage(_uri(args.output_uri), aws_conn_id=args.aws_conn_id))
     record = latest_run(ledger)

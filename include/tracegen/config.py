@@ -57,7 +57,7 @@ class RunConfig:
     part_seconds: float = 60.0
     max_in_flight_per_server: int = 128
     # True: each server's in-flight limit starts at autotune_start_in_flight and follows what the server
-    # reports (tracegen.autotune); False: max_in_flight_per_server is a fixed limit.
+    # reports (tracegen.sglang.autotune); False: max_in_flight_per_server is a fixed limit.
     autotune_in_flight: bool = True
     # A trickle, not a batch: a chunk task that starts while others keep the servers full then takes over
     # as they drain instead of taking an equal share at once (tasks with equal shares end together, and

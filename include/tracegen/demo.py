@@ -134,8 +134,8 @@ def main() -> int:
 
 
 def _rows_of_run(output: Path, run_id: str) -> int:
-    from tracegen.ledger import Ledger
-    from tracegen.storage import open_storage
+    from tracegen.store.ledger import Ledger
+    from tracegen.store.storage import open_storage
 
     frame = Ledger(open_storage(str(output))).frame()
     return int((frame["run_id"] == run_id).sum())

@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
-from tracegen.dataset import InvalidRow, read_rows
-from tracegen.ledger import Ledger
+from tracegen.dataset.reader import InvalidRow, read_rows
 from tracegen.pipeline import dataset_index, latest_run
-from tracegen.records import OK, GeneratedRow
-from tracegen.storage import open_storage
+from tracegen.store.ledger import Ledger
+from tracegen.store.records import OK, GeneratedRow
+from tracegen.store.storage import open_storage
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import numpy as np
 from tracegen import plan
 from tracegen.config import RunConfig
 from tracegen.fleet import FleetConnection, FleetSpec, provision
-from tracegen.ledger import Ledger
-from tracegen.routing import ServerEndpoint
-from tracegen.storage import StorageKeyError, open_storage
+from tracegen.sglang.routing import ServerEndpoint
+from tracegen.store.ledger import Ledger
+from tracegen.store.storage import StorageKeyError, open_storage
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def open_ledger(config: RunConfig) -> Ledger:
 
 def dataset_index(config: RunConfig, ledger: Ledger, *, build: bool = False):
     """The dataset's row index, stored in the output root so mapped tasks never rescan the dataset."""
-    from tracegen.dataset import DatasetIndex, build_index
+    from tracegen.dataset.reader import DatasetIndex, build_index
 
     storage = ledger.storage
     if not build:
@@ -164,7 +164,7 @@ def pilot_indices(config: RunConfig, n_rows: int) -> np.ndarray:
 def continuous_gate(config: RunConfig) -> str | None:
     """Why a chunk must not start (the running truncation rate is over the threshold with confidence),
     or None. Catches a bad cap even when the pilot was skipped."""
-    from tracegen import gate
+    from tracegen.audit import gate
 
     if config.gate_mode != "stop":
         return None
@@ -197,7 +197,7 @@ class PilotGateWatch:
         self.closed: str | None = None  # why the gate stopped the run, once it has
 
     def __call__(self, truncated: int = 0, judged: int = 0) -> str | None:
-        from tracegen import gate
+        from tracegen.audit import gate
 
         if self._settled:
             return self.closed
@@ -260,7 +260,7 @@ def run_chunk(
 
     `stop_check` (polled while generating) may stop the chunk early; it then raises `ChunkInterrupted`
     after committing what finished."""
-    from tracegen.engine import ChunkEngine
+    from tracegen.generate.engine import ChunkEngine
 
     ledger = open_ledger(config)
     index = dataset_index(config, ledger)
@@ -296,7 +296,7 @@ def generate_chunk_work(
     `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
     leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes.
     """
-    from tracegen.engine import ChunkInterrupted
+    from tracegen.generate.engine import ChunkInterrupted
 
     verdict = continuous_gate(config)
     if verdict is not None:
@@ -342,8 +342,8 @@ def gate_counts(frame, max_tokens: int) -> tuple[int, int]:
     counts as complete. A row truncated under a lower cap and kept (`truncated_policy=keep`) says
     nothing about this cap, so it is left out rather than counted either way.
     """
-    from tracegen.audit import current_mask
-    from tracegen.records import OK
+    from tracegen.audit.stats import current_mask
+    from tracegen.store.records import OK
 
     if len(frame) == 0:
         return 0, 0
@@ -365,8 +365,8 @@ def audit_and_report(
     context_length: int | None = None,
 ) -> ReportOutcome:
     """Audit the ledger (all of it, or only `indices`), decide the gate, write `runs/<run_id>/<name>.{json,html}`."""
-    from tracegen import capfit, gate, report
-    from tracegen.audit import audit, censoring_arrays
+    from tracegen.audit import capfit, gate, report
+    from tracegen.audit.stats import audit, censoring_arrays
 
     ledger = open_ledger(config)
     full = ledger.frame(compact_over=COMPACT_OVER)
@@ -418,7 +418,7 @@ def _rows_remaining(config: RunConfig, ledger: Ledger, frame) -> int:
 
 def _example_rows(ledger: Ledger, frame, per_outcome: int = 3) -> dict[str, list[dict[str, Any]]]:
     """A few full rows per outcome (truncated in thinking / in answer, errors), read from their parts."""
-    from tracegen.records import OK
+    from tracegen.store.records import OK
 
     if len(frame) == 0 or "part" not in frame.columns:
         return []

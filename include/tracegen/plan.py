@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tracegen.records import FAILED, INVALID, OK, REJECTED
+from tracegen.store.records import FAILED, INVALID, OK, REJECTED
 
 TRUNCATED_POLICIES = ("keep", "regenerate")
 # Airflow's [core] max_map_length is 1024; stay well below it so reruns and the grid view stay sane.

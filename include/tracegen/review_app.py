@@ -2,7 +2,7 @@
 
 A FastAPI app that `plugins/tracegen_review.py` mounts into Airflow's api-server under `/tracegen`.
 It only reads what `tracegen.pipeline.audit_and_report` stored (`runs/<run_id>/{pilot-report,report}.
-{json,html}` and `run.json`) through `tracegen.storage`, so local and s3:// output roots look the same.
+{json,html}` and `run.json`) through `tracegen.store.storage`, so local and s3:// output roots look the same.
 
 Every route requires an Airflow user allowed to see plugin views: mounted plugin apps are NOT
 authenticated by the api-server, so the app checks it itself with Airflow's own user resolution
@@ -126,7 +126,7 @@ def _created(run_doc: dict[str, Any] | None, report: dict[str, Any] | None) -> s
 
 
 def _get_json(ledger: Any, run_id: str, name: str) -> dict[str, Any] | None:
-    from tracegen.storage import StorageKeyError
+    from tracegen.store.storage import StorageKeyError
 
     try:
         doc = json.loads(ledger.get_run_file(run_id, name))
@@ -167,8 +167,8 @@ def summarise_run(ledger: Any, run_id: str, present: set[str]) -> RunSummary:
 
 def list_root(uri: str, limit: int = MAX_RUNS_PER_ROOT) -> RootListing:
     """Runs of one output root, newest first. A root that cannot be read says why instead of failing."""
-    from tracegen.ledger import RUNS_DIR, Ledger
-    from tracegen.storage import open_storage
+    from tracegen.store.ledger import RUNS_DIR, Ledger
+    from tracegen.store.storage import open_storage
 
     key = root_key(uri)
     try:
@@ -305,8 +305,8 @@ def create_app(roots: Callable[[], list[str]] = configured_roots) -> FastAPI:
         return {root_key(u): u for u in uris}, []
 
     def open_ledger(key: str):
-        from tracegen.ledger import Ledger
-        from tracegen.storage import open_storage
+        from tracegen.store.ledger import Ledger
+        from tracegen.store.storage import open_storage
 
         if not _ROOT_KEY_RE.fullmatch(key):
             raise HTTPException(404, f"invalid output root key {key!r}")
@@ -349,7 +349,7 @@ def create_app(roots: Callable[[], list[str]] = configured_roots) -> FastAPI:
 
     @app.get("/roots/{root}/runs/{run_id}/{name}", name="report_file")
     def report_file(request: Request, root: str, run_id: str, name: str) -> Response:
-        from tracegen.storage import StorageError, StorageKeyError
+        from tracegen.store.storage import StorageError, StorageKeyError
 
         check_run_id(run_id)
         if name not in REPORT_FILES:
@@ -367,7 +367,7 @@ def create_app(roots: Callable[[], list[str]] = configured_roots) -> FastAPI:
     @app.get("/runs/{run_id}", name="run_report")
     def run_report(request: Request, run_id: str, dag_id: str | None = None) -> Response:
         """The Airflow DAG run's report (final if written, else the pilot's), found in any output root."""
-        from tracegen.storage import StorageError
+        from tracegen.store.storage import StorageError
 
         try:
             stored = safe_run_id(run_id)  # Airflow run ids carry ':' and '+'; storage has them replaced
@@ -410,7 +410,7 @@ def create_app(roots: Callable[[], list[str]] = configured_roots) -> FastAPI:
 @asynccontextmanager
 async def _warm_imports(app: FastAPI) -> AsyncIterator[None]:
     """Import the storage readers (pandas) when the api-server starts, not on a reviewer's first click."""
-    import tracegen.ledger  # noqa: F401
+    import tracegen.store.ledger  # noqa: F401
 
     yield
 

@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
-from tracegen.audit import current_mask
-from tracegen.ledger import Ledger
+from tracegen.audit.stats import current_mask
 from tracegen.pipeline import dataset_index, latest_run, read_run_record
-from tracegen.records import FAILED, INVALID, OK, REJECTED
-from tracegen.storage import StorageKeyError, open_storage
+from tracegen.store.ledger import Ledger
+from tracegen.store.records import FAILED, INVALID, OK, REJECTED
+from tracegen.store.storage import StorageKeyError, open_storage
 
 RATE_WINDOW_S = 600.0  # rate and ETA from the last ten minutes of commits of the newest run
 

@@ -163,7 +163,7 @@ def plan_run() -> list[dict[str, Any]]:
 
 def run_pilot(run: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, Any]:
     """Generate the pilot sample; its rows are committed like any other and never generated twice."""
-    from tracegen.engine import PILOT_CHUNK
+    from tracegen.generate.engine import PILOT_CHUNK
     from tracegen.pipeline import dataset_index, open_ledger, pilot_indices, run_chunk
 
     config, run_id, fleet = _run(run)
@@ -307,9 +307,9 @@ def find_unfinished_work() -> list[dict[str, Any]]:
 def rerun_unfinished(work: dict[str, Any]) -> dict[str, Any]:
     """Regenerate what is left of one chunk with the config its run was meant to have."""
     from tracegen.fleet import FleetSpec
-    from tracegen.ledger import Ledger
     from tracegen.pipeline import ChunkWork, read_run_record, run_chunk
-    from tracegen.storage import open_storage
+    from tracegen.store.ledger import Ledger
+    from tracegen.store.storage import open_storage
 
     chunk = ChunkWork(work["chunk"], work["start"], work["stop"], work["remaining"])
     _context()["chunk_label"] = f"{work['run_id']} {chunk.label}"

@@ -79,7 +79,7 @@ def test_parsing_imports_nothing_heavy():
     probe = (
         "import sys, runpy, json\n"
         f"for f in {sorted(str(p) for p in DAGS.glob('*.py'))!r}: runpy.run_path(f)\n"
-        "heavy = ['pandas', 'numpy', 'pyarrow', 'scipy', 'tracegen.engine', 'tracegen.pipeline', 'tracegen.client']\n"
+        "heavy = ['pandas', 'numpy', 'pyarrow', 'scipy', 'tracegen.generate.engine', 'tracegen.pipeline', 'tracegen.sglang.client']\n"
         "print(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

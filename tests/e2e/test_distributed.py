@@ -18,10 +18,10 @@ import pytest
 from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError
 
 from tracegen.config import SAMPLE_DATASET
-from tracegen.ledger import Ledger
-from tracegen.records import FAILED
 from tracegen.status import dataset_status
-from tracegen.storage import open_storage
+from tracegen.store.ledger import Ledger
+from tracegen.store.records import FAILED
+from tracegen.store.storage import open_storage
 
 GENERATE = "tracegen_generate"
 RERUN = "tracegen_rerun_failed"

@@ -21,11 +21,11 @@ import pytest
 
 from tracegen.config import SAMPLE_DATASET, RunConfig
 from tracegen.fleet import FleetSpec, status, teardown
-from tracegen.ledger import Ledger
 from tracegen.pipeline import pilot_indices
-from tracegen.records import FAILED, GeneratedRow
 from tracegen.status import dataset_status
-from tracegen.storage import open_storage
+from tracegen.store.ledger import Ledger
+from tracegen.store.records import FAILED, GeneratedRow
+from tracegen.store.storage import open_storage
 
 ROOT = Path(__file__).resolve().parents[2]
 N_ROWS = 600

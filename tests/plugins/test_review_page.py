@@ -40,7 +40,7 @@ def _post(url: str, **kwargs) -> httpx.Response:
 
 
 def _rows(run_id: str, cap: int, indices: range, truncated_every: int):
-    from tracegen.records import FAILED, OK, GeneratedRow
+    from tracegen.store.records import FAILED, OK, GeneratedRow
 
     rows = []
     for i in indices:
@@ -62,9 +62,9 @@ def _rows(run_id: str, cap: int, indices: range, truncated_every: int):
 def build_output_root(root: Path) -> None:
     """Two runs through the real ledger and report code: 4096 stopped by the gate, then 8192 passing."""
     from tracegen.config import RunConfig, safe_run_id
-    from tracegen.ledger import Ledger
     from tracegen.pipeline import RUN_FILE, audit_and_report
-    from tracegen.storage import open_storage
+    from tracegen.store.ledger import Ledger
+    from tracegen.store.storage import open_storage
 
     ledger = Ledger(open_storage(str(root)))
     ledger.bind_dataset("test-fingerprint", {"uri": "test", "rows": 400})

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tracegen.dataset_index import write_multimember_gzip
+from tracegen.dataset.index import write_multimember_gzip
 from tracegen.sample_data import SAMPLE_DATASET, SAMPLE_ROWS
 
 SEED = 20240913

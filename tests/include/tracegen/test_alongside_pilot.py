@@ -20,7 +20,7 @@ from engine_support.helpers import (
     write_dataset,
 )
 
-from tracegen.engine import ChunkInterrupted
+from tracegen.generate.engine import ChunkInterrupted
 from tracegen.pipeline import (
     PILOT_REPORT,
     ChunkWork,

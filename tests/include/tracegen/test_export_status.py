@@ -20,8 +20,8 @@ from engine_support.helpers import make_config, prepare, prompt, write_dataset
 
 from tracegen.export import ExportError, export_dataset
 from tracegen.pipeline import open_ledger
-from tracegen.records import FAILED, OK, REJECTED, GeneratedRow
 from tracegen.status import dataset_status, format_status
+from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow
 
 
 def _row(i: int, run: str, cap: int, status: str = OK, finish: str | None = "stop", tokens: int = 100) -> GeneratedRow:

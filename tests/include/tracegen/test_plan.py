@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracegen.ledger import Ledger, empty_frame, rows_to_frame
 from tracegen.plan import (
     Chunk,
     best_rows,
@@ -20,8 +19,9 @@ from tracegen.plan import (
     remaining,
     remaining_per_chunk,
 )
-from tracegen.records import FAILED, INVALID, OK, REJECTED, GeneratedRow
-from tracegen.storage import LocalStorage
+from tracegen.store.ledger import Ledger, empty_frame, rows_to_frame
+from tracegen.store.records import FAILED, INVALID, OK, REJECTED, GeneratedRow
+from tracegen.store.storage import LocalStorage
 
 
 def r(index: int, status: str = OK, finish: str | None = "stop", cap: int = 4096, run: str = "r1",

@@ -1,0 +1,594 @@
+"""The one-time index pass over a dataset file, so each chunk task reads only its own rows.
+
+A dataset is cut into *blocks*: runs of consecutive rows that can be read without reading
+anything before them. The index records, per block, its first row and (for JSONL) its byte
+offset, plus `n_rows` and a sha256 fingerprint of the file's bytes computed in the same pass.
+
+- Plain JSONL: a checkpoint every `stride` rows (offset of that row's line). A chunk reads from
+  the checkpoint at or before its first row to the one after its last row: O(chunk) bytes plus
+  at most 2*(stride-1) neighbouring lines. Sparse checkpoints keep the index small (a 1M-row
+  file at stride 32 gives ~31k offsets, tens of KB) because every mapped task loads it.
+- gzip JSONL: gzip cannot seek inside a stream, but independent *members* can be read alone.
+  A multi-member file whose members end on line boundaries and hold <= `max_block_rows` rows
+  is indexed in place (member offsets are the blocks). Anything else (the common single-stream
+  `.gz`) is rewritten once as a multi-member copy of `stride`-row members into `cache_uri`;
+  the index then points at the copy (`data_uri`) while the fingerprint stays the original's.
+- Parquet: row groups are the blocks. Row groups larger than `max_block_rows` (pyarrow's default
+  is a million rows) get the same treatment: a one-time copy with small row groups.
+
+Blank lines are not rows; a row's index is its position among the non-blank lines (or Parquet
+rows), which is stable because the fingerprint pins the bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracegen.dataset.source import (
+    ByteSource,
+    DatasetError,
+    SourceFile,
+    open_source,
+    split_uri,
+)
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("jsonl", "jsonl.gz", "parquet")
+INDEX_SCHEMA = 1
+DEFAULT_STRIDE = 32
+DEFAULT_MAX_BLOCK_ROWS = 4096
+PARQUET_COPY_ROW_GROUP = 512
+_SCAN_BLOCK = 8 << 20
+# Largest single range request while reading a chunk: bounds a chunk task's memory whatever its size.
+_WINDOW_BYTES = 4 << 20
+_WS = frozenset(b" \t\r\n\f\v")
+
+
+def default_cache_dir() -> str:
+    """Where seekable copies go when the caller names no cache: worker-local, so say so in logs."""
+    return os.environ.get("TRACEGEN_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tracegen", "datasets"
+    )
+
+
+def _pack(values: np.ndarray) -> str:
+    deltas = np.diff(values.astype(np.int64), prepend=np.int64(0))
+    return base64.b64encode(zlib.compress(deltas.astype("<i8").tobytes(), 9)).decode("ascii")
+
+
+def _unpack(text: str) -> np.ndarray:
+    try:
+        raw = zlib.decompress(base64.b64decode(text))
+    except (ValueError, zlib.error) as exc:
+        raise DatasetError(f"dataset index: corrupt block table ({exc})") from None
+    return np.cumsum(np.frombuffer(raw, dtype="<i8")).astype(np.int64)
+
+
+@dataclass
+class DatasetIndex:
+    """What a chunk task needs to read rows [start, stop) of a dataset without scanning it."""
+
+    source_uri: str  # the dataset as the operator named it
+    data_uri: str  # what is actually read: the source, or its seekable copy
+    format: str  # one of FORMATS, of data_uri
+    n_rows: int
+    fingerprint: str  # "sha256:<hex>" of source_uri's bytes
+    source_size: int
+    data_size: int
+    block_rows: np.ndarray  # first row of each block, ascending
+    block_offsets: np.ndarray | None = None  # byte offset of each block in data_uri (JSONL, gzip)
+    stride: int = DEFAULT_STRIDE
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise DatasetError(f"dataset index: format {self.format!r} is not one of {FORMATS}")
+        if self.n_rows < 0:
+            raise DatasetError(f"dataset index: n_rows {self.n_rows} < 0")
+        if not self.fingerprint.startswith("sha256:"):
+            raise DatasetError(f"dataset index: fingerprint {self.fingerprint!r} is not sha256:<hex>")
+        self.block_rows = np.asarray(self.block_rows, dtype=np.int64)
+        if self.block_offsets is not None:
+            self.block_offsets = np.asarray(self.block_offsets, dtype=np.int64)
+            if len(self.block_offsets) != len(self.block_rows):
+                raise DatasetError("dataset index: block_rows and block_offsets differ in length")
+        if self.format != "parquet" and self.block_offsets is None:
+            raise DatasetError(f"dataset index: format {self.format} needs block_offsets")
+        if len(self.block_rows) and (np.any(np.diff(self.block_rows) < 0) or self.block_rows[0] != 0):
+            raise DatasetError("dataset index: block_rows must start at 0 and never decrease")
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.block_rows)
+
+    def blocks_for(self, start: int, stop: int) -> tuple[int, int]:
+        """Block range [lo, hi) covering rows [start, stop)."""
+        if not 0 <= start <= stop <= self.n_rows:
+            raise DatasetError(f"dataset {self.source_uri}: rows [{start}, {stop}) outside [0, {self.n_rows})")
+        if start == stop:
+            return 0, 0
+        lo = int(np.searchsorted(self.block_rows, start, side="right")) - 1
+        hi = int(np.searchsorted(self.block_rows, stop - 1, side="right"))
+        return lo, hi
+
+    def block_span(self, lo: int, hi: int) -> tuple[int, int]:
+        """Byte range [begin, end) of blocks [lo, hi) in data_uri (JSONL and gzip)."""
+        assert self.block_offsets is not None
+        begin = int(self.block_offsets[lo])
+        end = int(self.block_offsets[hi]) if hi < self.n_blocks else self.data_size
+        return begin, end
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": INDEX_SCHEMA,
+            "source_uri": self.source_uri,
+            "data_uri": self.data_uri,
+            "format": self.format,
+            "n_rows": self.n_rows,
+            "fingerprint": self.fingerprint,
+            "source_size": self.source_size,
+            "data_size": self.data_size,
+            "stride": self.stride,
+            "n_blocks": self.n_blocks,
+            "block_rows": _pack(self.block_rows),
+            "block_offsets": None if self.block_offsets is None else _pack(self.block_offsets),
+            "notes": self.notes,
+        }
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_json(), indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DatasetIndex:
+        if not isinstance(data, dict) or data.get("schema") != INDEX_SCHEMA:
+            raise DatasetError(f"dataset index: unknown schema {data.get('schema') if isinstance(data, dict) else data!r}")
+        try:
+            index = cls(
+                source_uri=data["source_uri"],
+                data_uri=data["data_uri"],
+                format=data["format"],
+                n_rows=int(data["n_rows"]),
+                fingerprint=data["fingerprint"],
+                source_size=int(data["source_size"]),
+                data_size=int(data["data_size"]),
+                block_rows=_unpack(data["block_rows"]),
+                block_offsets=None if data["block_offsets"] is None else _unpack(data["block_offsets"]),
+                stride=int(data["stride"]),
+                notes=list(data.get("notes", [])),
+            )
+        except KeyError as exc:
+            raise DatasetError(f"dataset index: missing field {exc.args[0]!r}") from None
+        if index.n_blocks != data.get("n_blocks", index.n_blocks):
+            raise DatasetError("dataset index: block table length does not match n_blocks")
+        return index
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> DatasetIndex:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise DatasetError(f"dataset index: not JSON ({exc})") from None
+        return cls.from_json(data)
+
+    def save(self, uri: str, aws_conn_id: str = "aws_default") -> None:
+        """Store the index as one small file (local path, file:// or s3://), atomically."""
+        _put(uri, self.to_bytes(), aws_conn_id)
+
+    @classmethod
+    def load(cls, uri: str, aws_conn_id: str = "aws_default") -> DatasetIndex:
+        source = open_source(uri, aws_conn_id)
+        return cls.from_bytes(source.read(0, source.size()))
+
+
+# ---------------------------------------------------------------- writing helpers
+
+
+def _put(uri: str, data: bytes, aws_conn_id: str) -> None:
+    root, key = split_uri(uri)
+    if key is None:
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(root), prefix=".tmp-")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, root)
+        return
+    from tracegen.store.storage import open_storage
+
+    open_storage(root, aws_conn_id=aws_conn_id).put(key, data)
+
+
+def _publish(tmp_path: str, uri: str, aws_conn_id: str) -> None:
+    root, key = split_uri(uri)
+    if key is None:
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        os.replace(tmp_path, root)
+        return
+    # The storage interface takes whole objects; a seekable copy is about the size of the
+    # compressed source, so this holds it in memory once, at index time only.
+    with open(tmp_path, "rb") as fh:
+        _put(uri, fh.read(), aws_conn_id)
+    os.unlink(tmp_path)
+
+
+def write_multimember_gzip(lines: Iterable[bytes], out: io.BufferedIOBase, rows_per_member: int) -> list[int]:
+    """Write rows as independent gzip members of `rows_per_member` rows; returns member offsets.
+
+    mtime=0 and no file name keep the bytes deterministic (the sample dataset is byte-reproducible).
+    """
+    offsets: list[int] = []
+    pos = 0
+    batch: list[bytes] = []
+
+    def flush() -> None:
+        nonlocal pos
+        member = gzip.compress(b"".join(batch), compresslevel=9, mtime=0)
+        offsets.append(pos)
+        out.write(member)
+        pos += len(member)
+        batch.clear()
+
+    for line in lines:
+        batch.append(line if line.endswith(b"\n") else line + b"\n")
+        if len(batch) >= rows_per_member:
+            flush()
+    if batch:
+        flush()
+    return offsets
+
+
+def _is_row(line: bytes) -> bool:
+    # Almost every line starts with '{': skip the strip() copy for those.
+    return bool(line) and (line[0] not in _WS or bool(line.strip()))
+
+
+# ---------------------------------------------------------------- the index pass
+
+
+def sniff_format(source: ByteSource) -> str:
+    """Format by content, not extension: gzip magic, Parquet magic, else JSONL."""
+    head = source.read(0, 4)
+    if head[:2] == b"\x1f\x8b":
+        return "jsonl.gz"
+    if head == b"PAR1":
+        return "parquet"
+    return "jsonl"
+
+
+def build_index(
+    uri: str,
+    *,
+    cache_uri: str | None = None,
+    stride: int = DEFAULT_STRIDE,
+    max_block_rows: int = DEFAULT_MAX_BLOCK_ROWS,
+    aws_conn_id: str = "aws_default",
+    source: ByteSource | None = None,
+) -> DatasetIndex:
+    """Scan the dataset once: row count, block table, sha256 fingerprint (and a seekable copy if needed).
+
+    `cache_uri` is the directory (local or s3://) for seekable copies; pass a location every
+    worker can read, e.g. `<output_root>/cache`. `source` overrides how bytes are read (tests
+    count bytes through it).
+    """
+    if stride < 1 or max_block_rows < stride:
+        raise DatasetError(f"build_index: need 1 <= stride ({stride}) <= max_block_rows ({max_block_rows})")
+    src = source or open_source(uri, aws_conn_id)
+    fmt = sniff_format(src)
+    if fmt == "jsonl":
+        index = _index_jsonl(uri, src, stride)
+    elif fmt == "jsonl.gz":
+        index = _index_gzip(uri, src, stride, max_block_rows, cache_uri, aws_conn_id)
+    else:
+        index = _index_parquet(uri, src, max_block_rows, cache_uri, aws_conn_id)
+    log.info(
+        "indexed %s: %d rows, %d blocks, format %s, %s%s",
+        uri, index.n_rows, index.n_blocks, index.format, index.fingerprint[:19],
+        f", reading copy {index.data_uri}" if index.data_uri != uri else "",
+    )
+    return index
+
+
+def _index_jsonl(uri: str, src: ByteSource, stride: int) -> DatasetIndex:
+    hasher = hashlib.sha256()
+    raw = SourceFile(src, on_read=lambda _pos, data: hasher.update(data))
+    size = raw.size()
+    offsets: list[int] = []
+    pos = row = 0
+    for line in io.BufferedReader(raw, buffer_size=_SCAN_BLOCK):
+        if _is_row(line):
+            if row % stride == 0:
+                offsets.append(pos)
+            row += 1
+        pos += len(line)
+    if pos != size:
+        raise DatasetError(f"dataset {uri}: read {pos} bytes of {size}; did the file change during indexing?")
+    return DatasetIndex(
+        source_uri=uri, data_uri=uri, format="jsonl", n_rows=row, fingerprint="sha256:" + hasher.hexdigest(),
+        source_size=size, data_size=size, block_rows=np.arange(len(offsets), dtype=np.int64) * stride,
+        block_offsets=np.asarray(offsets, dtype=np.int64), stride=stride,
+    )
+
+
+class _NeedsCopy(Exception):
+    """The gzip file is not seekable in place (why is the message)."""
+
+
+def _iter_scan(src: ByteSource, hasher: Any) -> Iterator[bytes]:
+    size = src.size()
+    pos = 0
+    while pos < size:
+        block = src.read(pos, min(_SCAN_BLOCK, size - pos))
+        if not block:
+            raise DatasetError(f"dataset {src.uri}: short read at byte {pos} of {size}")
+        hasher.update(block)
+        pos += len(block)
+        yield block
+
+
+def _gunzip_stream(uri: str, blocks: Iterable[bytes], on_member_end: Any = None) -> Iterator[bytes]:
+    """Decompress a (multi-member) gzip stream; on_member_end(compressed_end_offset) at each member end."""
+    d = zlib.decompressobj(31)
+    fed = False  # the current member has seen input: ending now means the file was cut short
+    consumed = 0
+    try:
+        for block in blocks:
+            data = block
+            while data:
+                fed = True
+                out = d.decompress(data)
+                if out:
+                    yield out
+                if d.eof:
+                    rest = d.unused_data
+                    consumed += len(data) - len(rest)
+                    if on_member_end is not None:
+                        on_member_end(consumed)
+                    d = zlib.decompressobj(31)
+                    fed = False
+                    data = rest
+                else:
+                    consumed += len(data)
+                    data = b""
+    except zlib.error as exc:
+        raise DatasetError(f"dataset {uri}: corrupt gzip data near compressed byte {consumed} ({exc})") from None
+    if fed:
+        raise DatasetError(f"dataset {uri}: truncated gzip stream (ends inside a member at byte {consumed})")
+
+
+def _split_rows(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Non-blank lines of a byte stream cut at arbitrary places."""
+    carry = b""
+    for chunk in chunks:
+        lines = (carry + chunk).split(b"\n")
+        carry = lines.pop()
+        for line in lines:
+            if _is_row(line):
+                yield line
+    if _is_row(carry):
+        yield carry
+
+
+def _index_gzip(
+    uri: str, src: ByteSource, stride: int, max_block_rows: int, cache_uri: str | None, aws_conn_id: str
+) -> DatasetIndex:
+    try:
+        return _index_gzip_in_place(uri, src, max_block_rows)
+    except _NeedsCopy as why:
+        reason = str(why)
+    cache = cache_uri or default_cache_dir()
+    log.warning(
+        "dataset %s is not seekable as it is (%s): writing a seekable multi-member copy (%d rows per member) "
+        "into %s, once%s", uri, reason, stride, cache,
+        "" if cache_uri else " (worker-local cache: pass cache_uri under the output root for remote workers)",
+    )
+    hasher = hashlib.sha256()
+    local_dir = split_uri(cache)[0] if split_uri(cache)[1] is None else None
+    if local_dir:
+        os.makedirs(local_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=local_dir, prefix=".tracegen-copy-", suffix=".jsonl.gz")
+    n_rows = 0
+
+    def counted(rows: Iterator[bytes]) -> Iterator[bytes]:
+        nonlocal n_rows
+        for line in rows:
+            n_rows += 1
+            yield line
+
+    try:
+        with os.fdopen(fd, "wb") as out:
+            offsets = write_multimember_gzip(
+                counted(_split_rows(_gunzip_stream(uri, _iter_scan(src, hasher)))), out, stride
+            )
+            out.flush()
+            os.fsync(out.fileno())
+            data_size = out.tell()
+        fingerprint = "sha256:" + hasher.hexdigest()
+        data_uri = cache.rstrip("/") + f"/{fingerprint[7:39]}.seekable.jsonl.gz"
+        _publish(tmp, data_uri, aws_conn_id)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return DatasetIndex(
+        source_uri=uri, data_uri=data_uri, format="jsonl.gz", n_rows=n_rows, fingerprint=fingerprint,
+        source_size=src.size(), data_size=data_size,
+        block_rows=np.arange(len(offsets), dtype=np.int64) * stride,
+        block_offsets=np.asarray(offsets, dtype=np.int64), stride=stride,
+        notes=[f"seekable copy of {uri}: {reason}"],
+    )
+
+
+def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> DatasetIndex:
+    hasher = hashlib.sha256()
+    offsets = [0]
+    first_rows = [0]
+    state = {"row": 0, "member_rows": 0, "carry": b"", "dangling": False}
+
+    def member_end(end: int) -> None:
+        # A member must end on a line boundary, or be the last one: else a row spans two members.
+        if _is_row(state["carry"]):
+            state["row"] += 1
+            state["dangling"] = True
+        state["carry"] = b""
+        state["member_rows"] = 0
+        offsets.append(end)
+        first_rows.append(state["row"])
+
+    for out in _gunzip_stream(uri, _iter_scan(src, hasher), member_end):
+        if state["dangling"]:
+            raise _NeedsCopy("a row spans two gzip members")
+        lines = (state["carry"] + out).split(b"\n")
+        state["carry"] = lines.pop()
+        n = sum(1 for line in lines if _is_row(line))
+        state["row"] += n
+        state["member_rows"] += n
+        if state["member_rows"] > max_block_rows:
+            raise _NeedsCopy(
+                "single gzip stream" if len(offsets) == 1 else f"a gzip member holds > {max_block_rows} rows"
+            )
+    if _is_row(state["carry"]):  # stream without a final member end is caught as truncation above
+        state["row"] += 1
+    size = src.size()
+    # The last recorded offset is the end of the file, not a block start.
+    if offsets[-1] == size:
+        offsets.pop()
+        first_rows.pop()
+    return DatasetIndex(
+        source_uri=uri, data_uri=uri, format="jsonl.gz", n_rows=state["row"],
+        fingerprint="sha256:" + hasher.hexdigest(), source_size=size, data_size=size,
+        block_rows=np.asarray(first_rows, dtype=np.int64), block_offsets=np.asarray(offsets, dtype=np.int64),
+        stride=max_block_rows,
+    )
+
+
+def _index_parquet(
+    uri: str, src: ByteSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str
+) -> DatasetIndex:
+    import pyarrow.parquet as pq
+
+    hasher = hashlib.sha256()
+    for _ in _iter_scan(src, hasher):
+        pass
+    fingerprint = "sha256:" + hasher.hexdigest()
+    try:
+        pf = pq.ParquetFile(SourceFile(src))
+        meta = pf.metadata
+    except Exception as exc:  # pyarrow raises several types for a corrupt footer
+        raise DatasetError(f"dataset {uri}: not a readable Parquet file ({exc})") from None
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    if "messages" not in pf.schema_arrow.names:
+        log.warning("dataset %s has no 'messages' column: every row will be reported invalid", uri)
+    if not sizes or max(sizes) <= max_block_rows:
+        return DatasetIndex(
+            source_uri=uri, data_uri=uri, format="parquet", n_rows=meta.num_rows, fingerprint=fingerprint,
+            source_size=src.size(), data_size=src.size(),
+            block_rows=np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64) if sizes else np.zeros(0),
+            stride=max_block_rows,
+        )
+    group_rows = min(PARQUET_COPY_ROW_GROUP, max_block_rows)
+    cache = cache_uri or default_cache_dir()
+    log.warning(
+        "dataset %s has row groups of up to %d rows (> %d): writing a copy with %d-row groups into %s, once",
+        uri, max(sizes), max_block_rows, group_rows, cache,
+    )
+    local_dir = split_uri(cache)[0] if split_uri(cache)[1] is None else None
+    if local_dir:
+        os.makedirs(local_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=local_dir, prefix=".tracegen-copy-", suffix=".parquet")
+    os.close(fd)
+    try:
+        writer = None
+        new_sizes: list[int] = []
+        for batch in pf.iter_batches(batch_size=group_rows):
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, batch.schema)
+            writer.write_batch(batch, row_group_size=group_rows)
+        if writer is not None:
+            writer.close()
+        copy_meta = pq.ParquetFile(tmp).metadata
+        new_sizes = [copy_meta.row_group(i).num_rows for i in range(copy_meta.num_row_groups)]
+        data_size = os.path.getsize(tmp)
+        data_uri = cache.rstrip("/") + f"/{fingerprint[7:39]}.seekable.parquet"
+        _publish(tmp, data_uri, aws_conn_id)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return DatasetIndex(
+        source_uri=uri, data_uri=data_uri, format="parquet", n_rows=meta.num_rows, fingerprint=fingerprint,
+        source_size=src.size(), data_size=data_size,
+        block_rows=np.concatenate([[0], np.cumsum(new_sizes[:-1])]).astype(np.int64),
+        stride=group_rows, notes=[f"seekable copy of {uri}: row groups up to {max(sizes)} rows"],
+    )
+
+
+# ---------------------------------------------------------------- reading blocks
+
+
+def open_data(index: DatasetIndex, aws_conn_id: str = "aws_default") -> ByteSource:
+    """The source to read rows from, checked against the index (a replaced file is refused)."""
+    src = open_source(index.data_uri, aws_conn_id)
+    if src.size() != index.data_size:
+        raise DatasetError(
+            f"dataset {index.data_uri}: size {src.size()} differs from the indexed {index.data_size}; "
+            "the file changed after indexing (rebuild the index)"
+        )
+    return src
+
+
+def iter_block_items(index: DatasetIndex, src: ByteSource, lo: int, hi: int) -> Iterator[tuple[int, Any]]:
+    """(row index, raw item) for every row of blocks [lo, hi): bytes lines, or dicts for Parquet."""
+    if lo >= hi:
+        return
+    if index.format == "parquet":
+        yield from _iter_parquet(index, src, lo, hi)
+        return
+    # Group consecutive blocks into windows of about _WINDOW_BYTES: one range request each.
+    b = lo
+    while b < hi:
+        begin, _ = index.block_span(b, b + 1)
+        e = b + 1
+        while e < hi and index.block_span(b, e + 1)[1] - begin <= _WINDOW_BYTES:
+            e += 1
+        _, end = index.block_span(b, e)
+        data = src.read(begin, end - begin)
+        if len(data) != end - begin:
+            raise DatasetError(f"dataset {index.data_uri}: short read at byte {begin}")
+        if index.format == "jsonl.gz":
+            lines = _split_rows(_gunzip_stream(index.data_uri, [data]))
+        else:
+            lines = _split_rows([data])
+        row = int(index.block_rows[b])
+        for line in lines:
+            yield row, line
+            row += 1
+        b = e
+
+
+def _iter_parquet(index: DatasetIndex, src: ByteSource, lo: int, hi: int) -> Iterator[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(SourceFile(src))
+    except Exception as exc:
+        raise DatasetError(f"dataset {index.data_uri}: not a readable Parquet file ({exc})") from None
+    if pf.metadata.num_row_groups != index.n_blocks:
+        raise DatasetError(f"dataset {index.data_uri}: row groups differ from the index; rebuild it")
+    for g in range(lo, hi):
+        row = int(index.block_rows[g])
+        for item in pf.read_row_group(g).to_pylist():
+            yield row, item
+            row += 1

@@ -1,0 +1,233 @@
+"""Prompts in, one row at a time: the dataset reader a chunk task uses.
+
+A dataset is a JSONL (plain or gzip) or Parquet file, local or on S3. Each row holds OpenAI-style
+`messages`, optional `tools`, optional `id` and optional metadata (`category` or `source`). The
+row index is the row's position and is stable. `build_index` (see `dataset_index`) scans the
+file once; `read_rows(index, start, stop)` then reads only the bytes of that slice.
+
+A malformed row is a *result*, `InvalidRow(index, reason)`, never an exception: one bad line
+among a million must not kill a chunk, and the run decides whether to fail naming the row or
+record it `invalid`. A missing or unreadable file is an exception (`DatasetError`) naming the URI.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracegen.dataset.index import (
+    DatasetIndex,
+    build_index,
+    iter_block_items,
+    open_data,
+)
+from tracegen.dataset.source import ByteSource, CountingSource, DatasetError, open_source
+
+__all__ = [
+    "ROLES",
+    "ByteSource",
+    "CountingSource",
+    "DatasetError",
+    "DatasetIndex",
+    "InvalidRow",
+    "PromptRow",
+    "build_index",
+    "open_source",
+    "parse_row",
+    "read_indices",
+    "read_rows",
+]
+
+ROLES = ("system", "user", "assistant", "tool")
+_MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"})
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidRow:
+    """A dataset row that cannot be sent: its index and why, in words a person can act on."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRow:
+    """One valid prompt. Construction validates it; `parse_row` turns the ValueError into InvalidRow."""
+
+    index: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    id: str | None = None
+    category: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.index, int) or self.index < 0:
+            raise ValueError(f"index {self.index!r} is not a non-negative int")
+        _check_messages(self.messages)
+        _check_tools(self.tools)
+        if self.id is not None and not isinstance(self.id, str):
+            raise ValueError(f"id must be a string, got {type(self.id).__name__}")
+        if self.category is not None and not isinstance(self.category, str):
+            raise ValueError(f"category must be a string, got {type(self.category).__name__}")
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list):
+        raise ValueError(f"'messages' must be a list, got {type(messages).__name__}")
+    if not messages:
+        raise ValueError("'messages' is empty")
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise ValueError(f"{where} must be an object, got {type(msg).__name__}")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise ValueError(f"{where}.role {role!r} is not one of {ROLES}")
+        content = msg.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise ValueError(f"{where}.content must be a string, a list of parts or null, got {type(content).__name__}")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise ValueError(f"{where}.content[{j}] must be an object with a string 'type'")
+        tool_calls = msg.get("tool_calls")
+        if tool_calls is not None:
+            if role != "assistant":
+                raise ValueError(f"{where}: only assistant messages carry tool_calls (role is {role!r})")
+            if not isinstance(tool_calls, list) or not all(isinstance(c, dict) for c in tool_calls):
+                raise ValueError(f"{where}.tool_calls must be a list of objects")
+        if content is None and not (role == "assistant" and tool_calls):
+            raise ValueError(f"{where} ({role}) has no content")
+        for key in ("tool_call_id", "name"):
+            if msg.get(key) is not None and not isinstance(msg[key], str):
+                raise ValueError(f"{where}.{key} must be a string, got {type(msg[key]).__name__}")
+
+
+def _check_tools(tools: Any) -> None:
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise ValueError(f"'tools' must be a list or absent, got {type(tools).__name__}")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise ValueError(f"tools[{i}] must be an object, got {type(tool).__name__}")
+        fn = tool.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"tools[{i}] needs a 'function' object with a string 'name'")
+
+
+def _columnar(item: dict[str, Any]) -> dict[str, Any]:
+    """Undo what Parquet does to JSON rows: nested JSON stored as strings, absent keys as nulls."""
+    out = dict(item)
+    for key in ("messages", "tools", "metadata"):
+        if isinstance(out.get(key), str):
+            try:
+                out[key] = json.loads(out[key])
+            except ValueError as exc:
+                raise ValueError(f"column '{key}' holds a string that is not JSON ({exc})") from None
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [
+            {k: v for k, v in m.items() if v is not None or k == "content"} if isinstance(m, dict) else m
+            for m in out["messages"]
+        ]
+    if out.get("tools") == []:
+        out["tools"] = None
+    return out
+
+
+def parse_row(index: int, item: bytes | str | dict[str, Any], *, columnar: bool = False) -> PromptRow | InvalidRow:
+    """Validate one raw row (a JSONL line or a Parquet row dict) into a PromptRow or an InvalidRow."""
+    try:
+        if isinstance(item, bytes | str):
+            try:
+                obj = json.loads(item)
+            except ValueError as exc:
+                return InvalidRow(index, f"malformed JSON: {exc}")
+        else:
+            obj = item
+        if not isinstance(obj, dict):
+            return InvalidRow(index, f"row must be a JSON object, got {type(obj).__name__}")
+        if columnar:
+            obj = _columnar(obj)
+        if "messages" not in obj or obj["messages"] is None:
+            return InvalidRow(index, "missing 'messages'")
+        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        category = _first_str(obj.get("category"), obj.get("source"), meta.get("category"), meta.get("source"))
+        raw_id = obj.get("id")
+        if isinstance(raw_id, bool) or (raw_id is not None and not isinstance(raw_id, str | int)):
+            return InvalidRow(index, f"id must be a string or an integer, got {type(raw_id).__name__}")
+        messages = obj["messages"]
+        if isinstance(messages, list):
+            # Keep only the keys a chat request takes: dataset-specific extras must not reach the server.
+            messages = [{k: v for k, v in m.items() if k in _MESSAGE_KEYS} if isinstance(m, dict) else m
+                        for m in messages]
+        return PromptRow(
+            index=index,
+            messages=messages,
+            tools=obj.get("tools"),
+            id=None if raw_id is None else str(raw_id),
+            category=category,
+        )
+    except ValueError as exc:
+        return InvalidRow(index, str(exc))
+
+
+def _first_str(*values: Any) -> str | None:
+    for value in values:
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def read_rows(
+    index: DatasetIndex,
+    start: int,
+    stop: int,
+    *,
+    source: ByteSource | None = None,
+    aws_conn_id: str = "aws_default",
+) -> Iterator[PromptRow | InvalidRow]:
+    """Rows [start, stop) in order, reading O(stop - start) bytes (plus at most two blocks' worth)."""
+    lo, hi = index.blocks_for(start, stop)
+    src = source or open_data(index, aws_conn_id)
+    columnar = index.format == "parquet"
+    for row, item in iter_block_items(index, src, lo, hi):
+        if row >= stop:
+            break
+        if row >= start:
+            yield parse_row(row, item, columnar=columnar)
+
+
+def read_indices(
+    index: DatasetIndex,
+    indices: Iterable[int],
+    *,
+    source: ByteSource | None = None,
+    aws_conn_id: str = "aws_default",
+) -> Iterator[PromptRow | InvalidRow]:
+    """The given rows (e.g. a pilot sample), in ascending order, reading only the blocks that hold them."""
+    wanted = np.unique(np.fromiter(indices, dtype=np.int64))
+    if wanted.size == 0:
+        return
+    if wanted[0] < 0 or wanted[-1] >= index.n_rows:
+        bad = int(wanted[0] if wanted[0] < 0 else wanted[-1])
+        raise DatasetError(f"dataset {index.source_uri}: row {bad} outside [0, {index.n_rows})")
+    src = source or open_data(index, aws_conn_id)
+    columnar = index.format == "parquet"
+    blocks = np.unique(np.searchsorted(index.block_rows, wanted, side="right") - 1)
+    wanted_set = set(wanted.tolist())
+    # Consecutive blocks are read together, so a dense sample costs no more requests than a slice.
+    run_start = prev = int(blocks[0])
+    for b in [*blocks[1:].tolist(), None]:
+        if b is not None and b == prev + 1:
+            prev = b
+            continue
+        for row, item in iter_block_items(index, src, run_start, prev + 1):
+            if row in wanted_set:
+                yield parse_row(row, item, columnar=columnar)
+        if b is not None:
+            run_start = prev = b

@@ -1,0 +1,330 @@
+"""Async client that turns one dataset row into one `GeneratedRow` via SGLang's `/v1/chat/completions`.
+
+The chunk engine calls `SGLangClient.complete()` once per row, with up to `client.capacity` calls in
+flight. Every call ends in exactly one of:
+- an `ok` row (finish_reason stop/length/tool_calls, token counts from `usage`);
+- a `rejected` row: the server refused the request itself (400, e.g. context overflow), recorded once;
+- a `failed` row: transient failures (5xx, dropped connections, timeouts, `abort`, malformed bodies)
+  used up the retry budget; a later run retries the row;
+- `FatalClientError` raised: the configuration is wrong (401, no server reachable for a long time) and
+  every further row would fail the same way.
+Routing, quarantine and probes live in `tracegen.sglang.routing`; failure kinds and backoff in `tracegen.sglang.retry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tracegen.sglang.retry import (
+    FATAL,
+    TRANSIENT,
+    FatalClientError,
+    TransientError,
+    backoff_delay,
+    classify_status,
+)
+from tracegen.sglang.routing import ServerEndpoint, ServerPool, ServerState
+from tracegen.sglang.wire import Completion, MalformedResponse, build_body, error_message, parse_completion
+from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow
+
+__all__ = ["ClientConfig", "FatalClientError", "Sampling", "SGLangClient", "ServerEndpoint"]
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters sent with every row of a run."""
+
+    max_tokens: int
+    temperature: float = 0.6
+    top_p: float = 0.95
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.max_tokens) is not int or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float) or not (
+            0.0 <= self.temperature <= 2.0
+        ):
+            raise ValueError(f"temperature must be a number in [0, 2], got {self.temperature!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, int | float) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and type(self.seed) is not int:
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Timeouts, retry budget and quarantine policy. Defaults are for 8K-token generations on a busy GPU."""
+
+    # A client timeout makes SGLang abort the request and throw the GPU work away, so this is sized for an
+    # 8192-token completion at a slow ~10 tok/s under a full batch, plus queueing: generous on purpose.
+    request_deadline_s: float = 1800.0
+    connect_timeout_s: float = 10.0
+    # Below uvicorn's 5 s keep-alive, so the client never reuses a connection the server is closing.
+    keepalive_expiry_s: float = 4.0
+    # HTTP attempts per row before it is recorded `failed` (a later run retries it).
+    max_attempts: int = 6
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    # Consecutive failures (connect errors, timeouts, 5xx, aborts, malformed bodies) before quarantine.
+    quarantine_after: int = 3
+    probe_interval_s: float = 5.0
+    probe_timeout_s: float = 60.0
+    # Every server quarantined for this long -> FatalClientError: the fleet is gone, stop the chunk.
+    all_down_fatal_s: float = 900.0
+    # Connections per httpx client: a server's slots are spread over several small pools (see routing).
+    pool_size: int = 8
+    # Seed for the backoff jitter (tests); None = fresh randomness.
+    jitter_seed: int | None = None
+    # Autotune hook (tracegen.sglang.autotune): adjust each server's in-flight limit from its /metrics, starting
+    # from the endpoint's max_in_flight and staying within [1, autotune_ceiling]. False: the limit is fixed.
+    autotune: bool = False
+    autotune_interval_s: float = 1.0
+    autotune_ceiling: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in (
+            "request_deadline_s",
+            "connect_timeout_s",
+            "keepalive_expiry_s",
+            "backoff_base_s",
+            "backoff_max_s",
+            "probe_interval_s",
+            "probe_timeout_s",
+            "all_down_fatal_s",
+            "autotune_interval_s",
+        ):
+            _positive(name, getattr(self, name))
+        for name in ("max_attempts", "quarantine_after", "pool_size", "autotune_ceiling"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ValueError(
+                f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"
+            )
+
+
+async def _send(transport: httpx.AsyncHTTPTransport, request: httpx.Request) -> tuple[int, bytes]:
+    """POST on a transport: (status, body). Raises httpx's transport errors (timeouts, disconnects)."""
+    response = await transport.handle_async_request(request)
+    try:
+        raw = await response.aread()
+    finally:
+        await response.aclose()
+    return response.status_code, raw
+
+
+class SGLangClient:
+    """Completes rows against a set of SGLang servers. Use as `async with SGLangClient(...) as client:`."""
+
+    def __init__(self, servers: Sequence[ServerEndpoint], config: ClientConfig | None = None) -> None:
+        self.config = config or ClientConfig()
+        self._pool = ServerPool(list(servers), self.config)
+        self._rng = random.Random(self.config.jitter_seed)
+        self._fatal: FatalClientError | None = None
+        # Autotune hook: started on first use (it needs the running loop); listeners hear capacity changes.
+        self._tuner: Any = None
+        self._capacity_listeners: list[Any] = []
+
+    async def __aenter__(self) -> SGLangClient:
+        self._start_tuner()
+        return self
+
+    def _start_tuner(self) -> None:
+        if not self.config.autotune or self._tuner is not None:
+            return
+        from tracegen.sglang.autotune import Autotuner, TunePolicy
+
+        policy = TunePolicy(ceiling=self.config.autotune_ceiling, interval_s=self.config.autotune_interval_s)
+        self._tuner = Autotuner(self._pool, policy, on_change=self._capacity_changed)
+        self._tuner.start()
+
+    def on_capacity_change(self, listener: Any) -> None:
+        """Call `listener(capacity)` whenever the autotuner changes the total in-flight limit."""
+        self._capacity_listeners.append(listener)
+
+    def _capacity_changed(self) -> None:
+        for listener in self._capacity_listeners:
+            listener(self.capacity)
+
+    @property
+    def autotune_history(self) -> list[dict[str, Any]]:
+        return self._tuner.history if self._tuner is not None else []
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._tuner is not None:
+            await self._tuner.stop()
+        await self._pool.aclose()
+
+    @property
+    def capacity(self) -> int:
+        """Sum of the servers' in-flight limits: how many `complete()` calls are worth running at once."""
+        return self._pool.capacity
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Per-server counters (sent, completed, failures, quarantined, ...)."""
+        return self._pool.snapshot()
+
+    async def complete(
+        self,
+        index: int,
+        messages: list[dict[str, Any]],
+        *,
+        sampling: Sampling,
+        model: str,
+        tools: list[dict[str, Any]] | None = None,
+        run_id: str = "",
+        chunk: int = 0,
+        category: str | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> GeneratedRow:
+        """Generate the completion of dataset row `index`. Raises FatalClientError on configuration problems."""
+        if self._fatal is not None:
+            raise self._fatal
+        self._start_tuner()
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"row {index}: messages must be a non-empty list, got {type(messages).__name__}")
+        if tools is not None and not isinstance(tools, list):
+            raise ValueError(f"row {index}: tools must be a list or None, got {type(tools).__name__}")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be a non-empty string, got {model!r}")
+        body = build_body(
+            messages,
+            model=model,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            tools=tools,
+            extra=extra_body,
+        )
+        self._pool.probe_model = model
+
+        def row(status: str, **fields: Any) -> GeneratedRow:
+            # The fields every outcome of this call shares; the outcome adds its own.
+            return GeneratedRow(index=index, status=status, max_tokens=sampling.max_tokens, run_id=run_id,
+                                chunk=chunk, category=category, **fields)
+
+        pool = self._pool
+        last_error = ""
+        previous: ServerState | None = None
+        attempt = 0
+        while attempt < self.config.max_attempts:
+            try:
+                server, http = await pool.acquire(avoid=previous)
+            except FatalClientError as exc:
+                self._fatal = exc
+                raise
+            attempt += 1
+            started = time.monotonic()
+            try:
+                result = await self._attempt(server, http, body, started)
+            except TransientError as exc:
+                last_error = f"{server.url}: {exc}"
+            else:
+                if isinstance(result, str):
+                    return row(REJECTED, attempt=attempt, server=server.name, error=result)
+                return row(
+                    OK,
+                    attempt=attempt,
+                    server=server.name,
+                    id=result.id,
+                    content=result.content,
+                    reasoning_content=result.reasoning_content,
+                    tool_calls=result.tool_calls,
+                    finish_reason=result.finish_reason,
+                    prompt_tokens=result.prompt_tokens,
+                    completion_tokens=result.completion_tokens,
+                    reasoning_tokens=result.reasoning_tokens,
+                    latency_s=time.monotonic() - started,
+                )
+            finally:
+                pool.release(server, http)
+            previous = server
+            if attempt < self.config.max_attempts:
+                await asyncio.sleep(
+                    backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s, self._rng)
+                )
+        return row(FAILED, attempt=attempt, server="", error=f"{attempt} attempts failed; last: {last_error}")
+
+    async def _attempt(
+        self, server: ServerState, http: httpx.AsyncHTTPTransport, body: bytes, started: float
+    ) -> Completion | str:
+        """One HTTP attempt. Returns a Completion (ok) or a str (rejected: the server's message);
+        raises TransientError (retry) or FatalClientError (stop)."""
+        pool = self._pool
+        request = httpx.Request(
+            "POST", server.chat_url, headers=server.headers, content=body, extensions=server.extensions
+        )
+        task = asyncio.create_task(_send(http, request))
+        server.tasks.add(task)
+        try:
+            response = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and current is not None and not current.cancelling():
+                # Cancelled by the pool because this server was found wedged: re-route, not a crash.
+                raise TransientError(f"server wedged ({server.reason}); request re-routed") from None
+            raise
+        except httpx.TimeoutException as exc:
+            kind = type(exc).__name__
+            if isinstance(exc, httpx.ReadTimeout):
+                reason = f"no response within the {self.config.request_deadline_s:g} s deadline"
+                pool.record_timeout(server, started, reason)
+            else:
+                reason = f"{kind}: {exc}"
+                pool.record_failure(server, reason)
+            raise TransientError(reason) from None
+        except httpx.TransportError as exc:
+            # Dropped connections (RemoteProtocolError "Server disconnected"), refused connects, resets.
+            reason = f"{type(exc).__name__}: {exc}"
+            pool.record_failure(server, reason)
+            raise TransientError(reason) from None
+        finally:
+            server.tasks.discard(task)
+
+        status, raw = response
+        if status == 200:
+            try:
+                completion = parse_completion(raw)
+            except MalformedResponse as exc:
+                reason = f"malformed response: {exc}"
+                pool.record_failure(server, reason)
+                raise TransientError(reason) from None
+            if completion.finish_reason == "abort":
+                pool.record_failure(server, "finish_reason abort")
+                raise TransientError("finish_reason abort (the server aborted the request)")
+            pool.record_success(server)
+            return completion
+
+        message = error_message(raw, status)
+        kind = classify_status(status)
+        if kind == TRANSIENT:
+            reason = f"HTTP {status}: {message}"
+            pool.record_failure(server, reason)
+            raise TransientError(reason)
+        if kind == FATAL:
+            hint = " (check the api key for this server)" if status in (401, 403) else ""
+            self._fatal = FatalClientError(f"{server.url} answered HTTP {status}: {message}{hint}")
+            raise self._fatal
+        # REJECTED: the request itself is wrong for this server (context overflow): never retried. The
+        # server answered, so it is alive.
+        server.consecutive_failures = 0
+        return f"HTTP {status}: {message}"

@@ -1,0 +1,417 @@
+"""Which SGLang server gets the next request.
+
+Each server has an in-flight limit; a request goes to the healthy server with the fewest outstanding
+requests. A server that keeps failing (connect errors, timeouts, 5xx) or that stops producing
+completions while `/health` still says 200 (wedged) is quarantined: it gets no new requests, and a
+background probe brings it back only once `/health` answers 200 AND a 1-token completion finishes —
+health alone lies both ways on SGLang. When every server has been quarantined for too long the pool
+raises `FatalClientError`, so a chunk stops instead of waiting forever on a dead fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from tracegen.sglang.retry import FatalClientError
+from tracegen.sglang.wire import PATH, MalformedResponse, parse_completion
+
+if TYPE_CHECKING:
+    from tracegen.sglang.client import ClientConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerEndpoint:
+    """One SGLang server as the client sees it (one per GPU, possibly through an SSH tunnel)."""
+
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    # Sized like SGLang's --max-running-requests (plus a little queue): more only waits in SGLang's queue,
+    # fewer leaves GPU slots idle.
+    max_in_flight: int = 64
+    # What the ledger records as the row's server: a stable identity such as "gpu-host-3:gpu5". The URL
+    # alone can be a per-task SSH tunnel port that means nothing after the task ends.
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"server url must start with http:// or https://, got {self.url!r}")
+        if "?" in self.url or "#" in self.url:
+            raise ValueError(f"server url must be a base URL without query or fragment, got {self.url!r}")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise ValueError(f"api_key for {self.url} must be a non-empty string or None")
+        if type(self.max_in_flight) is not int or self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight for {self.url} must be an integer >= 1, got {self.max_in_flight!r}")
+
+
+def _headers(endpoint: ServerEndpoint) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if endpoint.api_key:
+        headers["Authorization"] = f"Bearer {endpoint.api_key}"
+    return headers
+
+
+def _timeouts(config: ClientConfig) -> httpx.Timeout:
+    # A non-streaming completion sends nothing until it is done, so the read timeout is the deadline.
+    return httpx.Timeout(
+        connect=config.connect_timeout_s,
+        read=config.request_deadline_s,
+        write=config.connect_timeout_s,
+        pool=config.request_deadline_s,
+    )
+
+
+def _limits(config: ClientConfig, connections: int) -> httpx.Limits:
+    return httpx.Limits(
+        max_connections=connections,
+        max_keepalive_connections=connections,
+        # Below uvicorn's 5 s: reusing a connection the server is closing gives "server disconnected".
+        keepalive_expiry=config.keepalive_expiry_s,
+    )
+
+
+class ServerState:
+    """Live routing state of one server. Mutated only from the event loop thread."""
+
+    __slots__ = (
+        "endpoint",
+        "url",
+        "name",
+        "pools",
+        "free_pools",
+        "probe_http",
+        "chat_url",
+        "headers",
+        "extensions",
+        "max_in_flight",
+        "limit",
+        "tls",
+        "in_flight",
+        "consecutive_failures",
+        "quarantined",
+        "quarantined_since",
+        "reason",
+        "last_completion",
+        "tasks",
+        "probe_task",
+        "sent",
+        "completed",
+        "failures",
+        "quarantines",
+    )
+
+    def __init__(self, endpoint: ServerEndpoint, config: ClientConfig, tls: ssl.SSLContext) -> None:
+        self.endpoint = endpoint
+        self.url = endpoint.url
+        self.name = endpoint.name or endpoint.url
+        # httpcore's pool does O(requests x connections) work on every request event, which costs ~4 ms CPU
+        # per completion at 64 connections. Small pools keep that term constant: the in-flight slots are
+        # spread over ceil(max_in_flight / pool_size) clients, each sized to its share of slots.
+        # Completions go straight to httpx transports: httpx.AsyncClient's per-request URL/header/cookie
+        # merging costs ~0.25 ms CPU, a quarter of the client's whole budget; see bench/client_overhead.py.
+        size = config.pool_size
+        n_pools = -(-endpoint.max_in_flight // size)
+        self.pools = [
+            httpx.AsyncHTTPTransport(limits=_limits(config, size), verify=tls, retries=0) for _ in range(n_pools)
+        ]
+        # One entry per slot, naming the pool that serves it; acquire pops, release pushes back.
+        self.free_pools = [i % n_pools for i in range(endpoint.max_in_flight)]
+        self.chat_url = httpx.URL(endpoint.url + PATH)
+        self.headers = _headers(endpoint)
+        self.extensions = {"timeout": _timeouts(config).as_dict()}
+        # Probes are rare: the convenient client is fine for them.
+        self.probe_http = httpx.AsyncClient(
+            base_url=endpoint.url,
+            headers=self.headers,
+            limits=_limits(config, 1),
+            timeout=_timeouts(config),
+            verify=tls,
+        )
+        self.max_in_flight = endpoint.max_in_flight
+        # Autotune hook (tracegen.sglang.autotune): the in-flight limit routing obeys. Starts at max_in_flight;
+        # ServerPool.set_limit moves it (and grows the connection pools when it rises above them).
+        self.limit = endpoint.max_in_flight
+        self.tls = tls
+        self.in_flight = 0
+        self.consecutive_failures = 0
+        self.quarantined = False
+        self.quarantined_since = 0.0
+        self.reason = ""
+        # Monotonic time of the last finished completion: the progress signal behind wedge detection.
+        self.last_completion = time.monotonic()
+        # Request tasks in flight on this server, cancelled (and re-routed) if the server is found wedged.
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.probe_task: asyncio.Task[None] | None = None
+        self.sent = 0
+        self.completed = 0
+        self.failures = 0
+        self.quarantines = 0
+
+
+class ServerPool:
+    """Least-outstanding routing with per-server limits, quarantine and background probes."""
+
+    def __init__(self, endpoints: list[ServerEndpoint], config: ClientConfig) -> None:
+        if not endpoints:
+            raise ValueError("at least one server endpoint is required")
+        urls = [e.url for e in endpoints]
+        duplicates = sorted({u for u in urls if urls.count(u) > 1})
+        if duplicates:
+            raise ValueError(f"server urls must be distinct, repeated: {duplicates}")
+        self.config = config
+        # One TLS context for all clients: httpx loads the CA bundle per context (~20 ms each).
+        tls = ssl.create_default_context()
+        self.servers = [ServerState(e, config, tls) for e in endpoints]
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._rotate = 0
+        self._all_down_since: float | None = None
+        self._closed = False
+        # The model name probes send (SGLang echoes it, but keep it what real requests use).
+        self.probe_model = "default"
+
+    @property
+    def capacity(self) -> int:
+        """Total in-flight limit over all servers: the concurrency worth offering the client."""
+        return sum(s.limit for s in self.servers)
+
+    def set_limit(self, server: ServerState, limit: int) -> None:
+        """Autotune hook: change one server's in-flight limit. Raising it above the slots the pools were
+        built for adds pools; lowering it lets requests in flight finish and sends no new ones past it."""
+        if type(limit) is not int or limit < 1:
+            raise ValueError(f"in-flight limit for {server.url} must be an integer >= 1, got {limit!r}")
+        size = self.config.pool_size
+        while server.max_in_flight < limit:
+            # One more pool of `size` slots; its slot entries join the free list like the first ones.
+            server.pools.append(
+                httpx.AsyncHTTPTransport(limits=_limits(self.config, size), verify=server.tls, retries=0)
+            )
+            server.free_pools.extend([len(server.pools) - 1] * size)
+            server.max_in_flight += size
+        grew = limit > server.limit
+        server.limit = limit
+        if grew:
+            self._wake_all()
+
+    # -- routing --------------------------------------------------------------------------------
+
+    def _pick(self, avoid: ServerState | None) -> ServerState | None:
+        best: ServerState | None = None
+        fallback: ServerState | None = None
+        n = len(self.servers)
+        # Rotating the scan start spreads ties (an idle fleet) instead of always favouring server 0.
+        self._rotate = (self._rotate + 1) % n
+        for i in range(n):
+            s = self.servers[(self._rotate + i) % n]
+            if s.quarantined or s.in_flight >= s.limit:
+                continue
+            if s is avoid:
+                fallback = s
+            elif best is None or s.in_flight < best.in_flight:
+                best = s
+        return best or fallback
+
+    async def acquire(
+        self, avoid: ServerState | None = None
+    ) -> tuple[ServerState, httpx.AsyncHTTPTransport]:
+        """Reserve a slot on the best server, waiting while every server is full or quarantined.
+        Returns the server and the connection pool to send on; hand both back with `release`.
+
+        `avoid` (the server the previous attempt failed on) is used only when no other server has room.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            server = self._pick(avoid)
+            if server is not None:
+                server.in_flight += 1
+                server.sent += 1
+                return server, server.pools[server.free_pools.pop()]
+            timeout = None
+            if self._all_down_since is not None:
+                timeout = self._all_down_since + self.config.all_down_fatal_s - time.monotonic()
+                if timeout <= 0:
+                    raise FatalClientError(self._all_down_message())
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                if timeout is None:
+                    await waiter
+                else:
+                    await asyncio.wait_for(waiter, timeout)
+            except TimeoutError:
+                pass  # the loop re-checks: fatal if still all down
+            except asyncio.CancelledError:
+                # A wake-up handed to a cancelled waiter must not be lost.
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()
+                raise
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+
+    def release(self, server: ServerState, http: httpx.AsyncHTTPTransport) -> None:
+        server.in_flight -= 1
+        server.free_pools.append(server.pools.index(http))
+        if self._waiters:
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _all_down_message(self) -> str:
+        details = "; ".join(f"{s.url}: {s.reason or 'quarantined'}" for s in self.servers)
+        return (
+            f"every server has been unusable for more than {self.config.all_down_fatal_s:g} s "
+            f"(check the fleet, URLs, tunnels and api keys): {details}"
+        )
+
+    # -- health bookkeeping -----------------------------------------------------------------------
+
+    def record_success(self, server: ServerState) -> None:
+        server.consecutive_failures = 0
+        server.completed += 1
+        server.last_completion = time.monotonic()
+
+    def record_failure(self, server: ServerState, reason: str) -> None:
+        server.failures += 1
+        if server.quarantined:
+            # Stragglers failing after the verdict: keep the reason that put the server in quarantine.
+            return
+        server.consecutive_failures += 1
+        server.reason = reason
+        if server.consecutive_failures >= self.config.quarantine_after:
+            self.quarantine(server, f"{server.consecutive_failures} consecutive failures, last: {reason}")
+
+    def record_timeout(self, server: ServerState, started: float, reason: str) -> bool:
+        """A request hit its deadline. If the server finished nothing at all since that request was sent,
+        it is wedged (or hopelessly stuck): quarantine it now and re-route everything it holds. Returns
+        whether the server was declared wedged."""
+        if server.last_completion < started:
+            server.failures += 1
+            if server.quarantined:
+                return True
+            self.quarantine(
+                server, f"no completion within the {self.config.request_deadline_s:g} s deadline (wedged?)"
+            )
+            # Its other requests were sent later and would just wait out their own deadlines.
+            for task in list(server.tasks):
+                task.cancel()
+            return True
+        self.record_failure(server, reason)
+        return False
+
+    def quarantine(self, server: ServerState, reason: str) -> None:
+        if server.quarantined:
+            return
+        server.quarantined = True
+        server.quarantined_since = time.monotonic()
+        server.quarantines += 1
+        server.reason = reason
+        log.warning("quarantining %s: %s", server.url, reason)
+        if all(s.quarantined for s in self.servers) and self._all_down_since is None:
+            self._all_down_since = time.monotonic()
+            # Waiters blocked on "all full" must now wait with the fatal deadline instead of forever.
+            self._wake_all()
+        if not self._closed:
+            server.probe_task = asyncio.get_running_loop().create_task(
+                self._probe_loop(server), name=f"probe {server.url}"
+            )
+
+    def _restore(self, server: ServerState) -> None:
+        down_for = time.monotonic() - server.quarantined_since
+        log.warning("%s is back after %.1f s in quarantine", server.url, down_for)
+        server.quarantined = False
+        server.consecutive_failures = 0
+        server.last_completion = time.monotonic()
+        server.reason = ""
+        self._all_down_since = None
+        self._wake_all()
+
+    async def _probe_loop(self, server: ServerState) -> None:
+        while not self._closed and server.quarantined:
+            await asyncio.sleep(self.config.probe_interval_s)
+            problem = await self.probe(server)
+            if problem is None:
+                self._restore(server)
+                return
+            server.reason = f"{server.reason.split(' | probe: ')[0]} | probe: {problem}"
+
+    async def probe(self, server: ServerState) -> str | None:
+        """None if the server is usable: /health answers 200 and a 1-token completion finishes.
+        Otherwise, what is wrong."""
+        timeout = self.config.probe_timeout_s
+        try:
+            health = await server.probe_http.get("/health", timeout=timeout)
+            if health.status_code != 200:
+                return f"/health answered {health.status_code}"
+            body = json.dumps(
+                {
+                    "model": self.probe_model,
+                    "messages": [{"role": "user", "content": "ping"}],
+                    "max_tokens": 1,
+                    "temperature": 0.0,
+                }
+            )
+            reply = await server.probe_http.post(PATH, content=body, timeout=timeout)
+        except httpx.TimeoutException:
+            return f"no answer within {timeout:g} s"
+        except httpx.TransportError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if reply.status_code != 200:
+            return f"probe completion answered HTTP {reply.status_code}"
+        try:
+            completion = parse_completion(reply.content)
+        except MalformedResponse as exc:
+            return f"probe completion malformed: {exc}"
+        if completion.finish_reason == "abort":
+            return "probe completion was aborted"
+        return None
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Per-server counters, for progress logs and tests."""
+        return [
+            {
+                "url": s.url,
+                "in_flight": s.in_flight,
+                "limit": s.limit,
+                "sent": s.sent,
+                "completed": s.completed,
+                "failures": s.failures,
+                "quarantined": s.quarantined,
+                "quarantines": s.quarantines,
+                "reason": s.reason,
+            }
+            for s in self.servers
+        ]
+
+    async def aclose(self) -> None:
+        self._closed = True
+        probes = [s.probe_task for s in self.servers if s.probe_task is not None and not s.probe_task.done()]
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
+        self._wake_all()
+        clients = [c for s in self.servers for c in (*s.pools, s.probe_http)]
+        await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)

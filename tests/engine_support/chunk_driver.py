@@ -1,0 +1,51 @@
+"""Runs one chunk in its own process, the way a mapped Airflow task does, so tests can SIGKILL/SIGTERM it.
+
+    python chunk_driver.py '{"config": {...RunConfig params}, "run_id": ..., "chunk": 0, "start": 0,
+                             "stop": 500, "spool_dir": ..., "model": ..., "servers": [{"url": ...}],
+                             "client": {...ClientConfig overrides}}'
+
+Prints the chunk summary as one JSON line on stdout and exits 0; on ChunkInterrupted prints the
+message on stderr and exits 3 (any other error: a traceback and exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import numpy as np
+
+from tracegen.config import RunConfig
+from tracegen.generate.engine import ChunkEngine, ChunkInterrupted
+from tracegen.pipeline import dataset_index, open_ledger
+from tracegen.sglang.client import ClientConfig
+from tracegen.sglang.routing import ServerEndpoint
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(argv[1])
+    if job.get("ready_file"):
+        # Imports done (they take seconds on a busy box): tells a test when killing us tests the engine.
+        open(job["ready_file"], "w").close()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    config = RunConfig.from_params(job["config"])
+    ledger = open_ledger(config)
+    servers = [ServerEndpoint(s["url"], max_in_flight=s["max_in_flight"]) for s in job["servers"]]
+    client = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
+                          **job.get("client", {}))
+    engine = ChunkEngine(config=config, run_id=job["run_id"], chunk=job["chunk"], label=f"chunk {job['chunk']}",
+                         ledger=ledger, dataset=dataset_index(config, ledger), servers=servers, model=job["model"],
+                         spool_dir=job["spool_dir"], client_config=client, progress_interval_s=3600)
+    try:
+        summary = engine.run(np.arange(job["start"], job["stop"], dtype=np.int64)).to_json()
+    except ChunkInterrupted as exc:
+        print(f"ChunkInterrupted: {exc}", file=sys.stderr, flush=True)
+        print(json.dumps({**engine.summary.to_json()}), flush=True)
+        return 3
+    print(json.dumps({**summary}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

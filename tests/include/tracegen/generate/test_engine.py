@@ -1,0 +1,392 @@
+"""The chunk engine against real stand-ins over HTTP: the 4096 -> 8192 pivot, server faults, S3 outages
+during commits, context overflow and malformed dataset rows (DESIGN §3, §9).
+
+Every test ends with the same checks (`assert_healthy`): ledger invariants hold, done indices equal the
+unique indices across committed parts, no index is committed twice under one cap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from engine_support.helpers import (
+    assert_healthy,
+    endpoints,
+    engine,
+    make_config,
+    metric,
+    prepare,
+    prompt,
+    run_engine,
+    write_dataset,
+)
+
+from tracegen.export import export_dataset
+from tracegen.generate.engine import ChunkInterrupted, InvalidRowError
+from tracegen.pipeline import open_ledger
+from tracegen.simulator.lengths import CALIBRATIONS, draw
+from tracegen.store.ledger import Ledger
+from tracegen.store.records import FAILED, INVALID, OK, REJECTED
+from tracegen.store.storage import S3Storage, StorageError
+
+FAST = dict(sim_time_scale=2000, sim_length_model="short", log_level="warning", enable_metrics=True)
+REQS = "sglang:num_requests_total"
+
+
+def _messages(i: int):
+    return prompt(i)["messages"]
+
+
+# ---- the 4096 -> 8192 pivot ---------------------------------------------------------------------------
+
+
+def test_pivot_4096_to_8192_sends_only_truncated_and_unfinished(tmp_path, sim_server):
+    # The seed calibration: ~18% of prompts truncate at 4096, ~2% at 8192, lengths fixed per prompt.
+    sim = sim_server(sim_time_scale=20000, log_level="warning", enable_metrics=True, max_running_requests=128)
+    n_rows, first = 240, 160
+    dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    c4 = make_config(dataset, out, max_tokens=4096)
+    prepare(c4, "run-4096")
+    servers = endpoints(sim, in_flight=64)
+    # The operator stops the 4096 run two thirds of the way through (rows [0, 160) committed).
+    s4 = run_engine(c4, "run-4096", servers, spool, range(first))
+    assert s4.generated == first
+    ledger = open_ledger(c4)
+    f4 = assert_healthy(ledger, n_rows, c4)
+    truncated = set(f4.loc[f4["finish_reason"] == "length", "index"].tolist())
+    natural = {i: draw(_messages(i)).total for i in range(n_rows)}
+    assert truncated == {i for i in range(first) if natural[i] > 4096}
+    assert 10 <= len(truncated) <= 60, "the seed calibration should truncate ~18% at 4096"
+
+    c8 = make_config(dataset, out, max_tokens=8192, truncated_policy="regenerate")
+    prepare(c8, "run-8192")
+    sent_before = metric(sim.url, REQS)
+    s8 = run_engine(c8, "run-8192", servers, spool, range(n_rows))
+    sent = metric(sim.url, REQS) - sent_before
+    expected = truncated | set(range(first, n_rows))
+    assert sent == len(expected) == s8.generated
+    assert s8.already_done == n_rows - len(expected)
+    f8 = assert_healthy(ledger, n_rows, c8)
+    mine = f8[f8["run_id"] == "run-8192"]
+    assert set(mine["index"].tolist()) == expected
+    assert (mine["max_tokens"] == 8192).all()
+    # A prompt cut at 4096 finishes at its natural length under 8192 (or is cut again only past 8192).
+    for i, tokens in zip(mine["index"], mine["completion_tokens"], strict=True):
+        assert tokens == min(natural[i], 8192)
+    # The 4096 truncations are kept for audit history, superseded at export.
+    assert len(f8[(f8["run_id"] == "run-4096") & (f8["finish_reason"] == "length")]) == len(truncated)
+
+    for include_truncated in (False, True):
+        dest = tmp_path / f"export-{include_truncated}"
+        result = export_dataset(str(out), str(dest), include_truncated=include_truncated)
+        rows = _read_jsonl_export(dest)
+        idx = [r["index"] for r in rows]
+        assert len(idx) == len(set(idx)) == result.rows
+        # No `length` row that could have finished under 8192: every length row left is an 8192 cut.
+        lengths = [r for r in rows if r["finish_reason"] == "length"]
+        assert all(r["max_tokens"] == 8192 and natural[r["index"]] > 8192 for r in lengths)
+        if include_truncated:
+            assert set(idx) == set(range(n_rows))
+        else:
+            assert not lengths and set(idx) == {i for i in range(n_rows) if natural[i] <= 8192}
+        for r in rows:
+            assert r["messages"][-1]["role"] == "assistant"
+            assert r["max_tokens"] == (8192 if r["index"] in expected else 4096)
+
+
+def test_pivot_with_keep_regenerates_nothing(tmp_path, sim_server):
+    sim = sim_server(sim_time_scale=20000, log_level="warning", enable_metrics=True, max_running_requests=128)
+    n_rows = 120
+    dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    c4 = make_config(dataset, out, max_tokens=4096)
+    prepare(c4, "run-4096")
+    servers = endpoints(sim, in_flight=64)
+    run_engine(c4, "run-4096", servers, spool, range(n_rows))
+    f4 = open_ledger(c4).frame()
+    assert (f4["finish_reason"] == "length").sum() > 0
+
+    c8 = make_config(dataset, out, max_tokens=8192, truncated_policy="keep")
+    prepare(c8, "run-8192-keep")
+    sent_before = metric(sim.url, REQS)
+    s8 = run_engine(c8, "run-8192-keep", servers, spool, range(n_rows))
+    assert metric(sim.url, REQS) == sent_before
+    assert s8.generated == 0 and s8.already_done == n_rows
+    f8 = assert_healthy(open_ledger(c8), n_rows, c8)
+    assert len(f8) == n_rows
+
+
+def _read_jsonl_export(dest) -> list[dict]:
+    import gzip
+
+    manifest = json.loads((dest / "manifest.json").read_text())
+    rows = []
+    for shard in manifest["shards"]:
+        rows += [json.loads(line) for line in gzip.decompress((dest / shard["name"]).read_bytes()).splitlines()]
+    return rows
+
+
+# ---- server faults ------------------------------------------------------------------------------------
+
+N_FAULT = 80
+
+
+def _fault_root(tmp_path, run_id="run-f", **params):
+    dataset = write_dataset(tmp_path / "prompts.jsonl", N_FAULT)
+    config = make_config(dataset, tmp_path / "out", **params)
+    prepare(config, run_id)
+    return config
+
+
+def _all_ok(config, n_rows=N_FAULT):
+    frame = assert_healthy(open_ledger(config), n_rows, config)
+    assert sorted(frame["index"].tolist()) == list(range(n_rows)), "each index exactly once"
+    assert (frame["status"] == OK).all(), frame[frame["status"] != OK][["index", "status", "error"]].head()
+    assert set(frame["finish_reason"]) <= {"stop", "length", "tool_calls"}
+    return frame
+
+
+@pytest.mark.parametrize(
+    ("faults", "params"),
+    [
+        pytest.param(dict(sim_error_rate=0.3, sim_error_status=503), {}, id="5xx"),
+        pytest.param(dict(sim_drop_rate=0.3), {}, id="dropped-connections"),
+        pytest.param(dict(sim_hang_rate=0.15), dict(request_deadline_s=1.0), id="hangs-short-deadline"),
+        pytest.param(dict(sim_abort_rate=0.3), {}, id="abort-finishes"),
+    ],
+)
+def test_transient_faults_are_retried_until_every_row_is_ok(tmp_path, sim_server, faults, params):
+    sim = sim_server(**FAST, **faults, sim_fault_seed=3)
+    config = _fault_root(tmp_path, max_attempts=12, **params)
+    summary = run_engine(config, "run-f", endpoints(sim), tmp_path / "spool", range(N_FAULT))
+    frame = _all_ok(config)
+    assert summary.statuses == {OK: N_FAULT}
+    # The faults really happened: some rows needed more than one attempt.
+    assert (frame["attempt"] > 1).any()
+
+
+def test_crashed_server_work_moves_to_the_healthy_one(tmp_path, sim_server):
+    crashing = sim_server(**FAST, sim_crash_after=15)
+    healthy = sim_server(**FAST)
+    config = _fault_root(tmp_path)
+    run_engine(config, "run-f", endpoints(crashing, healthy, in_flight=8), tmp_path / "spool", range(N_FAULT))
+    frame = _all_ok(config)
+    assert crashing.proc.wait(5) != 0, "the stand-in should have crashed"
+    assert (frame["server"] == healthy.url).sum() >= N_FAULT - 15
+
+
+def test_wedged_server_work_moves_to_the_healthy_one(tmp_path, sim_server):
+    wedged = sim_server(**FAST, sim_wedge_after=5)
+    healthy = sim_server(**FAST)
+    config = _fault_root(tmp_path, request_deadline_s=2.0)
+    run_engine(config, "run-f", endpoints(wedged, healthy, in_flight=8), tmp_path / "spool", range(N_FAULT))
+    frame = _all_ok(config)
+    assert wedged.alive()  # wedged, not dead: /health kept answering 200
+    assert (frame["server"] == wedged.url).sum() <= 5
+
+
+def test_whole_fleet_gone_stops_with_a_clear_error_and_a_clean_ledger(tmp_path, sim_server):
+    dying = sim_server(**FAST, sim_crash_after=30)
+    config = _fault_root(tmp_path, part_rows=5)
+    spool = tmp_path / "spool"
+    with pytest.raises(ChunkInterrupted, match=r"stopped early \(fatal client error: .*after committing \d+ rows"):
+        run_engine(config, "run-f", endpoints(dying, in_flight=4), spool, range(N_FAULT), all_down_fatal_s=1.0,
+                   quarantine_after=2)
+    ledger = open_ledger(config)
+    frame = assert_healthy(ledger, N_FAULT, config)
+    assert 0 < len(frame) <= 30
+    assert not frame.duplicated("index").any()
+    # A new server (the fleet task restarted it): the retry resumes and finishes the chunk.
+    fresh = sim_server(**FAST)
+    summary = run_engine(config, "run-f", endpoints(fresh), spool, range(N_FAULT))
+    assert summary.already_done + summary.generated + summary.recovered_rows >= N_FAULT - (frame["status"] == FAILED).sum()
+    frame = assert_healthy(ledger, N_FAULT, config)
+    assert set(frame.loc[frame["status"] == OK, "index"]) == set(range(N_FAULT))
+
+
+def test_context_overflow_is_rejected_once_and_not_retried(tmp_path, sim_server):
+    sim = sim_server(**FAST, context_length=1000)
+    long_rows = {3: 5000, 11: 8000}  # characters: ~1,250 and ~2,000 prompt tokens, over the 1,000 context
+    bad = {i: json.dumps({"messages": [{"role": "user", "content": "x" * n}]}) for i, n in long_rows.items()}
+    dataset = write_dataset(tmp_path / "prompts.jsonl", 40, bad=bad)
+    config = make_config(dataset, tmp_path / "out", max_tokens=200)
+    prepare(config, "run-ctx")
+    servers, spool = endpoints(sim), tmp_path / "spool"
+    summary = run_engine(config, "run-ctx", servers, spool, range(40))
+    assert summary.statuses == {OK: 38, REJECTED: 2}
+    frame = assert_healthy(open_ledger(config), 40, config)
+    rejected = frame[frame["status"] == REJECTED]
+    assert sorted(rejected["index"]) == sorted(long_rows)
+    assert (rejected["attempt"] == 1).all(), "a context overflow must not be retried"
+    assert rejected["error"].str.contains("HTTP 400").all()
+    # Recorded once: a second attempt at the same cap sends nothing for them.
+    again = run_engine(config, "run-ctx", servers, spool, range(40))
+    assert again.generated == 0 and again.already_done == 40
+
+
+# ---- S3 unavailable during a commit -------------------------------------------------------------------
+
+
+def _s3_storage(uri: str, deadline_s: float) -> S3Storage:
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    return S3Storage(bucket, prefix, retry_deadline_s=deadline_s, backoff_initial_s=0.05, backoff_max_s=0.2)
+
+
+class _Collect(logging.Handler):
+    """Records of one logger, attached directly: Airflow's logging set-up (loaded with the S3 hook)
+    replaces root handlers, so pytest's caplog does not see them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_s3_outage_during_commits_is_ridden_out(tmp_path, sim_server, s3, s3_uri):
+    # Slow enough (~3 s of generation) that the outage starts and ends while rows are still coming in.
+    sim = sim_server(sim_time_scale=8, sim_length_model="short", log_level="warning", max_running_requests=64)
+    n_rows = 300
+    dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    config = make_config(dataset, s3_uri, part_rows=10, part_seconds=0.1)
+    prepare(config, "run-s3")
+    # Commits give up after 0.3 s, so the 1 s outage makes them fail and the engine must carry the sealed
+    # segments over to a later flush (in production the storage's own 120 s retry usually hides a blip).
+    ledger = Ledger(_s3_storage(s3_uri, 0.3))
+    eng = _engine_with_outage(config, ledger, sim, tmp_path, s3, outage_s=1.0)
+    collect, engine_log = _Collect(), logging.getLogger("tracegen.generate.engine")
+    engine_log.addHandler(collect)
+    try:
+        summary = eng.run(np.arange(n_rows))
+    finally:
+        engine_log.removeHandler(collect)
+    assert any("commit failed, will retry" in m for m in collect.messages), "no commit hit the outage"
+    assert summary.interrupted is None and summary.statuses == {OK: n_rows}
+    # The ledger is the truth. (summary.committed_rows can undercount here: a segment whose entry PUT
+    # reached S3 but whose reply was cut by the outage is later found committed and only discarded.)
+    frame = assert_healthy(ledger, n_rows, config)
+    assert sorted(frame["index"]) == list(range(n_rows))
+    assert not any((tmp_path / "spool").rglob("*.jsonl"))
+
+
+def test_s3_down_at_the_final_commit_fails_clearly_and_the_spool_keeps_the_rows(tmp_path, sim_server, s3, s3_uri):
+    sim = sim_server(**FAST)
+    n_rows = 60
+    dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    config = make_config(dataset, s3_uri, part_rows=1000, part_seconds=3600)  # one commit, at the end
+    prepare(config, "run-s3")
+    ledger = Ledger(_s3_storage(s3_uri, 0.3))
+    spool = tmp_path / "spool"
+    eng = _engine_with_outage(config, ledger, sim, tmp_path, s3, outage_s=600)  # S3 stays down
+    try:
+        with pytest.raises(StorageError, match=r"S3 .*failed after \d+ attempts"):
+            eng.run(np.arange(n_rows))
+    finally:
+        s3.proxy.up()
+    assert len(list(spool.rglob("seg-*.jsonl"))) == 1, "the sealed segment must stay in the spool"
+    assert ledger.entries() == [] and ledger.check_invariants() == []
+    sent_before = metric(sim.url, REQS)
+    summary = run_engine(config, "run-s3", endpoints(sim), spool, range(n_rows), ledger=ledger)
+    assert summary.recovered_rows == n_rows and summary.generated == 0
+    assert metric(sim.url, REQS) == sent_before, "rows kept in the spool must not be generated again"
+    frame = assert_healthy(ledger, n_rows, config)
+    assert sorted(frame["index"]) == list(range(n_rows))
+
+
+def test_final_flush_commits_a_segment_stranded_by_an_earlier_failed_commit(tmp_path):
+    """A mid-run commit that failed (S3 down longer than the storage retries) leaves a sealed segment in
+    the spool; if no row arrives after it, the end-of-chunk flush must still commit it, not report success
+    with rows only on the worker's disk."""
+    import asyncio
+
+    from tracegen.store.records import GeneratedRow
+    from tracegen.store.spool import Spool
+
+    dataset = write_dataset(tmp_path / "prompts.jsonl", 5)
+    config = make_config(dataset, str(tmp_path / "out"))
+    prepare(config, "run-strand")
+    eng = engine(config, "run-strand", endpoints(), tmp_path / "spool")
+    eng.spool = Spool(config.output_uri, "run-strand", 0, base_dir=str(tmp_path / "spool"))
+    for i in range(5):
+        eng.spool.append(GeneratedRow(index=i, status=OK, finish_reason="stop", max_tokens=config.max_tokens,
+                                      run_id="run-strand", chunk=0, content="done"))
+    eng.spool.seal()  # what a failed mid-run commit leaves behind; no rows pending after it
+    asyncio.run(eng._commit_segment(final=True))
+    eng.spool.close()
+    assert sorted(open_ledger(config).frame()["index"]) == [0, 1, 2, 3, 4]
+    assert eng.summary.committed_rows == 5
+    assert not any((tmp_path / "spool").rglob("seg-*.jsonl"))
+
+
+def _engine_with_outage(config, ledger, sim, tmp_path, s3, outage_s: float):
+    """An engine whose first commit attempt starts an S3 outage of `outage_s` seconds."""
+    eng = engine(config, "run-s3", endpoints(sim, in_flight=12), tmp_path / "spool", ledger=ledger)
+    original = eng._commit_segment
+    started = []
+
+    async def commit_with_outage(final: bool = False):
+        if not started:
+            started.append(s3.proxy.outage_for(outage_s))
+        await original(final=final)
+
+    eng._commit_segment = commit_with_outage
+    return eng
+
+
+# ---- malformed dataset rows ---------------------------------------------------------------------------
+
+BAD_ROWS = {
+    4: '{"messages": [{"role": "user", "content": "unterminated',
+    9: json.dumps({"prompt": "no messages here"}),
+    13: json.dumps({"messages": "a string, not a list"}),
+    17: json.dumps({"messages": [{"role": 7, "content": "role is not a string"}]}),
+    21: json.dumps([1, 2, 3]),
+}
+BAD_REASONS = {4: "malformed JSON", 9: "missing 'messages'", 13: "'messages' must be a list",
+               17: "role 7 is not one of", 21: "row must be a JSON object"}
+
+
+def test_bad_rows_are_recorded_invalid_with_the_reason(tmp_path, sim_server):
+    sim = sim_server(**FAST)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", 30, bad=BAD_ROWS)
+    config = make_config(dataset, tmp_path / "out", invalid_rows="record")
+    prepare(config, "run-bad")
+    summary = run_engine(config, "run-bad", endpoints(sim), tmp_path / "spool", range(30))
+    assert summary.statuses == {OK: 25, INVALID: 5}
+    frame = assert_healthy(open_ledger(config), 30, config)
+    invalid = frame[frame["status"] == INVALID].set_index("index")
+    assert sorted(invalid.index) == sorted(BAD_ROWS)
+    for i, reason in BAD_REASONS.items():
+        assert reason in invalid.loc[i, "error"], (i, invalid.loc[i, "error"])
+    # Invalid rows are done: nothing is sent for them again.
+    again = run_engine(config, "run-bad", endpoints(sim), tmp_path / "spool", range(30))
+    assert again.generated == 0
+
+
+def test_bad_row_under_fail_names_the_row_and_damages_nothing(tmp_path, sim_server):
+    sim = sim_server(**FAST)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", 30, bad={13: BAD_ROWS[13]})
+    config = make_config(dataset, tmp_path / "out", invalid_rows="fail", part_rows=5)
+    prepare(config, "run-fail")
+    spool = tmp_path / "spool"
+    run_engine(config, "run-fail", endpoints(sim), spool, range(10))  # committed before the bad row
+    ledger = open_ledger(config)
+    before = {k: ledger.read_entry(k)["columns"] for k in ledger.entries()}
+    with pytest.raises(InvalidRowError, match=r"row 13: 'messages' must be a list"):
+        run_engine(config, "run-fail", endpoints(sim), spool, range(30))
+    after = {k: ledger.read_entry(k)["columns"] for k in ledger.entries()}
+    assert all(after[k] == v for k, v in before.items()), "a committed entry changed"
+    frame = assert_healthy(ledger, 30, config)
+    assert 13 not in set(frame["index"])
+    assert (frame["status"] == OK).all()
+    assert set(range(10)) <= set(frame["index"])
+
+
+def test_short_calibration_is_what_the_fast_tests_assume():
+    # The fault tests use the "short" model at max_tokens=4096: nothing truncates, so OK rows are complete.
+    assert max(draw(_messages(i), model=CALIBRATIONS["short"]).total for i in range(N_FAULT)) < 4096

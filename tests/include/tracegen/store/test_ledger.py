@@ -1,0 +1,257 @@
+"""Ledger: commits are atomic and idempotent, reads never need parts, corruption is reported."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tracegen.store.ledger import (
+    FRAME_COLUMNS,
+    DatasetMismatchError,
+    Ledger,
+    LedgerError,
+    encode_part,
+    entry_key,
+    part_key,
+)
+from tracegen.store.records import FAILED, INVALID, LEDGER_COLUMNS, OK, REJECTED, GeneratedRow
+from tracegen.store.storage import LocalStorage, Storage, open_storage
+
+RUN = "manual__2026-11-29T19:22:10.576599+00:00"
+
+
+def row(index: int, status: str = OK, finish: str | None = "stop", cap: int = 4096, run: str = RUN, chunk: int = 0,
+        tokens: int = 100) -> GeneratedRow:
+    return GeneratedRow(
+        index=index, status=status, max_tokens=cap, run_id=run, chunk=chunk,
+        finish_reason=finish if status == OK else None,
+        content="answer" if finish != "length" else "", reasoning_content="thinking " * 3,
+        completion_tokens=tokens, prompt_tokens=50, reasoning_tokens=tokens // 2, attempt=1,
+        server="http://127.0.0.1:30000", latency_s=1.23456, category="bugfix",
+        error=None if status == OK else "boom",
+    )
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    if request.param == "local":
+        return open_storage(str(tmp_path / "out"))
+    return open_storage(request.getfixturevalue("s3_uri"), retry_deadline_s=5)
+
+
+def test_commit_then_frame(store: Storage) -> None:
+    ledger = Ledger(store)
+    assert list(ledger.frame().columns) == list(FRAME_COLUMNS) and ledger.frame().empty
+    c = ledger.commit([row(0), row(1, finish="length"), row(2, status=FAILED)], RUN, 0, "seg-a")
+    assert c.created and c.n_rows == 3
+    ledger.commit([row(10, chunk=1), row(11, status=REJECTED, chunk=1)], RUN, 1, "seg-b")
+    f = ledger.frame()
+    assert sorted(f["index"]) == [0, 1, 2, 10, 11]
+    assert f["index"].dtype == "int64" and f["cut_in_reasoning"].dtype == bool
+    one = f[f["index"] == 1].iloc[0]
+    assert one["finish_reason"] == "length" and bool(one["cut_in_reasoning"]) and one["part"] == part_key(RUN, 0, "seg-a")
+    assert ledger.has_segment(RUN, 0, "seg-a") and not ledger.has_segment(RUN, 0, "seg-z")
+    assert [r.index for r in ledger.read_part(c.part)] == [0, 1, 2]
+    assert ledger.read_part(c.part)[0].content == "answer"
+    assert ledger.check_invariants() == []
+
+
+def test_recommit_is_a_noop(store: Storage) -> None:
+    ledger = Ledger(store)
+    first = ledger.commit([row(0), row(1)], RUN, 0, "seg")
+    entry_before = store.get(first.entry)
+    again = ledger.commit([row(0), row(1), row(2)], RUN, 0, "seg")
+    assert not again.created
+    assert store.get(first.entry) == entry_before
+    assert sorted(ledger.frame()["index"]) == [0, 1]
+
+
+def test_compaction_snapshot_plus_newer_entries(store: Storage) -> None:
+    ledger = Ledger(store)
+    for seg in range(5):
+        ledger.commit([row(seg * 10 + i) for i in range(3)], RUN, 0, f"s{seg}")
+    before = ledger.frame()
+    assert ledger.compact() is not None
+    assert ledger.compact() is None  # nothing new since
+    ledger.commit([row(99)], RUN, 0, "late")
+    after = ledger.frame()
+    assert sorted(after["index"]) == sorted([*before["index"], 99])
+    # rows from the snapshot and rows from newer entries come back with the same dtypes and values
+    assert dict(after.dtypes) == dict(before.dtypes)
+    old = after[after["index"] != 99].sort_values("index").reset_index(drop=True)
+    pd.testing.assert_frame_equal(old, before.sort_values("index").reset_index(drop=True))
+    assert ledger.check_invariants() == []
+    for i in range(3):
+        ledger.commit([row(200 + i)], RUN, 0, f"more{i}")
+        ledger.compact(keep=2)
+    assert len([k for k in store.list("ledger-snapshots/") if k.endswith(".json")]) == 2
+    assert sorted(ledger.frame()["index"]) == sorted([*after["index"], 200, 201, 202])
+
+
+def test_frame_can_compact_on_read(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path)
+    ledger = Ledger(store)
+    for seg in range(4):
+        ledger.commit([row(seg)], RUN, 0, f"s{seg}")
+    assert len(ledger.frame(compact_over=10)) == 4 and store.list("ledger-snapshots/") == []
+    assert len(ledger.frame(compact_over=3)) == 4
+    snap = ledger.latest_snapshot()
+    assert snap is not None and len(snap["entries"]) == 4
+    # a snapshot pruned under a reader's feet: the reader falls back to the entries
+    store.delete(snap["parquet"])
+    assert sorted(ledger.frame()["index"]) == [0, 1, 2, 3]
+
+
+def test_crash_between_part_and_entry_leaves_an_invisible_orphan(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path)
+    ledger = Ledger(store)
+    # Simulate the crash: the part PUT happened, the entry PUT did not.
+    store.put(part_key(RUN, 0, "torn"), encode_part([row(5)]))
+    assert ledger.frame().empty and not ledger.has_segment(RUN, 0, "torn")
+    assert ledger.orphan_parts() == [part_key(RUN, 0, "torn")]
+    assert ledger.check_invariants() == []
+    # The retry (same segment id) commits normally over the orphan.
+    assert ledger.commit([row(5)], RUN, 0, "torn").created
+    assert ledger.orphan_parts() == [] and list(ledger.frame()["index"]) == [5]
+
+
+def test_invariant_checker_catches_hand_made_corruption(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path)
+    ledger = Ledger(store)
+    a = ledger.commit([row(0), row(1)], RUN, 0, "a")
+    b = ledger.commit([row(2)], RUN, 0, "b")
+    c = ledger.commit([row(3)], RUN, 0, "c")
+    d = ledger.commit([row(4)], RUN, 0, "d")
+    assert ledger.check_invariants() == []
+
+    store.put(a.part, gzip.compress(b'{"index": 0, "status": "ok"\n'))  # unparsable part
+    store.delete(b.part)  # entry whose part is missing
+    tampered = [row(3, tokens=999)]  # part rows disagree with the entry
+    store.put(c.part, encode_part(tampered))
+    ledger.commit([row(4)], RUN, 0, "e")  # a duplicate: index 4 again, same cap, another segment
+    store.put("ledger/x/c00000-bad.json", b"{not json")
+    problems = ledger.check_invariants()
+    text = "\n".join(problems)
+    assert a.entry in text and "does not parse" in text
+    assert f"its part {b.part} is missing" in text
+    assert "disagree on ['completion_tokens'" in text
+    assert "index 4 committed twice under max_tokens=4096" in text and d.entry in text
+    assert "ledger/x/c00000-bad.json is not valid JSON" in text
+    # frame() refuses to silently skip a broken entry
+    with pytest.raises(LedgerError, match="not valid JSON"):
+        ledger.frame()
+
+
+def test_failed_then_ok_and_cap_tiers_are_not_duplicates(tmp_path: Path) -> None:
+    ledger = Ledger(LocalStorage(tmp_path))
+    ledger.commit([row(1, status=FAILED), row(2, finish="length")], RUN, 0, "a")
+    rows_b = [row(1, run="run2"), row(2, cap=8192, run="run2"), row(3, status=INVALID, run="run2")]
+    ledger.commit(rows_b, "run2", 0, "b")
+    assert ledger.check_invariants() == []
+
+
+def test_entry_is_columnar_and_names_are_unique(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path)
+    c = Ledger(store).commit([row(7, chunk=3), row(8, chunk=3)], RUN, 3, "seg1")
+    assert c.entry == entry_key(RUN, 3, "seg1") == f"ledger/{RUN}/c00003-seg1.json"
+    assert c.part == f"parts/{RUN}/c00003-seg1.jsonl.gz"
+    doc = json.loads(store.get(c.entry))
+    assert doc["schema"] == 1 and doc["run_id"] == RUN and doc["chunk"] == 3 and doc["segment"] == "seg1"
+    assert set(doc["columns"]) == set(LEDGER_COLUMNS) and doc["columns"]["index"] == [7, 8]
+    assert doc["columns"]["latency_s"] == [1.2346, 1.2346]
+
+
+def test_commit_validation(tmp_path: Path) -> None:
+    ledger = Ledger(LocalStorage(tmp_path))
+    with pytest.raises(ValueError, match="nothing to commit"):
+        ledger.commit([], RUN, 0, "s")
+    with pytest.raises(ValueError, match="says run 'other'"):
+        ledger.commit([row(1, run="other")], RUN, 0, "s")
+    with pytest.raises(ValueError, match="segment 'a/b'"):
+        ledger.commit([row(1)], RUN, 0, "a/b")
+    with pytest.raises(ValueError, match="run_id '../x'"):
+        ledger.commit([row(1, run="../x")], "../x", 0, "s")
+    with pytest.raises(ValueError, match="chunk"):
+        ledger.commit([row(1)], RUN, -1, "s")
+    assert ledger.storage.list() == []
+
+
+def test_dataset_fingerprint_is_bound_once(store: Storage) -> None:
+    ledger = Ledger(store)
+    assert ledger.dataset() is None
+    ledger.bind_dataset("sha256:aaa", {"uri": "s3://in/data.jsonl", "n_rows": 10})
+    ledger.bind_dataset("sha256:aaa")  # same dataset: fine, resumes
+    with pytest.raises(DatasetMismatchError, match="already holds dataset 'sha256:aaa'.*'sha256:bbb'"):
+        Ledger(store).bind_dataset("sha256:bbb")
+    assert ledger.dataset()["info"]["n_rows"] == 10
+
+
+def test_run_files(store: Storage) -> None:
+    ledger = Ledger(store)
+    uri = ledger.put_run_file(RUN, "config.json", b'{"max_tokens": 8192}')
+    ledger.put_run_file("run2", "report.html", b"<html></html>")
+    assert uri.endswith(f"runs/{RUN}/config.json")
+    assert ledger.get_run_file(RUN, "config.json") == b'{"max_tokens": 8192}'
+    assert ledger.runs() == sorted([RUN, "run2"])
+    with pytest.raises(ValueError, match="run file name"):
+        ledger.put_run_file(RUN, "../escape", b"x")
+
+
+def test_commit_survives_s3_outage(s3, s3_uri: str) -> None:
+    store = open_storage(s3_uri, retry_deadline_s=30, backoff_initial_s=0.1, backoff_max_s=0.5)
+    ledger = Ledger(store)
+    ledger.commit([row(0)], RUN, 0, "before")
+    restored = s3.proxy.outage_for(2.0)
+    c = ledger.commit([row(1), row(2)], RUN, 0, "during")
+    restored.join()
+    assert c.created and sorted(ledger.frame()["index"]) == [0, 1, 2]
+    assert ledger.check_invariants() == []
+
+
+class _DiesOnPut(LocalStorage):
+    """A real local store whose process 'dies' (raises) at the PUT of a key matching `prefix`."""
+
+    def __init__(self, root: Path, prefix: str) -> None:
+        super().__init__(root)
+        self.prefix = prefix
+
+    def put(self, key: str, data: bytes) -> None:
+        if key.startswith(self.prefix):
+            raise KeyboardInterrupt(f"killed before writing {key}")
+        super().put(key, data)
+
+
+@pytest.mark.parametrize("dies_at", ["parts/", "ledger/"])
+def test_a_commit_killed_at_either_put_is_invisible_then_retries_cleanly(tmp_path: Path, dies_at: str) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        Ledger(_DiesOnPut(tmp_path, dies_at)).commit([row(1), row(2)], RUN, 0, "seg")
+    ledger = Ledger(LocalStorage(tmp_path))
+    assert ledger.frame().empty and not ledger.has_segment(RUN, 0, "seg")  # the entry is the commit point
+    assert ledger.commit([row(1), row(2)], RUN, 0, "seg").created
+    assert sorted(ledger.frame()["index"]) == [1, 2] and ledger.check_invariants() == [] and ledger.orphan_parts() == []
+
+
+def test_plan_frame_holds_only_the_asked_rows_and_agrees_with_frame(tmp_path: Path) -> None:
+    from tracegen import plan
+
+    ledger = Ledger(open_storage(str(tmp_path)))
+    for chunk in range(4):
+        rows = [row(i, finish="length" if i % 5 == 0 else "stop", chunk=chunk) for i in range(chunk * 50, chunk * 50 + 50)]
+        ledger.commit(rows, RUN, chunk, f"s{chunk}")
+        if chunk == 1:
+            ledger.compact()  # half from the snapshot, half from loose entries
+    ledger.commit([row(i, cap=8192, chunk=9, run="r2") for i in (0, 5, 120)], "r2", 9, "late")
+    wanted = list(range(90, 130)) + [0, 5]
+    lean = ledger.plan_frame(wanted)
+    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens"])
+    assert set(lean["index"]) == set(wanted)
+    assert len(lean) == len(wanted) + 2 + 1  # indices 0, 5 and 120 hold a 4096 and an 8192 row
+    full = ledger.frame()
+    for cap, policy in [(4096, "keep"), (8192, "regenerate"), (8192, "keep")]:
+        expected = plan.remaining(full, wanted, cap, policy)
+        assert plan.remaining(lean, wanted, cap, policy).tolist() == expected.tolist()
+    assert ledger.plan_frame([]).empty
