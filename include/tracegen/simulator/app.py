@@ -3,6 +3,10 @@
 Handlers validate the request, ask the fault injector what happens to it, plan its length from the
 length model, and hand it to the continuous-batching engine; they wake up only when it finishes (or
 every stream interval when streaming), never once per token.
+
+Every generation request is a fresh sample of its prompt (a fixed one only with
+--enable-deterministic-inference, from the request's seed), except a /generate whose input_ids end with
+a response this stand-in produced: that request finishes the same sample (see `tokens`).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import shlex
 import signal
 import sys
@@ -26,10 +31,14 @@ from tracegen.simulator import protocol as p
 from tracegen.simulator.batching import AsyncBatcher, BatchEngine, Job, QueueFull, StepModel
 from tracegen.simulator.cli import SimSettings
 from tracegen.simulator.faults import FaultInjector
-from tracegen.simulator.lengths import draw, prompt_tokens, text_tokens
+from tracegen.simulator.lengths import Drawn, continued_sample, fresh_sample
+from tracegen.simulator.reasoning import UnmodelledParser, UnsupportedParser, separate_reasoning
+from tracegen.simulator.tokens import chat_prompt_ids, text_ids
 
 log = logging.getLogger("tracegen.simulator")
 READY_LINE = "The server is fired up and ready to roll!"
+# Fresh sampling: every request without deterministic inference gets its own sample number.
+_FRESH_SAMPLES = random.SystemRandom()
 # Paths reachable without the API key (SGLang: prefix match).
 _AUTH_EXEMPT = ("/health", "/ready", "/metrics")
 
@@ -170,6 +179,14 @@ async def server_info(request: web.Request) -> web.Response:
     info["version"] = p.SGLANG_VERSION
     info["sim_occupancy"] = occ
     info["sim_faults"] = state.injector.config.to_json()
+    model = state.settings.length_model
+    info["sim_length_model_resolved"] = {
+        **{
+            k: getattr(model, k) for k in ("kind", "median", "sigma", "prompt_share", "runaway_rate", "fixed")
+        },
+        "truncated_share_at_4096": round(model.survival(4096), 6),
+        "truncated_share_at_8192": round(model.survival(8192), 6),
+    }
     return _json(info)
 
 
@@ -303,19 +320,26 @@ def _record(state: State, job: Job, prompt_toks: int) -> None:
         m.prompt_tokens_total += prompt_toks
 
 
+def _sample_number(state: State, seed: int | None) -> int:
+    """Which sample of the prompt this request draws: its seed in deterministic mode, else a fresh one."""
+    if state.args["enable_deterministic_inference"]:
+        return seed if seed is not None else p.DEFAULT_SAMPLING_SEED
+    return _FRESH_SAMPLES.getrandbits(64)
+
+
+def _fresh(state: State, ids: list[int], thinking: bool, seed: int | None) -> Drawn:
+    number = _sample_number(state, seed)
+    return fresh_sample(ids, state.args["sim_seed"], state.settings.length_model, number, thinking)
+
+
 def _plan(
-    state: State, prompt: Any, cap: int, thinking: bool, ignore_eos: bool, tools: list[dict[str, Any]] | None
+    state: State, drawn: Drawn, cap: int, ignore_eos: bool, tools: list[dict[str, Any]] | None
 ) -> p.Plan:
-    d = draw(prompt, state.args["sim_seed"], state.settings.length_model)
-    reasoning = d.reasoning if thinking else 0
-    natural = d.total if thinking else max(1, d.answer)
     tool_name = None
-    if tools and (d.digest >> 8) % 10_000 < state.args["sim_tool_call_rate"] * 10_000:
-        fn = tools[d.digest % len(tools)].get("function")
+    if tools and drawn.sample.tool_roll < state.args["sim_tool_call_rate"]:
+        fn = tools[drawn.sample.key % len(tools)].get("function")
         tool_name = fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else "tool"
-    if ignore_eos or natural > cap:
-        return p.Plan(d.digest, reasoning, cap, "length", cap)
-    return p.Plan(d.digest, reasoning, natural, "tool_calls" if tool_name else "stop", cap, tool_name)
+    return p.plan_request(drawn, cap, ignore_eos, tool_name)
 
 
 async def _wait(job: Job, state: State) -> None:
@@ -333,21 +357,27 @@ def _refuse_if_draining(request: web.Request, state: State) -> web.Response | No
     return None
 
 
+def _reasoning_parser(state: State, separate: bool) -> str | None:
+    parser = state.args["reasoning_parser"]
+    return parser if parser and separate else None
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     if (refused := _refuse_if_draining(request, state)) is not None:
         return refused
     req = p.parse_chat(p.parse_json_object(await request.read()))
     ctx = state.settings.context_length
-    n_prompt = prompt_tokens(req.messages, req.tools)
+    ids = chat_prompt_ids(req.messages, req.tools)
+    n_prompt = len(ids)
     p.check_context(n_prompt, req.max_tokens, ctx)
     cap = req.max_tokens if req.max_tokens is not None else ctx - n_prompt
     fault, replacement = await _apply_fault(request, state)
     if replacement is not None:
         return replacement
-    plan = _plan(state, req.messages, cap, req.enable_thinking, req.ignore_eos, req.tools)
+    plan = _plan(state, _fresh(state, ids, req.enable_thinking, req.seed), cap, req.ignore_eos, req.tools)
     rid = req.rid or p.new_id()
-    parsed = bool(state.args["reasoning_parser"]) and req.separate_reasoning
+    parser = _reasoning_parser(state, req.separate_reasoning)
     count_reasoning = bool(state.args["reasoning_parser"])
     state.active += 1
     try:
@@ -358,24 +388,30 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         model = req.model if req.model is not None else state.args["served_model_name"]
         if req.stream:
             return await _stream_chat(
-                request, state, req, plan, job, n_prompt, model, parsed, count_reasoning
+                request, state, req, plan, job, n_prompt, model, parser, count_reasoning
             )
         await _wait(job, state)
         _record(state, job, n_prompt)
         n = job.tokens
         finish = "abort" if job.aborted else plan.finish
-        reasoning_text, content = p.chat_texts(plan, 0, n, parsed)
+        reasoning_text, content = p.chat_texts(plan, n, parser, req.enable_thinking)
         r_tokens = p.split(plan, n)[0] if count_reasoning else 0
         message: dict[str, Any] = {
             "role": "assistant",
             "content": content,
-            "reasoning_content": reasoning_text if parsed and p.split(plan, n)[0] else None,
+            "reasoning_content": reasoning_text or None,
             "tool_calls": p.tool_calls(plan) if finish == "tool_calls" else None,
         }
+        choice: dict[str, Any] = {
+            "index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+            "matched_stop": p.EOS_TOKEN_ID if finish == "stop" else None,
+        }  # fmt: skip
+        if req.return_token_ids or req.return_prompt_token_ids:
+            choice["prompt_token_ids"] = ids
+        if req.return_token_ids:
+            choice["response_token_ids"] = p.output_ids(plan, n)
         return _json({
-            "id": rid, "object": "chat.completion", "created": p.now(), "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
-                         "matched_stop": p.EOS_TOKEN_ID if finish == "stop" else None}],
+            "id": rid, "object": "chat.completion", "created": p.now(), "model": model, "choices": [choice],
             "usage": p.usage(n_prompt, n, r_tokens),
             "metadata": {"weight_version": state.args["weight_version"] or "default"},
         })  # fmt: skip
@@ -409,7 +445,7 @@ async def _stream_chat(
     job: Job,
     n_prompt: int,
     model: str,
-    parsed: bool,
+    parser: str | None,
     count_reasoning: bool,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -424,19 +460,21 @@ async def _stream_chat(
 
     await _sse(resp, chunk({"role": "assistant", "content": ""}))
     sent = 0
+    sent_reasoning, sent_content = "", ""
     try:
         while True:
             n = await _progress(state, job)
             if n > sent:
-                thinking, content = p.chat_texts(plan, sent, n, parsed)
+                # Deltas of the split of everything so far: they add up to the non-streamed message.
+                thinking, content = p.chat_texts(plan, n, parser, req.enable_thinking)
                 delta: dict[str, Any] = {}
-                if thinking:
-                    delta["reasoning_content"] = thinking
-                if content:
-                    delta["content"] = content
+                if len(thinking) > len(sent_reasoning):
+                    delta["reasoning_content"] = thinking[len(sent_reasoning) :]
+                if len(content) > len(sent_content):
+                    delta["content"] = content[len(sent_content) :]
                 if delta:
                     await _sse(resp, chunk(delta))
-                sent = n
+                sent, sent_reasoning, sent_content = n, thinking, content
             if job.future.done():
                 break
     except (ConnectionResetError, asyncio.CancelledError):
@@ -472,12 +510,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return refused
     req = p.parse_generate(p.parse_json_object(await request.read()))
     ctx = state.settings.context_length
-    n_prompt = text_tokens(req.prompt) if isinstance(req.prompt, str) else len(req.prompt)
+    ids = text_ids(req.prompt) if isinstance(req.prompt, str) else req.prompt
+    n_prompt = len(ids)
     p.check_context(n_prompt, req.max_new_tokens, ctx)
     fault, replacement = await _apply_fault(request, state)
     if replacement is not None:
         return replacement
-    plan = _plan(state, req.prompt, req.max_new_tokens, True, req.ignore_eos, None)
+    # Ids that end with one of our responses continue its sample; anything else is a fresh sample.
+    drawn = None
+    if not isinstance(req.prompt, str):
+        drawn = continued_sample(ids, state.args["sim_seed"], state.settings.length_model)
+    if drawn is None:
+        drawn = _fresh(state, ids, True, req.sampling_seed)
+    plan = _plan(state, drawn, req.max_new_tokens, req.ignore_eos, None)
     rid = req.rid or p.new_id()
     count_reasoning = bool(state.args["reasoning_parser"])
     accept = state.settings.accept_length
@@ -491,7 +536,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         t0 = job.meta["t_arrival"]
 
         def body(n: int, done: bool) -> dict[str, Any]:
-            _, text = p.chat_texts(plan, 0, n, parsed=False)
+            text = p.raw_text(plan, 0, n)
             meta: dict[str, Any] = {"id": rid, "finish_reason": None}
             if done and job.aborted:
                 meta["finish_reason"] = p.finish_reason_native("abort", plan.cap, job.abort_message)
@@ -541,6 +586,32 @@ async def generate(request: web.Request) -> web.StreamResponse:
         state.active -= 1
 
 
+async def separate_reasoning_endpoint(request: web.Request) -> web.Response:
+    """POST /separate_reasoning: split raw text exactly as the chat route would."""
+    body = p.parse_json_object(await request.read())
+    text, parser, blocks = body.get("text"), body.get("reasoning_parser"), body.get("return_blocks", False)
+    if not isinstance(text, str) or not isinstance(parser, str) or not isinstance(blocks, bool):
+        raise p.BadRequest(
+            "separate_reasoning needs text (string), reasoning_parser (string), return_blocks (bool)"
+        )
+    try:
+        reasoning_text, normal_text = separate_reasoning(text, parser)
+    except UnsupportedParser:
+        # SGLang raises ValueError outside any handler here: the server's plain 500.
+        return web.Response(status=500, text="Internal Server Error")
+    except UnmodelledParser as exc:
+        return _json({"detail": str(exc)}, 501)
+    out: dict[str, Any] = {"reasoning_text": reasoning_text, "text": normal_text}
+    if blocks:
+        parts = ([{"type": "reasoning", "text": reasoning_text}] if reasoning_text else []) + [
+            {"type": "text", "text": normal_text}
+        ]
+        out["reasoning_blocks"] = [b["text"] for b in parts if b["type"] == "reasoning"]
+        out["text_blocks"] = [b["text"] for b in parts if b["type"] == "text"]
+        out["blocks"] = parts
+    return _json(out)
+
+
 # -- lifecycle --------------------------------------------------------------------------------------
 def build_app(state: State) -> web.Application:
     app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=64 * 1024**2)
@@ -555,6 +626,7 @@ def build_app(state: State) -> web.Application:
     r.add_get("/v1/models", models)
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/generate", generate)
+    r.add_post("/separate_reasoning", separate_reasoning_endpoint)
     r.add_post("/abort_request", abort_request)
     r.add_get("/sim/faults", get_faults)
     r.add_post("/sim/faults", set_faults)

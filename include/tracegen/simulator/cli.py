@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracegen.simulator.faults import FaultConfig
-from tracegen.simulator.lengths import LengthModel
+from tracegen.simulator.lengths import LAWS, LengthModel, build_model
 
 DEFAULT_CONTEXT_LENGTH = 40960  # Qwen3's config.json value
 DEFAULT_MAX_RUNNING = 256
@@ -46,8 +46,8 @@ _IGNORED_BOOL_FLAGS = (
     "--enable-mixed-chunk", "--enable-dp-attention", "--disable-overlap-schedule", "--show-time-cost",
     "--enable-cache-report", "--allow-auto-truncate", "--enable-dp-lm-head", "--skip-tokenizer-init",
     "--disable-cuda-graph-padding", "--enable-nan-detection", "--enable-p2p-check", "--log-requests",
-    "--enable-memory-saver", "--disable-custom-all-reduce", "--enable-deterministic-inference",
-    "--disable-shared-experts-fusion", "--enable-two-batch-overlap", "--enable-request-time-stats-logging",
+    "--enable-memory-saver", "--disable-custom-all-reduce", "--disable-shared-experts-fusion",
+    "--enable-two-batch-overlap", "--enable-request-time-stats-logging",
 )  # fmt: skip
 
 
@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     g.add_argument("--skip-server-warmup", action="store_true")
     g.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None)
+    # With it a request's seed (default 42) fixes its sample; without it every request samples afresh.
+    g.add_argument("--enable-deterministic-inference", action="store_true")
 
     ig = p.add_argument_group("SGLang flags accepted and ignored (GPU-only)")
     for flag, kind in _IGNORED_VALUE_FLAGS:
@@ -87,11 +89,51 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="simulated seconds per wall second (1000: a simulated hour in 3.6 s)",
     )
-    s.add_argument("--sim-seed", type=int, default=0, help="seed of the per-prompt length model")
+    s.add_argument("--sim-seed", type=int, default=0, help="seed of the per-prompt difficulty")
     s.add_argument(
         "--sim-length-model",
         default="seed",
         help="'seed' (default: 18%% truncated at 4096), 'short', 'long', 'lognormal:MEDIAN:SIGMA', 'fixed:N'",
+    )
+    s.add_argument(
+        "--sim-length-law",
+        default=None,
+        choices=[law for law in LAWS if law != "fixed"],
+        help="shape of the natural lengths (default lognormal); the median moves to keep the truncated share",
+    )
+    s.add_argument("--sim-tail-dof", type=float, default=None, help="logt: degrees of freedom (default 3)")
+    s.add_argument(
+        "--sim-long-mode-share",
+        type=float,
+        default=None,
+        help="bimodal: share of long samples (default 0.3)",
+    )
+    s.add_argument(
+        "--sim-long-mode-ratio", type=float, default=None, help="bimodal: long/short median ratio (default 8)"
+    )
+    s.add_argument(
+        "--sim-runaway-rate",
+        type=float,
+        default=None,
+        help="share of samples that never stop and loop until the cap (default 0)",
+    )
+    s.add_argument(
+        "--sim-prompt-variance-share",
+        type=float,
+        default=None,
+        help="share of the log-length variance fixed by the prompt; the rest is per sample (default 0.5)",
+    )
+    s.add_argument(
+        "--sim-truncated-share",
+        type=float,
+        default=None,
+        help="calibrate: share of samples longer than --sim-truncated-at (default: the model's own, 0.18 for seed)",
+    )
+    s.add_argument(
+        "--sim-truncated-at",
+        type=int,
+        default=None,
+        help="the cap --sim-truncated-share refers to (default 4096; 100 for 'short')",
     )
     s.add_argument(
         "--sim-step-base-ms", type=float, default=15.0, help="decode step time at batch 0 (simulated ms)"
@@ -159,10 +201,40 @@ def _check(parser: argparse.ArgumentParser, ok: bool, message: str) -> None:
         parser.error(message)  # exits 2 with usage, like argparse's own errors
 
 
+def _with_config_file(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """SGLang's `--config FILE.yaml`: each key becomes `--key value`, placed before the command line's
+    own flags (which win). The fleet hands the API key over this way, out of the world-readable argv."""
+    if "--config" not in argv:
+        return argv
+    at = argv.index("--config")
+    _check(parser, argv.count("--config") == 1 and at + 1 < len(argv), "--config takes exactly one file")
+    path = argv[at + 1]
+    _check(parser, path.endswith((".yaml", ".yml")), f"--config {path}: must be a .yaml or .yml file")
+    import yaml
+
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        parser.error(f"--config {path}: {exc}")
+    _check(parser, isinstance(data, dict), f"--config {path}: must hold a mapping at its root")
+    switches = {s for a in parser._actions if a.nargs == 0 and a.const is True for s in a.option_strings}
+    from_file: list[str] = []
+    for key, value in data.items():
+        flag = f"--{key}"
+        if isinstance(value, bool) and flag in switches:
+            from_file += [flag] if value else []
+        elif isinstance(value, list):
+            from_file += [flag, *(str(v) for v in value)] if value else []
+        else:
+            from_file += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
+    return from_file + argv[:at] + argv[at + 2 :]
+
+
 def parse_args(argv: Sequence[str]) -> SimSettings:
     """Parse and validate argv; on any error prints argparse's message and exits with code 2."""
     parser = build_parser()
-    ns = parser.parse_args(list(argv))
+    ns = parser.parse_args(_with_config_file(parser, list(argv)))
     a = vars(ns)
     if a["served_model_name"] is None:
         a["served_model_name"] = a["model_path"]
@@ -212,8 +284,28 @@ def parse_args(argv: Sequence[str]) -> SimSettings:
         accept = a["sim_accept_length"] if a["sim_accept_length"] is not None else DEFAULT_SPEC_ACCEPT_LENGTH
     _check(parser, accept >= 1, f"--sim-accept-length must be >= 1, got {accept}")
     a["sim_accept_length"] = accept
+    shape = {
+        field: a[flag]
+        for field, flag in (
+            ("tail_dof", "sim_tail_dof"), ("long_share", "sim_long_mode_share"),
+            ("long_ratio", "sim_long_mode_ratio"), ("runaway_rate", "sim_runaway_rate"),
+            ("prompt_share", "sim_prompt_variance_share"),
+        )
+        if a[flag] is not None
+    }  # fmt: skip
+    _check(
+        parser,
+        a["sim_truncated_at"] is None or a["sim_truncated_at"] >= 1,
+        f"--sim-truncated-at must be >= 1, got {a['sim_truncated_at']}",
+    )
     try:
-        length_model = LengthModel.parse(a["sim_length_model"])
+        length_model = build_model(
+            a["sim_length_model"],
+            a["sim_length_law"],
+            a["sim_truncated_share"],
+            a["sim_truncated_at"],
+            **shape,
+        )
     except ValueError as exc:
         parser.error(f"--sim-length-model: {exc}")
     fault_seed = a["sim_fault_seed"] if a["sim_fault_seed"] is not None else a["sim_seed"]

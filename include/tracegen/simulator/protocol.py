@@ -2,7 +2,9 @@
 
 Validation raises `BadRequest` with a message naming the bad field; the HTTP layer turns it into
 SGLang's 400 body (flat on OpenAI routes, nested on /generate). Response builders take token counts
-from the batching engine and render the deterministic pseudo-text.
+from the batching engine and render the sample's pseudo-text and token ids. Raw text is what the model
+emits (`<think>\n…\n</think>\n\n…`); the chat route's split is SGLang's parser applied to it, so raw
+text of a prefix joined with its continuation splits exactly as the whole response would.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tracegen.simulator.lengths import Drawn, Sample
+from tracegen.simulator.reasoning import chat_parser, separate_reasoning
 from tracegen.simulator.text import words
+from tracegen.simulator.tokens import EOS_TOKEN_ID, ResponseIds
 
-EOS_TOKEN_ID = 151645  # Qwen3 <|im_end|>: what SGLang reports as matched_stop
-VOCAB_SIZE = 151_936
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "\n</think>\n\n"
 SGLANG_VERSION = "0.5.23"
+DEFAULT_SAMPLING_SEED = 42  # SGLang's seed for a request without one, in deterministic mode
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 class BadRequest(ValueError):
@@ -67,6 +72,17 @@ def _bool(body: Mapping[str, Any], key: str, default: bool, where: str = "") -> 
     return value
 
 
+def _seed(body: Mapping[str, Any], key: str, where: str = "") -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{where}{key} must be an integer, got {json.dumps(value)[:80]}")
+    if not _INT64[0] <= value <= _INT64[1]:  # SGLang's SamplingParams.verify, on the seed it becomes
+        raise BadRequest(f"sampling_seed must be in [-2**63, 2**63 - 1], got {value}.")
+    return value
+
+
 def _rid(body: Mapping[str, Any]) -> str | None:
     rid = body.get("rid")
     if rid is not None and (not isinstance(rid, str) or not rid):
@@ -86,6 +102,9 @@ class ChatRequest:
     ignore_eos: bool
     model: str | None
     rid: str | None
+    seed: int | None = None
+    return_prompt_token_ids: bool = False
+    return_token_ids: bool = False
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
@@ -110,11 +129,23 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         max_tokens = _int(body, "max_tokens", 1)
     _number(body, "temperature", 0.0, 100.0)
     _number(body, "top_p", 0.0, 1.0)
-    _int(body, "seed", -(2**63))
+    seed = _seed(body, "seed")
     _int(body, "n", 1)
     if body.get("n", 1) != 1:
         raise BadRequest("n > 1 is not supported by the stand-in")
     stream = _bool(body, "stream", False)
+    return_prompt_token_ids = _bool(body, "return_prompt_token_ids", False)
+    return_token_ids = _bool(body, "return_token_ids", False)
+    if stream and return_prompt_token_ids:  # verbatim from SGLang's serving_chat
+        raise BadRequest(
+            "return_prompt_token_ids is not supported with streaming. "
+            "Please set stream=false when using return_prompt_token_ids=true."
+        )
+    if stream and return_token_ids:
+        raise BadRequest(
+            "return_token_ids is not supported with streaming on /v1/chat/completions. "
+            "Please set stream=false when using return_token_ids=true."
+        )
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadRequest("stream_options must be an object")
@@ -124,6 +155,9 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string")
+    # Accepted as SGLang accepts it. The stand-in cannot recover a sample from text, so a prefilled
+    # assistant message is just more prompt: continue rows by token ids through /generate instead.
+    _bool(body, "continue_final_message", False)
     return ChatRequest(
         messages=messages,
         tools=tools or None,
@@ -135,6 +169,9 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         ignore_eos=_bool(body, "ignore_eos", False),
         model=model,
         rid=_rid(body),
+        seed=seed,
+        return_prompt_token_ids=return_prompt_token_ids,
+        return_token_ids=return_token_ids,
     )
 
 
@@ -145,6 +182,7 @@ class GenerateRequest:
     stream: bool
     ignore_eos: bool
     rid: str | None
+    sampling_seed: int | None = None
 
 
 def parse_generate(body: dict[str, Any]) -> GenerateRequest:
@@ -179,6 +217,7 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
         stream=_bool(body, "stream", False),
         ignore_eos=_bool(sp, "ignore_eos", False, where),
         rid=_rid(body),
+        sampling_seed=_seed(sp, "sampling_seed", where),
     )
 
 
@@ -197,9 +236,10 @@ def context_overflow(input_tokens: int, max_new_tokens: int, context_length: int
 
 
 def check_context(input_tokens: int, max_new_tokens: int | None, context_length: int) -> None:
+    # SGLang: the input alone must be shorter than the context; input + max_new_tokens may equal it.
     if input_tokens >= context_length:
         raise BadRequest(input_too_long(input_tokens, context_length))
-    if max_new_tokens is not None and input_tokens + max_new_tokens >= context_length:
+    if max_new_tokens is not None and input_tokens + max_new_tokens > context_length:
         raise BadRequest(context_overflow(input_tokens, max_new_tokens, context_length))
 
 
@@ -224,59 +264,100 @@ def now() -> int:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What one request will produce: thinking tokens, total tokens, and how it finishes."""
+    """What one request will produce: a stretch of one sample, and how it finishes.
 
-    digest: int
-    reasoning: int  # natural thinking length (0 when thinking is off)
-    target: int  # tokens produced if not aborted: min(natural, cap)
+    Token positions in `sample` are absolute; this request produces positions [start, start + target).
+    `start` > 0 for a continuation: the response tokens the client sent back after the prompt.
+    """
+
+    sample: Sample
+    response: ResponseIds
+    reasoning: int  # thinking tokens of the whole sample as generated (0 when thinking is off)
+    start: int
+    target: int  # tokens produced if not aborted
     finish: str  # "stop" | "length" | "tool_calls" when it reaches target
-    cap: int
+    cap: int  # max_new_tokens of this request
     tool_name: str | None = None
+
+    @property
+    def ends_with_eos(self) -> bool:
+        """The last token is the stop token, which SGLang counts but does not detokenize."""
+        return self.finish in ("stop", "tool_calls")
+
+    @property
+    def loop(self) -> tuple[int, int] | None:
+        """(onset, period) of a runaway's repetition, for `words`."""
+        return (self.sample.loop_onset, self.sample.loop_period) if self.sample.runaway else None
+
+
+def plan_request(drawn: Drawn, cap: int, ignore_eos: bool, tool_name: str | None = None) -> Plan:
+    """What a request for `drawn` with max_new_tokens `cap` produces: the rest of the sample, or `cap`."""
+    sample, response, start = drawn.sample, drawn.response, drawn.generated
+    reasoning = sample.reasoning if response.thinking else 0
+    # Thinking off: the answer alone, unless the sample is a runaway, which loops in the answer instead.
+    natural = sample.total if response.thinking or sample.runaway else max(1, sample.answer)
+    # A prefix at or past where its sample stops (another length model produced it) stops at once.
+    remaining = max(1, natural - start)
+    if ignore_eos or remaining > cap:
+        return Plan(sample, response, reasoning, start, cap, "length", cap)
+    finish = "tool_calls" if tool_name else "stop"
+    return Plan(sample, response, reasoning, start, remaining, finish, cap, tool_name)
 
 
 def split(plan: Plan, n: int) -> tuple[int, int]:
-    """(thinking, answer) tokens among the first n produced."""
-    r = min(n, plan.reasoning)
+    """(thinking, answer) tokens among the first n this request produced."""
+    before = min(plan.start, plan.reasoning)
+    r = min(plan.start + n, plan.reasoning) - before
     return r, n - r
 
 
-def chat_texts(plan: Plan, prev: int, n: int, parsed: bool) -> tuple[str, str]:
-    """(reasoning delta, content delta) between token counts prev and n.
+def raw_text(plan: Plan, prev: int, n: int) -> str:
+    """Raw model output between this request's token counts prev and n: thinking inline in tags."""
+    a, b = plan.start + prev, plan.start + n
+    if plan.ends_with_eos and n >= plan.target:
+        b -= 1  # the stop token has no text
+    reasoning, loop, key = plan.reasoning, plan.loop, plan.sample.key
+    out = []
+    if reasoning and a == 0 and b > 0:
+        out.append(THINK_OPEN)
+    r0, r1 = min(a, reasoning), min(b, reasoning)
+    if r1 > r0:
+        out.append((" " if r0 else "") + words(key, r0, r1 - r0, loop))
+    if reasoning and a <= reasoning < plan.start + n:  # the first answer token closes the thinking
+        out.append(THINK_CLOSE)
+    w0, w1 = max(a, reasoning), max(b, reasoning)
+    if w1 > w0:
+        out.append((" " if w0 > reasoning else "") + words(key, w0, w1 - w0, loop))
+    return "".join(out)
 
-    With a reasoning parser the thinking goes to reasoning_content; without one it stays inline
-    in content between <think> tags, as the raw model output would.
+
+def chat_texts(plan: Plan, n: int, parser: str | None, thinking: bool) -> tuple[str, str]:
+    """(reasoning_content, content) of the first n tokens, "" for an absent part.
+
+    With a reasoning parser the split is SGLang's, applied to the raw text; without one the thinking
+    stays inline in content, as the raw model output would.
     """
-    r0, a0 = split(plan, prev)
-    r1, a1 = split(plan, n)
-    thinking = words(plan.digest, r0, r1 - r0)
-    if thinking and r0:
-        thinking = " " + thinking
-    answer = words(plan.digest, plan.reasoning + a0, a1 - a0)
-    if answer and a0:
-        answer = " " + answer
-    if parsed:
-        return thinking, answer
-    raw = ""
-    if plan.reasoning and prev == 0 and n > 0:
-        raw += THINK_OPEN
-    raw += thinking
-    if plan.reasoning and a0 == 0 and a1 > 0:
-        raw += THINK_CLOSE
-    return "", raw + answer
+    raw = raw_text(plan, 0, n)
+    if parser is None:
+        return "", raw
+    return separate_reasoning(raw, chat_parser(parser), force=thinking)
 
 
 def tool_calls(plan: Plan) -> list[dict[str, Any]]:
     return [{
-        "id": f"call_{plan.digest:016x}",
+        "id": f"call_{plan.sample.key:016x}",
         "index": 0,
         "type": "function",
-        "function": {"name": plan.tool_name, "arguments": json.dumps({"query": words(plan.digest, 7, 3)})},
+        "function": {"name": plan.tool_name, "arguments": json.dumps({"query": words(plan.sample.key, 7, 3)})},
     }]  # fmt: skip
 
 
 def output_ids(plan: Plan, n: int) -> list[int]:
-    base = plan.digest % VOCAB_SIZE
-    return [(base + i * 7919) % VOCAB_SIZE for i in range(n)]
+    """Token ids of the first n tokens this request produced (ending with the stop token if it stopped)."""
+    ids = plan.response.ids(plan.start, n)
+    if plan.ends_with_eos and n >= plan.target and ids:
+        ids[-1] = EOS_TOKEN_ID
+    return ids
 
 
 def usage(prompt_tokens: int, completion: int, reasoning: int) -> dict[str, Any]:

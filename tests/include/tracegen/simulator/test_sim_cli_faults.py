@@ -78,6 +78,11 @@ def test_gpu_only_flags_are_accepted_and_recorded():
         (["--model-path", "m", "--sim-length-model", "weird"], "unknown length model"),
         (["--model-path", "m", "--sim-error-rate", "2"], "error_rate must be a number in [0, 1]"),
         (["--model-path", "m", "--speculative-algorithm", "MAGIC"], "is not one of"),
+        (["--model-path", "m", "--sim-length-law", "cauchy"], "invalid choice: 'cauchy'"),
+        (["--model-path", "m", "--sim-runaway-rate", "0.3"], "runaways alone pass any cap"),
+        (["--model-path", "m", "--sim-length-model", "fixed:9", "--sim-length-law", "logt"], "no median"),
+        (["--model-path", "m", "--sim-truncated-at", "0"], "--sim-truncated-at must be >= 1"),
+        (["--model-path", "m", "--sim-length-law", "logt", "--sim-tail-dof", "0"], "tail_dof must be > 0"),
     ],
 )
 def test_bad_flags_exit_2_with_argparse_message(argv, message, capsys):
@@ -85,6 +90,20 @@ def test_bad_flags_exit_2_with_argparse_message(argv, message, capsys):
         parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_length_law_flags_keep_the_truncated_share():
+    s = parse_args(["--model-path", "m", "--sim-length-law", "logt", "--sim-runaway-rate", "0.02"])
+    assert s.length_model.kind == "logt" and s.length_model.runaway_rate == 0.02
+    assert s.length_model.survival(4096) == pytest.approx(0.18, abs=0.001)
+    short = parse_args(["--model-path", "m", "--sim-length-model", "short", "--sim-length-law", "bimodal"])
+    assert short.length_model.survival(100) == pytest.approx(0.18, abs=0.002)
+    chosen = parse_args(["--model-path", "m", "--sim-truncated-share", "0.3", "--sim-truncated-at", "8192"])
+    assert chosen.length_model.survival(8192) == pytest.approx(0.3)
+    assert parse_args(["--model-path", "m"]).args["enable_deterministic_inference"] is False
+    assert parse_args(["--model-path", "m", "--enable-deterministic-inference"]).args[
+        "enable_deterministic_inference"
+    ]
 
 
 def test_unknown_flag_exits_2_as_a_process():

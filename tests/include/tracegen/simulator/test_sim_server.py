@@ -15,24 +15,33 @@ from tracegen.simulator.lengths import LengthModel, draw
 
 SHORT = LengthModel.parse("short")
 KEY = "sk-test"
+# Servers started with --enable-deterministic-inference draw sample 42 (SGLang's default seed) for a
+# request without a seed, so `draw(..., sample=DETERMINISTIC)` predicts their output exactly.
+DETERMINISTIC = 42
 
 
 def msgs(i: int) -> list[dict]:
     return [{"role": "user", "content": f"question {i}"}]
 
 
-def find_prompt(pred, seed: int = 0, model: LengthModel = SHORT) -> list[dict]:
+def predict(messages, model: LengthModel = SHORT):
+    return draw(messages, 0, model, sample=DETERMINISTIC)
+
+
+def find_prompt(pred, model: LengthModel = SHORT) -> list[dict]:
     for i in range(10_000):
-        if pred(draw(msgs(i), seed, model)):
+        if pred(predict(msgs(i), model)):
             return msgs(i)
     raise AssertionError("no prompt matches")
 
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    """One server for the read-only shape tests: reasoning parser, metrics, api key, short lengths."""
+    """One server for the read-only shape tests: reasoning parser, metrics, api key, short lengths,
+    deterministic sampling so tests can predict each response."""
     server = start_sim_server(
         tmp_path_factory.mktemp("simshared"),
+        enable_deterministic_inference=True,
         reasoning_parser="qwen3",
         enable_metrics=True,
         api_key=KEY,
@@ -144,7 +153,7 @@ def test_auth_rule(shared):
 # -- chat completions ---------------------------------------------------------------------------------
 def test_chat_stop_shape_and_usage(client):
     m = find_prompt(lambda d: 20 < d.total < 200)
-    d = draw(m, 0, SHORT)
+    d = predict(m)
     body = chat(client, m, max_tokens=1000).json()
     assert body["object"] == "chat.completion" and body["model"] == "whatever"
     choice = body["choices"][0]
@@ -154,7 +163,12 @@ def test_chat_stop_shape_and_usage(client):
     msg = choice["message"]
     assert msg["role"] == "assistant" and msg["tool_calls"] is None
     assert msg["content"] and msg["reasoning_content"]
-    assert len(msg["reasoning_content"].split()) == d.reasoning and len(msg["content"].split()) == d.answer
+    # SGLang's qwen3 split of "<think>\n…\n</think>\n\n…"; the last answer token is the stop token.
+    assert msg["reasoning_content"].startswith("\n") and msg["reasoning_content"].endswith("\n")
+    assert msg["content"].startswith("\n\n")
+    assert (
+        len(msg["reasoning_content"].split()) == d.reasoning and len(msg["content"].split()) == d.answer - 1
+    )
     u = body["usage"]
     assert u["completion_tokens"] == d.total and u["reasoning_tokens"] == d.reasoning
     assert u["completion_tokens_details"] == {"reasoning_tokens": d.reasoning}
@@ -166,9 +180,9 @@ def test_chat_stop_shape_and_usage(client):
     assert chat(client, m, max_tokens=1000).json()["choices"] == body["choices"]  # deterministic
 
 
-def test_natural_length_is_independent_of_the_cap(client):
+def test_a_seeded_sample_is_independent_of_the_cap(client):
     m = find_prompt(lambda d: d.total > 120 and d.reasoning < 100)
-    d = draw(m, 0, SHORT)
+    d = predict(m)
     cut = chat(client, m, max_tokens=100).json()
     full = chat(client, m, max_tokens=2000).json()
     assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == 100
@@ -199,7 +213,7 @@ def test_thinking_off_has_no_reasoning(client):
 
 
 def test_without_reasoning_parser_thinking_stays_inline(sim_server):
-    sim = sim_server(sim_length_model="short")
+    sim = sim_server(sim_length_model="short", enable_deterministic_inference=True)
     m = find_prompt(lambda d: 5 < d.total < 200)
     body = httpx.post(sim.url + "/v1/chat/completions", json={"messages": m, "max_tokens": 1000}).json()
     msg = body["choices"][0]["message"]
@@ -332,8 +346,9 @@ def test_generate_errors_are_nested(client):
 
 # -- native /generate ---------------------------------------------------------------------------------
 def test_generate_native_shape_and_default_max_new_tokens(sim_server):
-    sim = sim_server(reasoning_parser="qwen3")  # seed calibration: almost every prompt is > 128 tokens
-    prompt = next(f"prompt {i}" for i in range(100) if draw(f"prompt {i}").total > 128)
+    # Seed calibration: almost every prompt is > 128 tokens.
+    sim = sim_server(reasoning_parser="qwen3", enable_deterministic_inference=True)
+    prompt = next(f"prompt {i}" for i in range(100) if draw(f"prompt {i}", sample=DETERMINISTIC).total > 128)
     body = httpx.post(sim.url + "/generate", json={"text": prompt}).json()
     meta = body["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 128}
@@ -341,12 +356,13 @@ def test_generate_native_shape_and_default_max_new_tokens(sim_server):
     assert meta["prompt_tokens"] == 2 and meta["cached_tokens"] == 0 and meta["num_retractions"] == 0
     assert meta["weight_version"] == "default" and meta["e2e_latency"] >= 0 and meta["id"]
     assert body["text"].startswith("<think>\n")
-    short = next(f"p{i}" for i in range(1000) if draw(f"p{i}").total < 2000)
+    short = next(f"p{i}" for i in range(1000) if draw(f"p{i}", sample=DETERMINISTIC).total < 2000)
     body = httpx.post(
         sim.url + "/generate", json={"text": short, "sampling_params": {"max_new_tokens": 4000}}
     ).json()
     assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": 151645}
-    assert body["meta_info"]["completion_tokens"] == draw(short).total
+    assert body["meta_info"]["completion_tokens"] == draw(short, sample=DETERMINISTIC).total
+    assert body["output_ids"][-1] == 151645  # the stop token is counted and returned, as SGLang does
     ids = httpx.post(
         sim.url + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
     ).json()
@@ -568,7 +584,10 @@ def test_sigterm_drains_in_flight_then_exits(sim_server):
 
 
 def test_context_limit_boundary_matches_sglang(client):
-    # SGLang rejects input + max_new_tokens >= context length (not only >).
+    # SGLang 0.5.23 accepts input + max_new_tokens == context length and rejects only more.
     m = [{"role": "user", "content": "x" * 400}]  # 104 tokens
-    assert chat(client, m, max_tokens=4096 - 104).status_code == 400
-    assert chat(client, m, max_tokens=4096 - 105, chat_template_kwargs={"enable_thinking": False}).status_code == 200
+    assert chat(client, m, max_tokens=4096 - 103).status_code == 400
+    assert (
+        chat(client, m, max_tokens=4096 - 104, chat_template_kwargs={"enable_thinking": False}).status_code
+        == 200
+    )
