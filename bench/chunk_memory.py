@@ -1,4 +1,4 @@
-"""Peak RSS of one chunk task vs chunk size and dataset size (DESIGN §8: it must not grow with either).
+"""Peak RSS of one chunk task vs chunk size and dataset size (it must not grow with either: docs/benchmarks.md).
 
 Each measurement is a fresh subprocess (this file with --child) that runs `ChunkEngine` on one chunk
 against a stand-in and reports its own peak RSS (VmHWM; `ru_maxrss` where /proc is missing). A zero-row chunk on the same root is the baseline
@@ -62,7 +62,9 @@ def make_root(work: Path, n_rows: int, measured: list[tuple[int, int]]) -> dict:
     from tracegen.config import RunConfig
     from tracegen.fleet import FleetSpec
     from tracegen.fleet.spec import HostSpec
-    from tracegen.pipeline import open_ledger, prepare_run
+    from tracegen.run.prepare import prepare_run
+    from tracegen.run.spec import FleetRef
+    from tracegen.store.ledger import open_ledger
     from tracegen.store.records import OK, GeneratedRow
 
     dataset = work / f"prompts-{n_rows}.jsonl"
@@ -73,8 +75,8 @@ def make_root(work: Path, n_rows: int, measured: list[tuple[int, int]]) -> dict:
                   chunk_size=100_000, pilot_size=0, part_rows=500, part_seconds=60.0)
     config = RunConfig.from_params(params)
     fleet = FleetSpec(hosts=(HostSpec("local", (0,)),), model_path=MODEL, launch_module="tracegen.simulator")
-    prepare_run(config, "prefill", fleet)
-    ledger = open_ledger(config)
+    prepare_run(config, "prefill", FleetRef.of(fleet, "bench-fleet"))
+    ledger = open_ledger(config.output_uri)
     skip = set()
     for start, stop in measured:
         skip.update(range(start, stop))
@@ -114,15 +116,16 @@ def child(job: dict) -> None:
     import numpy as np
 
     from tracegen.config import RunConfig
+    from tracegen.dataset.stored import load_index
     from tracegen.generate.engine import ChunkEngine
-    from tracegen.pipeline import dataset_index, open_ledger
     from tracegen.sglang.client import ClientConfig
     from tracegen.sglang.routing import ServerEndpoint
+    from tracegen.store.ledger import open_ledger
 
     config = RunConfig.from_params(job["params"])
-    ledger = open_ledger(config)
+    ledger = open_ledger(config.output_uri)
     engine = ChunkEngine(config=config, run_id=job["run_id"], chunk=0, label="bench", ledger=ledger,
-                         dataset=dataset_index(config, ledger), servers=[ServerEndpoint(job["url"], max_in_flight=128)],
+                         dataset=load_index(ledger), servers=[ServerEndpoint(job["url"], max_in_flight=128)],
                          model=MODEL, spool_dir=job["spool"], client_config=ClientConfig(), progress_interval_s=3600)
     started = time.monotonic()
     summary = engine.run(np.arange(job["start"], job["stop"], dtype=np.int64))

@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from occupancy_support.fleet import MODEL, Fleet, Sampler, start_fleet  # noqa: E402
 
-from tracegen import plan, steps  # noqa: E402
-from tracegen.pipeline import TARGET_CHUNK_ROWS  # noqa: E402
+from tracegen import params, plan  # noqa: E402
+from tracegen.fleet.sources import local_sim_fleet  # noqa: E402
+from tracegen.plan import TARGET_CHUNK_ROWS  # noqa: E402
 
 SEED_PROMPTS = 913_786
 SEED_SERVERS = 7
@@ -58,7 +59,7 @@ def write_dataset(path: Path, n: int) -> None:
 
 
 def fleet_spec() -> dict:
-    spec = steps.local_sim_fleet()
+    spec = local_sim_fleet()
     spec["served_model_name"] = MODEL
     return spec
 
@@ -161,7 +162,7 @@ def run_tracegen(fleet: Fleet, work: Path, dataset: Path, cap: int, args) -> dic
     sampler = Sampler(fleet.urls)
     sampler.start()
     lead = args.chunk_concurrency
-    ex.run("plan", stagger=lead)  # as steps.plan_run: chunks staggered over the tasks in flight at once
+    ex.run("plan", stagger=lead)  # as steps.prepare_run: chunks staggered over the tasks in flight at once
     chunks = ex.tasks[-1]["chunks"]
     gate = ex.fan_out(chunks[:lead], chunks[lead:], args.chunk_concurrency)
     samples = sampler.stop()
@@ -231,11 +232,14 @@ def tune_run(fleet: Fleet, work: Path, dataset: Path, cap: int, in_flight: int, 
              interval_s: float) -> dict:  # fmt: skip
     """One chunk of the whole dataset through the chunk engine, fixed or auto-tuned; wall time and tokens."""
     from tracegen.config import RunConfig
+    from tracegen.dataset.stored import load_index
     from tracegen.fleet import FleetSpec
     from tracegen.generate.engine import ChunkEngine
-    from tracegen.pipeline import dataset_index, open_ledger, prepare_run
+    from tracegen.run.prepare import prepare_run
+    from tracegen.run.spec import FleetRef
     from tracegen.sglang.client import ClientConfig
     from tracegen.sglang.routing import ServerEndpoint
+    from tracegen.store.ledger import open_ledger
 
     work.mkdir(parents=True)
     config = RunConfig(
@@ -246,9 +250,9 @@ def tune_run(fleet: Fleet, work: Path, dataset: Path, cap: int, in_flight: int, 
         max_in_flight_per_server=in_flight,
         autotune_in_flight=autotune,
     )
-    prepare_run(config, "tune", FleetSpec.from_dict(fleet_spec()))
-    ledger = open_ledger(config)
-    index = dataset_index(config, ledger)
+    prepare_run(config, "tune", FleetRef.of(FleetSpec.from_dict(fleet_spec()), "bench-fleet"))
+    ledger = open_ledger(config.output_uri)
+    index = load_index(ledger)
     endpoints = [
         ServerEndpoint(u, max_in_flight=in_flight, name=f"sim:gpu{i}") for i, u in enumerate(fleet.urls)
     ]
@@ -295,7 +299,7 @@ def main() -> int:
     p.add_argument(
         "--chunk-concurrency",
         type=int,
-        default=steps.generate_chunk_concurrency(),
+        default=params.generate_chunk_concurrency(),
         help="max_active_tis_per_dagrun of the mapped generation (TRACEGEN_CHUNK_CONCURRENCY)",
     )
     p.add_argument(
@@ -321,7 +325,7 @@ def main() -> int:
         args.rows, args.time_scale, args.skip_sweep = 6000, 20.0, True
     from tracegen.config import RunConfig
 
-    defaults = RunConfig(dataset_uri="-", output_uri="-")
+    defaults = RunConfig(dataset_uri="/d.jsonl", output_uri="/out")
     args.in_flight = args.in_flight or defaults.max_in_flight_per_server
     args.autotune = defaults.autotune_in_flight if args.autotune is None else args.autotune
     caps = [int(c) for c in args.caps.split(",")]

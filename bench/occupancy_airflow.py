@@ -53,8 +53,10 @@ from airflow_cluster import AirflowApi, AirflowCluster, ClusterError, free_port 
 from occupancy import pct, window, write_dataset  # noqa: E402
 from occupancy_support.fleet import Fleet, Sample, Sampler, running_fleet  # noqa: E402
 
-from tracegen import steps  # noqa: E402
+from tracegen import params  # noqa: E402
+from tracegen.config import LOCAL_SIM  # noqa: E402
 from tracegen.fleet import FleetConnection, FleetSpec, provision, teardown  # noqa: E402
+from tracegen.fleet.sources import local_sim_fleet  # noqa: E402
 from tracegen.status import dataset_status  # noqa: E402
 
 DAG = "tracegen_generate"
@@ -92,7 +94,7 @@ def provision_through_dag(api: AirflowApi, spec: FleetSpec, work: Path, args) ->
     write_dataset(dataset, 40)
     # No pilot, gate only warns: a few rows say nothing about truncation and must not stop the warm-up.
     conf = {"max_tokens": args.max_tokens, "dataset_uri": str(dataset), "output_uri": str(work / "warmup"),
-            "pilot_size": 0, "gate_mode": "warn", "fleet": steps.LOCAL_SIM}  # fmt: skip
+            "pilot_size": 0, "gate_mode": "warn", "fleet": LOCAL_SIM}  # fmt: skip
     run_id = api.trigger(DAG, conf)
     if api.wait_run(DAG, run_id, 600) != "success":
         raise SystemExit(f"the warm-up run failed: {api.describe(DAG, run_id)}")
@@ -105,7 +107,7 @@ def run_tracegen(cluster: AirflowCluster, fleet: Fleet, pids: list[int], dataset
                  args) -> dict:  # fmt: skip
     api = cluster.api()
     conf = {"max_tokens": args.max_tokens, "dataset_uri": str(dataset), "output_uri": str(output),
-            "pilot_size": args.pilot, "fleet": steps.LOCAL_SIM}  # fmt: skip
+            "pilot_size": args.pilot, "fleet": LOCAL_SIM}  # fmt: skip
     if args.chunk_size:
         conf["chunk_size"] = args.chunk_size
     sampler = Sampler(fleet.urls)
@@ -130,7 +132,7 @@ def run_tracegen(cluster: AirflowCluster, fleet: Fleet, pids: list[int], dataset
     # The sampler ran until the poll saw the run end (up to 2 s later): cut at the scheduler's end_date.
     samples = [s for s in samples if s.t <= ended]
     result = measure(samples, fleet)
-    chunks = api.xcom(DAG, run_id, "plan_run")
+    chunks = api.xcom(DAG, run_id, "prepare_run", key="chunks")
     status = dataset_status(str(output))
     result.update({
         "run_id": run_id, "triggered": triggered, "ended": ended, "tis": tis, "samples": samples,
@@ -187,7 +189,7 @@ def attribute(samples: list[Sample], tis: list[dict], first_request: float) -> d
 def handoffs(tg: dict) -> list[dict]:
     """Per task: when it became ready (its upstream tasks ended; for a mapped chunk task also a free slot
     under max_active_tis_per_dagrun), when the scheduler queued it, when a worker started it."""
-    limit = steps.generate_chunk_concurrency()
+    limit = params.generate_chunk_concurrency()
     tis, t0 = tg["tis"], tg["triggered"]
     ends = defaultdict(list)
     for t in tis:
@@ -252,12 +254,12 @@ def main() -> int:
 
     began = time.time()
     root = Path(tempfile.mkdtemp(prefix="tracegen-occupancy-airflow-"))
-    # The DAG's fleet is steps.local_sim_fleet() in the workers' environment: these variables give it a
+    # The DAG's fleet is local_sim_fleet() in the workers' environment: these variables give it a
     # free port pair and the time scale, and give this process the same spec (URLs, pid files, teardown).
     env = {"TRACEGEN_STATE_DIR": str(root / "state"), "TRACEGEN_SIM_PORT": str(free_port(2)),
            "TRACEGEN_SIM_TIME_SCALE": repr(args.time_scale)}  # fmt: skip
     os.environ.update(env)
-    spec = FleetSpec.from_dict(steps.local_sim_fleet())
+    spec = FleetSpec.from_dict(local_sim_fleet())
     cluster = AirflowCluster(
         root, workers=args.workers, worker_concurrency=args.worker_concurrency, extra_env=env
     )
@@ -279,7 +281,7 @@ def main() -> int:
             f"fleet: local-sim, {len(fleet.urls)} stand-ins x {fleet.max_running} slots, time scale "
             f"{fleet.time_scale:g}, capacity {fleet.capacity_tokens_per_wall_s():,.0f} tok/wall-s; {args.rows:,} "
             f"prompts, cap {args.max_tokens}, pilot {args.pilot}; Airflow: CeleryExecutor, {args.workers} workers "
-            f"x {args.worker_concurrency} slots, {steps.generate_chunk_concurrency()} chunk tasks per mapped task "
+            f"x {args.worker_concurrency} slots, {params.generate_chunk_concurrency()} chunk tasks per mapped task "
             f"at once; baseline semaphore {fleet.slots}; load average before start {load:.2f}",
             flush=True,
         )

@@ -12,9 +12,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from tracegen import steps
-
-DEFAULTS = steps.default_params()
+from tracegen import params, steps
 
 
 @dag(
@@ -29,8 +27,7 @@ DEFAULTS = steps.default_params()
         "action": Param("status", type="string", enum=["start", "status", "stop"], title="Action",
                         description="start: launch (or reuse) one server per GPU and wait for health; "
                         "status: report each server; stop: stop every server by process group."),
-        "fleet": Param(DEFAULTS["fleet"], type="string", minLength=1, title="Fleet description",
-                       description="Path to a fleet JSON file, or 'local-sim' for the bundled simulated fleet."),
+        "fleet": Param(params.default_fleet_source(), **params.FLEET_PARAM),
     },
 )
 def tracegen_fleet():

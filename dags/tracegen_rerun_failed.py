@@ -3,7 +3,8 @@
 
 Every hour, for each output root with an unfinished run, reads the ledger and regenerates the rows
 that failed (transient errors that exhausted their retries) and the rows never committed in chunks
-whose task failed, with the config those rows were meant to have (`runs/<run_id>/config.json`).
+whose task failed, with the config those rows were meant to have (the run's record, `runs/<run_id>/run.json`), on the
+operator's own fleet (`TRACEGEN_FLEET`), which must still be the fleet the run recorded.
 When nothing failed it does nothing, quickly. Output roots are listed in the `tracegen_output_roots`
 Airflow Variable (JSON list) or default to the local demo root.
 """

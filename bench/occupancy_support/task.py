@@ -1,5 +1,5 @@
 """One DAG task as its own process, the way LocalExecutor runs a task instance: a fresh interpreter that
-imports tracegen and calls the same pipeline function the DAG's task callable calls (`tracegen.steps`
+imports tracegen and calls the same package function the DAG's task callable calls (`tracegen.steps`
 minus the Airflow context). Writes its timings to a JSON file the orchestrator reads.
 
     python task.py SPEC.json OUT.json
@@ -13,51 +13,45 @@ import time
 
 STARTED = time.time()  # before the heavy imports: start-up cost is part of a task's overhead
 
+from tracegen.audit.run_report import audit_and_report  # noqa: E402
 from tracegen.config import RunConfig  # noqa: E402
 from tracegen.fleet import FleetSpec  # noqa: E402
-from tracegen.generate.engine import PILOT_CHUNK  # noqa: E402
-from tracegen.pipeline import (  # noqa: E402
-    ChunkWork,
-    GateClosed,
-    audit_and_report,
-    dataset_index,
-    generate_chunk_work,
-    open_ledger,
-    pilot_indices,
-    prepare_run,
-    run_chunk,
-    starting_in_flight,
-)
+from tracegen.generate.chunk import GateClosed, generate_chunk_work, run_pilot, starting_in_flight  # noqa: E402
+from tracegen.plan import ChunkWork, pilot_indices  # noqa: E402
+from tracegen.run.prepare import prepare_run  # noqa: E402
+from tracegen.run.records import read_run_record  # noqa: E402
+from tracegen.run.spec import FleetRef  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
+from tracegen.store.ledger import open_ledger  # noqa: E402
 
 
 def main(spec_path: str, out_path: str) -> int:
-    spec = json.loads(open(spec_path).read())
-    config = RunConfig.from_params(spec["config"])
-    fleet = FleetSpec.from_dict(spec["fleet"])
-    run_id = spec["run_id"]
+    job = json.loads(open(spec_path).read())
+    config = RunConfig.from_params(job["config"])
+    run_id = job["run_id"]
     # What fleet_endpoints yields after provisioning (the bench's servers are already up, so the
     # provisioning check is replaced by the URLs themselves).
     endpoints = [
         ServerEndpoint(u, max_in_flight=starting_in_flight(config), name=f"sim:gpu{i}")
-        for i, u in enumerate(spec["urls"])
+        for i, u in enumerate(job["urls"])
     ]
     out: dict = {"started": STARTED, "imported": time.time()}
-    step = spec["step"]
+    step = job["step"]
     if step == "plan":
-        out["chunks"] = [w.to_json() for w in prepare_run(config, run_id, fleet, stagger=spec["stagger"])]
-    elif step == "pilot":
-        indices = pilot_indices(config, dataset_index(config, open_ledger(config)).n_rows)
+        ref = FleetRef.of(FleetSpec.from_dict(job["fleet"]), "bench-fleet")
+        _, work = prepare_run(config, run_id, ref, stagger=job["stagger"])
+        out["chunks"] = [w.to_json() for w in work]
+        json.dump(out | {"ended": time.time()}, open(out_path, "w"))
+        return 0
+    # The run as the DAG's tasks receive it from prepare_run (here: from its record).
+    spec = read_run_record(open_ledger(config.output_uri, config.aws_conn_id), run_id)
+    if step == "pilot":
         out["work_start"] = time.time()
-        out["summary"] = run_chunk(
-            config, run_id, fleet, chunk=PILOT_CHUNK, label="pilot", indices=indices, endpoints=endpoints
-        )
+        out["summary"] = run_pilot(spec, endpoints=endpoints).to_json()
         out["work_end"] = time.time()
     elif step == "gate":
-        indices = pilot_indices(config, dataset_index(config, open_ledger(config)).n_rows)
-        outcome = audit_and_report(
-            config, run_id, name="pilot-report", indices=indices, n_gpus=len(endpoints)
-        )
+        indices = pilot_indices(config, spec.dataset.n_rows)
+        outcome = audit_and_report(spec, name="pilot-report", indices=indices)
         out["verdict"] = outcome.verdict
         out["reason"] = outcome.reason
         if outcome.verdict == "stop" and config.gate_mode == "stop":
@@ -66,12 +60,12 @@ def main(spec_path: str, out_path: str) -> int:
             return 3
     elif step == "chunk":
         # What steps.generate_chunk / steps.generate_alongside_pilot call, minus the Airflow context.
-        work = ChunkWork(**spec["chunk"])
+        work = ChunkWork.from_json(job["chunk"])
         out["work_start"] = time.time()
         try:
             out["summary"] = generate_chunk_work(
-                config, run_id, fleet, work, alongside_pilot=spec["alongside_pilot"], endpoints=endpoints
-            )
+                spec, work, alongside_pilot=job["alongside_pilot"], endpoints=endpoints
+            ).to_json()
         except GateClosed as exc:
             out["gate_closed"] = str(exc)
         out["work_end"] = time.time()

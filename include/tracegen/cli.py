@@ -1,7 +1,9 @@
-"""`python -m tracegen ...`: status, audit, export and the stand-in, from any shell, without a scheduler.
+"""`python -m tracegen ...`: status, audit, export, verify, fleet checks and the stand-in, from any shell,
+without a scheduler.
 
 Every command reads the output root (ledger, run records, reports) and nothing else, so what it prints
-can never disagree with the data.
+can never disagree with the data. Exit codes: 0 fine, 1 the command found a problem (`verify`: damaged
+parts), 2 it could not do its job (the message, one line on stderr, names the file, field or object).
 """
 
 from __future__ import annotations
@@ -29,21 +31,20 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from tracegen.pipeline import audit_and_report, latest_run
-    from tracegen.store.ledger import Ledger
-    from tracegen.store.storage import open_storage
+    from dataclasses import replace
 
-    ledger = Ledger(open_storage(_uri(args.output_uri), aws_conn_id=args.aws_conn_id))
-    record = latest_run(ledger)
+    from tracegen.audit.run_report import audit_and_report
+    from tracegen.run.records import latest_run
+    from tracegen.store.ledger import open_ledger
+
+    ledger = open_ledger(_uri(args.output_uri), args.aws_conn_id)
+    record = latest_run(ledger, args.aws_conn_id)
     if record is None:
         print(f"{args.output_uri}: no runs yet", file=sys.stderr)
         return 1
-    config = record.config
     if args.max_tokens:
-        from dataclasses import replace
-
-        config = replace(config, max_tokens=args.max_tokens)
-    outcome = audit_and_report(config, record.run_id, name=args.name)
+        record = replace(record, config=replace(record.config, max_tokens=args.max_tokens))
+    outcome = audit_and_report(record, name=args.name)
     print(outcome.summary)
     print(f"report: {outcome.html_uri}")
     return 0
@@ -54,10 +55,47 @@ def _export(args: argparse.Namespace) -> int:
 
     result = export_dataset(
         _uri(args.output_uri), _uri(args.dest), fmt=args.format, shard_rows=args.shard_rows,
-        include_truncated=args.include_truncated, aws_conn_id=args.aws_conn_id,
+        include_truncated=args.include_truncated, overwrite=args.overwrite, aws_conn_id=args.aws_conn_id,
     )
     print(f"exported {result.rows:,} rows in {result.shards} shards to {result.dest}")
     print(f"manifest: {result.manifest_uri}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from tracegen.store.ledger import open_ledger
+
+    ledger = open_ledger(_uri(args.output_uri), args.aws_conn_id)
+    checked = len(ledger.entries())
+    damage = ledger.verify_parts(deep=not args.quick)
+    how = "sizes, from the listing" if args.quick else "size and sha256"
+    if not damage:
+        print(f"{ledger.storage.uri}: {checked} committed parts match their ledger entries ({how})")
+        return 0
+    for item in damage:
+        rows = "unknown" if item.n_rows is None else item.n_rows
+        print(f"damaged: {item.part}: {item.problem} (entry {item.entry}, {rows} rows)")
+    if args.retire:
+        ledger.retire(damage)
+        rows = sum(item.n_rows or 0 for item in damage)
+        print(
+            f"retired {len(damage)} of {checked} entries: their {rows} rows are work again for the next run "
+            "or rerun (the entries and parts stay in place)"
+        )
+    else:
+        print(f"{len(damage)} of {checked} parts damaged; `verify --retire` makes their rows work again")
+    return 1
+
+
+def _fleet_validate(args: argparse.Namespace) -> int:
+    from tracegen.fleet.command import launch_argv
+    from tracegen.fleet.sources import load_fleet
+
+    fleet = load_fleet(args.fleet_json)
+    for host, gpu in fleet.servers():
+        launch_argv(fleet, host, gpu)  # what provisioning builds next; it re-checks the flags
+    hosts = ", ".join(f"{h.conn_id} (GPUs {', '.join(map(str, h.gpus))})" for h in fleet.hosts)
+    print(f"{args.fleet_json}: valid: {len(fleet.servers())} servers of {fleet.model_name} on {hosts}")
     return 0
 
 
@@ -90,7 +128,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-rows", type=int, default=10_000)
     p.add_argument("--include-truncated", action="store_true",
                    help="also export rows that still end with finish_reason=length (left out by default)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the export already in DEST (kept whole until the new manifest is published)")
     p.set_defaults(func=_export)
+
+    p = sub.add_parser("verify", help="check every committed part against its ledger entry (size, sha256); "
+                       "exit 1 naming the damaged ones")
+    p.add_argument("output_uri")
+    p.add_argument("--quick", action="store_true",
+                   help="compare sizes from one listing instead of reading every part")
+    p.add_argument("--retire", action="store_true",
+                   help="retire the damaged parts' entries so their rows are generated again (nothing is deleted)")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("fleet", help="fleet descriptions")
+    fleet_sub = p.add_subparsers(dest="fleet_command", required=True)
+    p = fleet_sub.add_parser("validate", help="check a fleet JSON file as provisioning does; exit 2 naming the bad field")
+    p.add_argument("fleet_json", help="path of the fleet JSON file (or 'local-sim')")
+    p.set_defaults(func=_fleet_validate)
 
     sub.add_parser("simulate", help="run the SGLang stand-in (same flags as sglang.launch_server)",
                    add_help=False)
@@ -104,8 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         return _simulate(argparse.Namespace(), argv[1:])
     args = build_parser().parse_args(argv)
+    from tracegen.dataset.source import DatasetError
+    from tracegen.store.ledger import LedgerError
+    from tracegen.store.storage import StorageError
+
     try:
         return args.func(args)
-    except (ValueError, RuntimeError, OSError) as exc:
+    except (LedgerError, DatasetError, StorageError, ValueError, RuntimeError, OSError) as exc:
+        # What went wrong and where, not a traceback: every one of these names its file or object.
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2

@@ -1,16 +1,16 @@
 """The typed, validated configuration of one generation run, built from the DAG's params.
 
-Every param a person can type in the trigger form passes through `RunConfig.from_params`, which
-names the param and the accepted range in its error. The config is stored beside the data
-(`runs/<run_id>/config.json`) so scheduled reruns regenerate rows with the config they were
-meant to have.
+Every field carries its own rule (`Int`, `Float`, `Choice`, `Uri`): the rule validates the value here
+and also describes the trigger form's field (`tracegen.params` builds the Airflow `Param`s from it), so
+the form and the validation cannot drift. Errors name the param and the accepted range.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,15 @@ TRUNCATED_POLICIES = ("regenerate", "keep")
 GATE_MODES = ("stop", "warn")
 INVALID_ROW_POLICIES = ("record", "fail")
 
-# Airflow run ids contain ':' and '+'; storage keys and spool dirs want a tamer alphabet.
+# Airflow run ids contain ':' and '+'; storage keys and spool dirs want a tamer alphabet. A safe run id
+# matches RUN_ID_PATTERN; the review pages accept nothing else.
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+PROJECT_DIR = PACKAGE_DIR.parents[1]
 SAMPLE_DATASET = PACKAGE_DIR / "sample_data" / "agentic_coding_prompts.jsonl.gz"
+LOCAL_SIM = "local-sim"  # the fleet source naming the bundled simulated fleet (tracegen.fleet.sources)
 
 
 class ConfigError(ValueError):
@@ -30,69 +34,206 @@ class ConfigError(ValueError):
 
 
 def safe_run_id(run_id: str) -> str:
-    """A run id usable in object keys and file names, still recognisable to a person."""
+    """A run id usable in object keys and file names (it matches RUN_ID_PATTERN), still recognisable."""
     cleaned = _RUN_ID_UNSAFE.sub("_", run_id).strip("._")
     if not cleaned:
         raise ConfigError(f"run id {run_id!r} has no usable characters")
     return cleaned[:120]
 
 
+def state_dir() -> Path:
+    """Local state of the embedded default (demo output, simulated fleet's pid/log files, spool)."""
+    return Path(os.environ.get("TRACEGEN_STATE_DIR") or PROJECT_DIR / ".state")
+
+
+# ---- rules: one definition per param, for validation and for the trigger form ---------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    """How a field is checked and, when it has a `title`, shown on the trigger form."""
+
+    title: str | None = None  # None: not a trigger-form param
+    description: str = ""
+
+    def check(self, name: str, value: Any) -> None:
+        raise NotImplementedError
+
+    def schema(self) -> dict[str, Any]:
+        """JSON-schema keywords for an Airflow `Param` (type, range, enum)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Int(Rule):
+    low: int = 0
+    high: int = 0
+    zero_ok: bool = False  # 0 is also accepted (a "choose it for me" value below `low`)
+
+    def check(self, name: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}: expected an integer, got {value!r} ({type(value).__name__})")
+        if self.zero_ok and value == 0:
+            return
+        if not self.low <= value <= self.high:
+            zero = "0 or " if self.zero_ok else ""
+            raise ConfigError(f"{name}: {value} is outside {zero}[{self.low}, {self.high}]")
+
+    def schema(self) -> dict[str, Any]:
+        if self.zero_ok:
+            return {"type": "integer", "minimum": 0, "maximum": self.high,
+                    "anyOf": [{"enum": [0]}, {"minimum": self.low}]}
+        return {"type": "integer", "minimum": self.low, "maximum": self.high}
+
+
+@dataclass(frozen=True)
+class Float(Rule):
+    low: float = 0.0
+    high: float = 0.0
+    low_open: bool = False
+
+    def check(self, name: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{name}: expected a number, got {value!r} ({type(value).__name__})")
+        low_ok = self.low < value if self.low_open else self.low <= value
+        if value != value or not low_ok or value > self.high:
+            bound = f"({self.low}, {self.high}]" if self.low_open else f"[{self.low}, {self.high}]"
+            raise ConfigError(f"{name}: {value} is outside {bound}")
+
+    def schema(self) -> dict[str, Any]:
+        low = {"exclusiveMinimum": self.low} if self.low_open else {"minimum": self.low}
+        return {"type": "number", **low, "maximum": self.high}
+
+
+@dataclass(frozen=True)
+class Choice(Rule):
+    choices: tuple[str, ...] = ()
+
+    def check(self, name: str, value: Any) -> None:
+        if value not in self.choices:
+            raise ConfigError(f"{name}: {value!r} is not one of {list(self.choices)}")
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "enum": list(self.choices)}
+
+
+@dataclass(frozen=True)
+class Flag(Rule):
+    def check(self, name: str, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "boolean"}
+
+
+@dataclass(frozen=True)
+class Uri(Rule):
+    """An absolute local path, file:///abs/path or s3://bucket/key (s3://bucket[/prefix] when `bucket_ok`);
+    `what` says what it must point at."""
+
+    what: str = ""
+    bucket_ok: bool = False  # an output root may be a whole bucket; a dataset is one object
+
+    @property
+    def pattern(self) -> str:
+        s3 = r"s3://[^/]+(/.*)?" if self.bucket_ok else r"s3://[^/]+/.*[^/].*"
+        return rf"^(/.*|file://(localhost)?/.*|{s3})$"
+
+    def check(self, name: str, value: Any) -> None:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{name}: required ({self.what})")
+        if not re.fullmatch(self.pattern, value, re.DOTALL):
+            key = "prefix" if self.bucket_ok else "key"
+            raise ConfigError(f"{name}: {value!r} is not an absolute local path, file:///... or "
+                              f"s3://bucket/{key} ({self.what})")
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "minLength": 1, "pattern": self.pattern}
+
+
+def _rule(rule: Rule, default: Any) -> Any:
+    return field(default=default, metadata={"rule": rule})
+
+
+def rule_of(name: str) -> Rule:
+    """The rule of RunConfig's field `name`."""
+    for f in fields(RunConfig):
+        if f.name == name:
+            return f.metadata["rule"]
+    raise KeyError(name)
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """What one run generates, under which cap, into which output root, and how it gates itself."""
+    """What one run generates, under which cap, into which output root, and how it gates itself.
 
-    max_tokens: int = 4096
-    dataset_uri: str = ""
-    output_uri: str = ""
-    temperature: float = 0.6
-    top_p: float = 0.95
-    chunk_size: int = 0  # 0: chosen from the dataset size so the mapped task count stays well under 1024
-    pilot_size: int = 1500
-    pilot_seed: int = 0
-    truncation_threshold: float = 0.05
-    gate_mode: str = "stop"
-    truncated_policy: str = "regenerate"
-    invalid_rows: str = "record"
-    part_rows: int = 500
-    part_seconds: float = 60.0
-    max_in_flight_per_server: int = 128
+    The fields with a rule `title` are the trigger form's params, in form order (max_tokens first)."""
+
+    max_tokens: int = _rule(Int(
+        1, 1_048_576, title="Max tokens (completion cap)",
+        description="Cap on completion tokens (thinking + answer). Rows that hit it finish with 'length' and "
+        "are truncated; the pilot gate stops the run when too many do. Must be below the model's context "
+        "length."), 4096)
+    dataset_uri: str = _rule(Uri(
+        title="Dataset", what="a JSONL, JSONL.gz or Parquet file, local or s3://",
+        description="Prompts: JSONL, JSONL.gz or Parquet with OpenAI-style 'messages'; an absolute local path, "
+        "file:///... or s3://bucket/key."), "")
+    output_uri: str = _rule(Uri(
+        title="Output root", what="a local directory, file:// or s3://bucket/prefix", bucket_ok=True,
+        description="Where committed parts, the ledger, run records and reports live: an absolute local "
+        "directory, file:///... or s3://bucket/prefix (through the Airflow connection aws_default)."), "")
+    temperature: float = _rule(Float(0.0, 2.0, title="Temperature",
+                                     description="Sampling temperature sent with every request."), 0.6)
+    top_p: float = _rule(Float(0.0, 1.0, low_open=True, title="Top-p",
+                               description="Nucleus sampling probability mass."), 0.95)
+    chunk_size: int = _rule(Int(
+        10, 1_000_000, zero_ok=True, title="Chunk size",
+        description="Rows per mapped generation task (at least 10); 0 chooses it: four batches of the whole "
+        "fleet (--max-running-requests x GPUs) and at least 500, grown so the number of mapped tasks stays "
+        "well under Airflow's max_map_length (1024), with the first chunks twice the pilot. The chunks that "
+        "start together when the gate passes are 1/N, 2/N ... N/N of the size (N chunk tasks at once, "
+        "TRACEGEN_CHUNK_CONCURRENCY), so they end apart."), 0)
+    pilot_size: int = _rule(Int(
+        0, 1_000_000, title="Pilot size",
+        description="Random rows generated and audited before the fan-out; 0 skips the pilot (the "
+        "continuous gate still watches the running truncation rate)."), 1500)
+    pilot_seed: int = _rule(Int(0, 2**32 - 1), 0)
+    truncation_threshold: float = _rule(Float(
+        0.0, 1.0, title="Truncation threshold",
+        description="Largest acceptable share of rows finishing with 'length' (0.05 = 5%)."), 0.05)
+    gate_mode: str = _rule(Choice(
+        GATE_MODES, title="Gate mode",
+        description="'stop' fails the run when the pilot is over the threshold; 'warn' logs and goes on."),
+        "stop")
+    truncated_policy: str = _rule(Choice(
+        TRUNCATED_POLICIES, title="Rows truncated under a lower cap",
+        description="'regenerate': rows that hit a lower cap in an earlier run are generated again under this "
+        "cap (the new row supersedes the old one at export); 'keep': they count as done."), "regenerate")
+    invalid_rows: str = _rule(Choice(
+        INVALID_ROW_POLICIES, title="Malformed dataset rows",
+        description="'record' marks them invalid in the ledger and goes on; 'fail' stops the chunk naming "
+        "the row."), "record")
+    part_rows: int = _rule(Int(1, 100_000), 500)
+    part_seconds: float = _rule(Float(0.1, 3600.0), 60.0)
+    max_in_flight_per_server: int = _rule(Int(1, 4096), 128)
     # True: each server's in-flight limit starts at autotune_start_in_flight and follows what the server
     # reports (tracegen.sglang.autotune); False: max_in_flight_per_server is a fixed limit.
-    autotune_in_flight: bool = True
+    autotune_in_flight: bool = _rule(Flag(), True)
     # A trickle, not a batch: a chunk task that starts while others keep the servers full then takes over
     # as they drain instead of taking an equal share at once (tasks with equal shares end together, and
     # the fleet drains through all their tails at once); on servers with room it grows within a poll.
-    autotune_start_in_flight: int = 8
-    request_deadline_s: float = 1800.0
-    max_attempts: int = 6
-    context_length: int = 0  # 0: unknown until the fleet reports it; validated again after provisioning
+    autotune_start_in_flight: int = _rule(Int(1, 4096), 8)
+    request_deadline_s: float = _rule(Float(1.0, 24 * 3600.0), 1800.0)
+    max_attempts: int = _rule(Int(1, 100), 6)
+    # 0: unknown until the fleet reports it; checked again after provisioning
+    context_length: int = _rule(Int(0, 10_000_000), 0)
     aws_conn_id: str = "aws_default"
 
     def __post_init__(self) -> None:
-        _check_int("max_tokens", self.max_tokens, 1, 1_048_576)
-        if not self.dataset_uri:
-            raise ConfigError("dataset_uri: required (a JSONL, JSONL.gz or Parquet file, local or s3://)")
-        if not self.output_uri:
-            raise ConfigError("output_uri: required (a local directory, file:// or s3://bucket/prefix)")
-        _check_float("temperature", self.temperature, 0.0, 2.0)
-        _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        if self.chunk_size != 0:
-            _check_int("chunk_size", self.chunk_size, 10, 1_000_000)
-        _check_int("pilot_size", self.pilot_size, 0, 1_000_000)
-        _check_int("pilot_seed", self.pilot_seed, 0, 2**32 - 1)
-        _check_float("truncation_threshold", self.truncation_threshold, 0.0, 1.0)
-        _check_choice("gate_mode", self.gate_mode, GATE_MODES)
-        _check_choice("truncated_policy", self.truncated_policy, TRUNCATED_POLICIES)
-        _check_choice("invalid_rows", self.invalid_rows, INVALID_ROW_POLICIES)
-        _check_int("part_rows", self.part_rows, 1, 100_000)
-        _check_float("part_seconds", self.part_seconds, 0.1, 3600.0)
-        _check_int("max_in_flight_per_server", self.max_in_flight_per_server, 1, 4096)
-        _check_int("autotune_start_in_flight", self.autotune_start_in_flight, 1, 4096)
-        if not isinstance(self.autotune_in_flight, bool):
-            raise ConfigError(f"autotune_in_flight: expected true or false, got {self.autotune_in_flight!r}")
-        _check_float("request_deadline_s", self.request_deadline_s, 1.0, 24 * 3600.0)
-        _check_int("max_attempts", self.max_attempts, 1, 100)
-        _check_int("context_length", self.context_length, 0, 10_000_000)
+        for f in fields(self):
+            if (rule := f.metadata.get("rule")) is not None:
+                rule.check(f.name, getattr(self, f.name))
         self.check_context_length(self.context_length)
 
     def check_context_length(self, context_length: int) -> None:
@@ -117,23 +258,3 @@ class RunConfig:
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), indent=2, sort_keys=True).encode()
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}: expected an integer, got {value!r} ({type(value).__name__})")
-    if not low <= value <= high:
-        raise ConfigError(f"{name}: {value} is outside [{low}, {high}]")
-
-
-def _check_float(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name}: expected a number, got {value!r} ({type(value).__name__})")
-    if value != value or not (low < value if low_open else low <= value) or value > high:
-        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
-        raise ConfigError(f"{name}: {value} is outside {bound}")
-
-
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{name}: {value!r} is not one of {list(choices)}")

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from tracegen.steps import PROJECT_DIR, state_dir
+from tracegen.config import PROJECT_DIR, state_dir
 
 DEMO_PILOT = 500  # of the bundled 3,000 prompts
 

@@ -4,6 +4,11 @@ training reads — the prompt's messages with the generated assistant turn appen
 Rows still truncated (`finish_reason == "length"`) are left out unless asked for: they would teach
 the drafter the wrong ending. The manifest says how many rows were written, left out and why, with a
 sha256 per shard, so a reader can check what they downloaded.
+
+An export never clobbers: a destination that holds anything needs `overwrite`, one inside the output
+root (or holding it) is refused, and shards are written under names of their own export, so the
+manifest, published last in one atomic PUT, switches readers from the previous export to the new one.
+Only then are the previous export's shards removed; a failed export leaves the previous one as it was.
 """
 
 from __future__ import annotations
@@ -13,23 +18,32 @@ import hashlib
 import io
 import json
 import logging
+import re
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
 
 from tracegen import plan
 from tracegen.dataset.reader import InvalidRow, read_rows
-from tracegen.pipeline import dataset_index, latest_run
+from tracegen.dataset.stored import load_index
+from tracegen.run.records import latest_run
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import OK, GeneratedRow
-from tracegen.store.storage import open_storage
+from tracegen.store.storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "parquet")
+MANIFEST = "manifest.json"
+# Shards of any export, this version's (`shard-<export id>-00000`) or earlier ones' (`shard-00000`).
+_SHARD_RE = re.compile(r"shard-(?:\d{8}T\d{6}Z-[0-9a-f]{8}-)?\d{5}\.(?:jsonl\.gz|parquet)")
 
 
 class ExportError(RuntimeError):
@@ -51,18 +65,33 @@ def export_dataset(
     fmt: str = "jsonl",
     shard_rows: int = 10_000,
     include_truncated: bool = False,
+    overwrite: bool = False,
     aws_conn_id: str = "aws_default",
 ) -> ExportResult:
+    """Export the output root's final dataset to `dest_uri`. A destination that is not empty needs
+    `overwrite`; then the previous export there stays complete until the new manifest replaces it."""
     if fmt not in FORMATS:
         raise ExportError(f"format {fmt!r} is not one of {FORMATS}")
     if shard_rows < 1:
         raise ExportError(f"shard_rows must be >= 1, got {shard_rows}")
+    # Before either storage is opened: opening a local destination creates its directory.
+    if _nested(output_uri, dest_uri):
+        raise ExportError(
+            f"export destination {dest_uri} is inside the output root {output_uri} (or holds it); "
+            "export beside the root, never into it"
+        )
     ledger = Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))
-    record = latest_run(ledger)
+    record = latest_run(ledger, aws_conn_id)
     if record is None:
         raise ExportError(f"{output_uri}: no run has been planned here; nothing to export")
-    index = dataset_index(record.config, ledger)
+    index = load_index(ledger)
     dest = open_storage(dest_uri, aws_conn_id=aws_conn_id)
+    before = dest.list("")
+    if before and not overwrite:
+        raise ExportError(
+            f"export destination {dest.uri} is not empty ({len(before)} objects, e.g. {before[0]}); "
+            "pass --overwrite (overwrite=True) to replace the export there"
+        )
     frame = ledger.frame()
     best = plan.best_rows(frame) if len(frame) else frame
     best = best[best["status"] == OK]
@@ -72,24 +101,31 @@ def export_dataset(
         best = best[~truncated]
     best = best.sort_values("index").reset_index(drop=True)
 
+    export_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     shards, counts = [], {"rows": 0, "finish_reasons": {}}
     indices = best["index"].to_numpy(dtype=np.int64)
-    for shard_no, start in enumerate(range(0, len(best), shard_rows)):
-        part = best.iloc[start : start + shard_rows]
-        rows = list(_rows(ledger, index, part, record.config.aws_conn_id))
-        data = _encode(rows, fmt)
-        name = f"shard-{shard_no:05d}.{'jsonl.gz' if fmt == 'jsonl' else 'parquet'}"
-        dest.put(name, data)
-        shards.append({"name": name, "rows": len(rows), "sha256": hashlib.sha256(data).hexdigest(),
-                       "first_index": int(indices[start]), "last_index": int(indices[start + len(rows) - 1])})
-        counts["rows"] += len(rows)
-        for r in rows:
-            counts["finish_reasons"][r["finish_reason"]] = counts["finish_reasons"].get(r["finish_reason"], 0) + 1
-        log.info("export: %s (%d rows)", dest.uri_for(name), len(rows))
+    try:
+        for shard_no, start in enumerate(range(0, len(best), shard_rows)):
+            part = best.iloc[start : start + shard_rows]
+            rows = list(_rows(ledger, index, part, record.config.aws_conn_id))
+            data = _encode(rows, fmt)
+            name = f"shard-{export_id}-{shard_no:05d}.{'jsonl.gz' if fmt == 'jsonl' else 'parquet'}"
+            dest.put(name, data)
+            shards.append({"name": name, "rows": len(rows), "sha256": hashlib.sha256(data).hexdigest(),
+                           "first_index": int(indices[start]), "last_index": int(indices[start + len(rows) - 1])})
+            counts["rows"] += len(rows)
+            for r in rows:
+                counts["finish_reasons"][r["finish_reason"]] = counts["finish_reasons"].get(r["finish_reason"], 0) + 1
+            log.info("export: %s (%d rows)", dest.uri_for(name), len(rows))
+    except BaseException:
+        # Nothing lists these shards; the previous export (if any) is untouched.
+        _remove(dest, [s["name"] for s in shards])
+        raise
 
     cur = frame[frame["index"].isin(best["index"])] if len(frame) else frame
     manifest = {
         "schema": 1,
+        "export_id": export_id,
         "source": ledger.storage.uri,
         "dataset": ledger.dataset(),
         "newest_run": record.run_id,
@@ -106,9 +142,37 @@ def export_dataset(
         "ledger_rows_for_exported": int(len(cur)),
         "shards": shards,
     }
-    manifest_uri = dest.uri_for("manifest.json")
-    dest.put("manifest.json", json.dumps(manifest, indent=2).encode())
+    manifest_uri = dest.uri_for(MANIFEST)
+    dest.put(MANIFEST, json.dumps(manifest, indent=2).encode())  # the publish: readers switch here
+    # Only shards of earlier exports: another file someone keeps in the destination is not ours to remove.
+    listed = {s["name"] for s in shards}
+    _remove(dest, [k for k in before if _SHARD_RE.fullmatch(k) and k not in listed])
     return ExportResult(dest.uri, counts["rows"], len(shards), manifest_uri)
+
+
+def _remove(dest: Storage, keys: list[str]) -> None:
+    for key in keys:
+        try:
+            dest.delete(key)
+        except Exception as exc:  # a cleanup failure must not hide the export's own outcome
+            log.warning("export: could not remove %s: %s", dest.uri_for(key), exc)
+
+
+def _location(uri: str) -> tuple[str, str]:
+    """(namespace, '/'-terminated path) of a storage URI: two locations nest when one path prefixes the other."""
+    parsed = urlparse(uri)
+    if uri.startswith("/") or parsed.scheme == "file":
+        path = Path(uri if uri.startswith("/") else unquote(parsed.path)).resolve()
+        return "file", str(path).rstrip("/") + "/"
+    if parsed.scheme == "s3":
+        prefix = parsed.path.strip("/")
+        return f"s3://{parsed.netloc}", f"{prefix}/" if prefix else ""
+    return uri, ""
+
+
+def _nested(a: str, b: str) -> bool:
+    (space_a, path_a), (space_b, path_b) = _location(a), _location(b)
+    return space_a == space_b and (path_a.startswith(path_b) or path_b.startswith(path_a))
 
 
 def _rows(ledger: Ledger, index, best: pd.DataFrame, aws_conn_id: str) -> Iterator[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Planning: index chunks, the pilot sample, and what is left to do — pure functions over the ledger frame.
 
-"Done" is derived from committed ledger rows only (DESIGN §3), for a run with cap C:
+"Done" is derived from committed ledger rows only (docs/architecture.md, "Data invariants"), for a run with cap C:
 - `invalid`: done (the dataset row itself is broken; no cap helps);
 - `rejected` under cap C' (context overflow): done when C >= C' (a bigger cap overflows too;
   a smaller one may fit, so it is tried again);
@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from tracegen.store.records import FAILED, INVALID, OK, REJECTED
+from tracegen.store.records import COMPLETE, FAILED, INVALID, OK, PLAN_COLUMNS, REJECTED
 
-TRUNCATED_POLICIES = ("keep", "regenerate")
+if TYPE_CHECKING:
+    from tracegen.config import RunConfig
+
 # Airflow's [core] max_map_length is 1024; stay well below it so reruns and the grid view stay sane.
 MAX_MAPPED_CHUNKS = 1000
 
-_NEEDED = ("index", "status", "finish_reason", "max_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,24 +109,22 @@ def pilot_sample(n_rows: int, size: int, seed: int) -> list[int]:
     return np.sort(picked).tolist()
 
 
-def _check_frame(frame: pd.DataFrame, max_tokens: int, truncated_policy: str) -> None:
-    missing = [c for c in _NEEDED if c not in frame.columns]
+def _check_frame(frame: pd.DataFrame) -> None:
+    """The frame's shape; cap and policy come from a validated `RunConfig` and are not checked again."""
+    missing = [c for c in PLAN_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"ledger frame lacks columns {missing}")
-    _check_int("max_tokens", max_tokens, 1)
-    if truncated_policy not in TRUNCATED_POLICIES:
-        raise ValueError(f"truncated_policy {truncated_policy!r} must be one of {TRUNCATED_POLICIES}")
 
 
 def done_rows(frame: pd.DataFrame, max_tokens: int, truncated_policy: str) -> np.ndarray:
     """Per ledger row: does this row make its index done for a run with cap `max_tokens`?"""
-    _check_frame(frame, max_tokens, truncated_policy)
+    _check_frame(frame)
     status = frame["status"]
     finish = frame["finish_reason"]
     cap = frame["max_tokens"].to_numpy(np.int64)
     ok = (status == OK).to_numpy(bool)
     length = (finish == "length").to_numpy(bool)
-    complete = ok & (finish.isin(("stop", "tool_calls"))).to_numpy(bool)
+    complete = ok & (finish.isin(COMPLETE)).to_numpy(bool)
     truncated_done = ok & length & ((truncated_policy == "keep") | (cap >= max_tokens))
     rejected_done = (status == REJECTED).to_numpy(bool) & (cap <= max_tokens)
     invalid = (status == INVALID).to_numpy(bool)
@@ -206,7 +206,7 @@ def best_rows(frame: pd.DataFrame) -> pd.DataFrame:
         return frame.copy()
     status = frame["status"]
     not_failed = (status != FAILED).to_numpy(bool)
-    complete = ((status == OK) & frame["finish_reason"].isin(("stop", "tool_calls"))).to_numpy(bool)
+    complete = ((status == OK) & frame["finish_reason"].isin(COMPLETE)).to_numpy(bool)
     cap = frame["max_tokens"].to_numpy(np.int64)
     if "committed_at" in frame.columns:
         when = frame["committed_at"].to_numpy("datetime64[us]").astype(np.int64)
@@ -221,3 +221,82 @@ def best_rows(frame: pd.DataFrame) -> pd.DataFrame:
     last_of_group[:-1] = sorted_idx[1:] != sorted_idx[:-1]
     # Taking rows in ascending position is several times faster than a scattered take on string columns.
     return frame.take(np.sort(order[last_of_group])).reset_index(drop=True)
+
+
+# ---- a run's chunk layout and the work it hands to mapped tasks -------------------------------------
+
+# Rows per chunk when the param leaves it to us: at least this, at least `FLEET_BATCHES_PER_CHUNK` of the
+# fleet's batches, and grown for large datasets so the mapped task count stays under MAX_MAPPED_CHUNKS.
+TARGET_CHUNK_ROWS = 500
+# Chunks started a stagger'th of a chunk apart only keep the fleet fed through each other's tails when
+# that stagger outlasts a tail: the longest rows take about three times the mean, so a chunk is four
+# fleet batches (its task holds 1/stagger of the fleet's slots for 4 x stagger rounds of rows).
+FLEET_BATCHES_PER_CHUNK = 4
+
+
+@dataclass(frozen=True)
+class ChunkWork:
+    """One mapped generation task's slice: chunk number and the half-open row range [start, stop)."""
+
+    chunk: int
+    start: int
+    stop: int
+    remaining: int
+
+    @property
+    def label(self) -> str:
+        return f"chunk {self.chunk:04d} (rows {self.start:,}–{self.stop - 1:,})"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ChunkWork:
+        return cls(int(doc["chunk"]), int(doc["start"]), int(doc["stop"]), int(doc["remaining"]))
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """How a run cuts the dataset into chunks (`chunks`). Part of the run's record, so the scheduled
+    rerun of a run's unfinished chunks finds the very chunks the run had."""
+
+    size: int
+    stagger: int = 0  # chunk tasks the run had in flight at once; 0: every chunk `size` rows
+    first_size: int | None = None  # rows of each of the first `stagger` chunks (those beside the pilot)
+
+    def chunks(self, n_rows: int) -> list[Chunk]:
+        return chunks(n_rows, self.size, stagger=self.stagger, first_size=self.first_size)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunk_size": self.size, "chunk_stagger": self.stagger, "first_chunk_size": self.first_size}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ChunkLayout:
+        first = doc.get("first_chunk_size")
+        return cls(int(doc["chunk_size"]), int(doc.get("chunk_stagger") or 0), None if first is None else int(first))
+
+
+def choose_layout(config: RunConfig, n_rows: int, fleet_slots: int | None, stagger: int) -> ChunkLayout:
+    """The run's chunks: `config.chunk_size` rows when set; otherwise at least `TARGET_CHUNK_ROWS` and
+    `FLEET_BATCHES_PER_CHUNK` of the fleet's batches (`fleet_slots`: requests the whole fleet decodes at
+    once, None when unknown), and the first chunks (beside the pilot) twice the pilot so they still run
+    when the gate passes, instead of ending with the pilot and idling the fleet while the gate audits and
+    the next chunk tasks start."""
+    if config.chunk_size:
+        return ChunkLayout(config.chunk_size, stagger)
+    size = choose_chunk_size(n_rows, max(TARGET_CHUNK_ROWS, FLEET_BATCHES_PER_CHUNK * (fleet_slots or 0)))
+    pilot = min(config.pilot_size, n_rows)
+    return ChunkLayout(size, stagger, max(size, 2 * pilot))
+
+
+def chunks_with_work(frame: pd.DataFrame, n_rows: int, layout: ChunkLayout, config: RunConfig) -> list[ChunkWork]:
+    """The chunks that still hold rows to generate for this config's cap and truncated-row policy."""
+    done = done_mask(frame, n_rows, config.max_tokens, config.truncated_policy)
+    cut = layout.chunks(n_rows)
+    left = remaining_per_chunk(done, cut)
+    return [ChunkWork(c.index, c.start, c.stop, int(n)) for c, n in zip(cut, left, strict=True) if n]
+
+
+def pilot_indices(config: RunConfig, n_rows: int) -> np.ndarray:
+    """The run's pilot sample, the same in every task that asks."""
+    return np.asarray(pilot_sample(n_rows, min(config.pilot_size, n_rows), config.pilot_seed), dtype=np.int64)

@@ -1,7 +1,7 @@
 """The review pages reviewers open from the Airflow UI: every run of every output root, and each run's report.
 
 A FastAPI app that `plugins/tracegen_review.py` mounts into Airflow's api-server under `/tracegen`.
-It only reads what `tracegen.pipeline.audit_and_report` stored (`runs/<run_id>/{pilot-report,report}.
+It only reads what `tracegen.audit.run_report.audit_and_report` stored (`runs/<run_id>/{pilot-report,report}.
 {json,html}` and `run.json`) through `tracegen.store.storage`, so local and s3:// output roots look the same.
 
 Every route requires an Airflow user allowed to see plugin views: mounted plugin apps are NOT
@@ -33,16 +33,15 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tracegen.config import ConfigError, safe_run_id
+from tracegen.config import RUN_ID_PATTERN, ConfigError, safe_run_id
+from tracegen.run import RUN_FILE
 
 log = logging.getLogger(__name__)
 
 URL_PREFIX = "/tracegen"
 # The stored files a page may serve; anything else under runs/<run_id>/ stays private.
 REPORT_FILES = ("report.html", "pilot-report.html", "report.json", "pilot-report.json")
-RUN_FILE = "run.json"
 MAX_RUNS_PER_ROOT = 200  # newest first; an output root rarely has more, and each run costs two reads
-_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
 _ROOT_KEY_RE = re.compile(r"[0-9a-f]{12}")
 # Reports are self-contained (inline CSS and SVG, no script): forbid everything else, so even a
 # rendering bug could never run code or load anything from the page.
@@ -69,10 +68,10 @@ async def require_airflow_access(
 
 def configured_roots() -> list[str]:
     """The default output root, then the roots of the `tracegen_output_roots` Variable, deduplicated."""
-    from tracegen import steps
+    from tracegen import params
 
-    roots = [steps.default_params()["output_uri"]]
-    roots.extend(steps.output_roots())
+    roots = [params.default_params()["output_uri"]]
+    roots.extend(params.output_roots())
     return list(dict.fromkeys(r.strip() for r in roots if r and r.strip()))
 
 
@@ -83,7 +82,7 @@ def root_key(uri: str) -> str:
 
 def check_run_id(run_id: str) -> str:
     """A stored (sanitised) run id, or a 404 saying what a run id looks like."""
-    if not _RUN_ID_RE.fullmatch(run_id or ""):
+    if not RUN_ID_PATTERN.fullmatch(run_id or ""):
         raise HTTPException(
             404, f"invalid run id {run_id!r}: stored run ids use only letters, digits, '.', '_' and '-'"
         )
@@ -176,7 +175,7 @@ def list_root(uri: str, limit: int = MAX_RUNS_PER_ROOT) -> RootListing:
         files: dict[str, set[str]] = {}
         for k in ledger.storage.list(RUNS_DIR):
             parts = k.split("/")
-            if len(parts) == 3 and _RUN_ID_RE.fullmatch(parts[1]):
+            if len(parts) == 3 and RUN_ID_PATTERN.fullmatch(parts[1]):
                 files.setdefault(parts[1], set()).add(parts[2])
         runs = [summarise_run(ledger, run_id, names) for run_id, names in files.items()]
     except Exception as exc:  # any storage or config failure: show it on the page, keep other roots
@@ -299,9 +298,9 @@ def create_app(roots: Callable[[], list[str]] = configured_roots) -> FastAPI:
             uris = roots()
         except Exception as exc:  # e.g. a malformed Variable: say so, still show the default root
             log.warning("output roots: %s", exc)
-            from tracegen import steps
+            from tracegen import params
 
-            return {root_key(u): u for u in [steps.default_params()["output_uri"]]}, [str(exc)]
+            return {root_key(u): u for u in [params.default_params()["output_uri"]]}, [str(exc)]
         return {root_key(u): u for u in uris}, []
 
     def open_ledger(key: str):

@@ -14,7 +14,8 @@ import pandas as pd
 
 from tracegen import plan
 from tracegen.audit.stats import current_mask
-from tracegen.pipeline import dataset_index, latest_run, read_run_record
+from tracegen.run.records import latest_run, read_run_record
+from tracegen.run.spec import RunSpecError
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED
 from tracegen.store.storage import StorageKeyError, open_storage
@@ -26,12 +27,12 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
     ledger = Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))
     frame = ledger.frame()
     dataset = ledger.dataset() or {}
-    record = latest_run(ledger)
+    record = latest_run(ledger, aws_conn_id)
     out: dict[str, Any] = {"output_uri": ledger.storage.uri, "dataset": dataset, "ledger_rows": len(frame)}
     if record is None:
         out["runs"] = []
         return out
-    n_rows = dataset_index(record.config, ledger).n_rows
+    n_rows = record.dataset.n_rows
     cap, policy = record.config.max_tokens, record.config.truncated_policy
     done = plan.done_mask(frame, n_rows, cap, policy)
     cur = frame[current_mask(frame)] if len(frame) else frame
@@ -90,7 +91,7 @@ def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
         try:
             record = read_run_record(ledger, run_id)
             cap, created = record.config.max_tokens, record.created_at
-        except StorageKeyError:
+        except (StorageKeyError, RunSpecError):
             cap, created = None, None
         ok = mine[mine["status"] == OK] if len(mine) else mine
         rows.append(

@@ -1,5 +1,5 @@
-"""`bench/occupancy.py` runs end to end on a tiny fleet (its figures are not judged here: DESIGN §8 keeps
-timing out of the tests). It drives the pipeline's own functions, so this catches the benchmark drifting
+"""`bench/occupancy.py` runs end to end on a tiny fleet (its figures are not judged here: performance is measured in bench/, and
+timed assertions stay out of the tests). It drives the package's own functions, so this catches the benchmark drifting
 from the code it measures."""
 
 from __future__ import annotations

@@ -54,16 +54,17 @@ def test_mapped_generation_is_readable_and_bounded(dagbag):
 def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag):
     dag = dagbag.dags["tracegen_generate"]
     upstream = {t: dag.get_task(t).upstream_task_ids for t in ("generate_alongside_pilot", "generate_chunk")}
-    # Beside the pilot: needs the plan and the servers, not the pilot or its gate (DESIGN §8, occupancy).
-    assert upstream["generate_alongside_pilot"] == {"validate_run", "provision_fleet", "plan_run"}
-    # The three start together (provisioning and planning validate the params themselves): the first
-    # request waits for one layer of tasks, not two.
-    assert all(not dag.get_task(t).upstream_task_ids for t in ("validate_run", "provision_fleet", "plan_run"))
+    # Beside the pilot: needs the prepared run and healthy servers, not the pilot or its gate (occupancy).
+    assert upstream["generate_alongside_pilot"] == {"prepare_run", "provision_fleet"}
+    # Everything starts from the run prepared once; nothing else feeds the first tasks.
+    assert not dag.get_task("prepare_run").upstream_task_ids
+    assert dag.get_task("provision_fleet").upstream_task_ids == {"prepare_run"}
+    assert dag.get_task("run_pilot").upstream_task_ids == {"prepare_run", "provision_fleet"}
     assert "audit_and_gate" in upstream["generate_chunk"]
     report = dag.get_task("final_report").upstream_task_ids
     assert {"generate_alongside_pilot", "generate_chunk"} <= report
     # Teardown waits for the generation, not for the report (which reads only the ledger).
-    assert dag.get_task("teardown_fleet").upstream_task_ids == {"validate_run", "generate_alongside_pilot",
+    assert dag.get_task("teardown_fleet").upstream_task_ids == {"prepare_run", "generate_alongside_pilot",
                                                                  "generate_chunk"}
     # The watcher fails the run on a failure the ALL_DONE report and teardown would hide; those two are
     # leaves, so their own failure fails the run, and the watcher need not wait for them.
@@ -73,13 +74,66 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
                                                                              "watcher"}
 
 
+def test_the_slots_beside_the_pilot_are_the_stagger_the_run_records(dagbag):
+    """The chunk concurrency is read once, when the DAG is parsed, and handed to prepare_run: the number of
+    slots beside the pilot and the layout's stagger cannot disagree."""
+    from tracegen.params import generate_chunk_concurrency
+
+    dag = dagbag.dags["tracegen_generate"]
+    lead = generate_chunk_concurrency()
+    assert dag.get_task("prepare_run").op_kwargs == {"lead": lead}
+    assert dag.get_task("generate_alongside_pilot").max_active_tis_per_dagrun == lead
+
+
+def test_the_trigger_form_accepts_exactly_what_the_run_config_accepts(dagbag):
+    """The form's ranges and choices are RunConfig's own rules: probe each param at and beyond every
+    bound, through the form's JSON schema and through RunConfig."""
+    import jsonschema
+
+    from tracegen.config import ConfigError, RunConfig
+    from tracegen.params import CONFIG_PARAMS
+
+    params = dagbag.dags["tracegen_generate"].params
+    base = {name: params[name] for name in CONFIG_PARAMS}
+    probes = {
+        "max_tokens": [0, 1, 4096, 1_048_576, 1_048_577, 4096.5, "4096"],
+        "temperature": [-0.1, 0, 2, 2.01],
+        "top_p": [0, 0.001, 1, 1.01],
+        "chunk_size": [-1, 0, 1, 9, 10, 1_000_000, 1_000_001],
+        "pilot_size": [-1, 0, 1_000_000, 1_000_001],
+        "truncation_threshold": [-0.01, 0, 1, 1.01],
+        "gate_mode": ["stop", "warn", "ask", ""],
+        "truncated_policy": ["regenerate", "keep", "extend-ish"],
+        "invalid_rows": ["record", "fail", "skip"],
+        "dataset_uri": ["", "relative/prompts.jsonl", "/abs/prompts.jsonl", "file:///abs/p.jsonl", "s3://bucket/k",
+                        "s3://bucket/", "s3://", "http://host/prompts.jsonl", "file://host/p.jsonl"],
+        "output_uri": ["", "relative/out", "/abs/out", "file:///abs/out", "s3://bucket/prefix", "s3://bucket",
+                       "s3://"],
+    }
+    assert set(probes) == set(CONFIG_PARAMS)
+    for name, values in probes.items():
+        schema = params.get_param(name).schema
+        for value in values:
+            try:
+                jsonschema.validate(value, schema)
+                form_ok = True
+            except jsonschema.ValidationError:
+                form_ok = False
+            try:
+                RunConfig.from_params({**base, name: value})
+                config_ok = True
+            except ConfigError:
+                config_ok = False
+            assert form_ok == config_ok, (name, value, form_ok, config_ok)
+
+
 def test_parsing_imports_nothing_heavy():
     """DAG files must not pull pandas, numpy or the engine in at parse time (the DAG processor parses
     them every few seconds). httpx is not checked: airflow.sdk itself imports it."""
     probe = (
         "import sys, runpy, json\n"
         f"for f in {sorted(str(p) for p in DAGS.glob('*.py'))!r}: runpy.run_path(f)\n"
-        "heavy = ['pandas', 'numpy', 'pyarrow', 'scipy', 'tracegen.generate.engine', 'tracegen.pipeline', 'tracegen.sglang.client']\n"
+        "heavy = ['pandas', 'numpy', 'pyarrow', 'scipy', 'tracegen.generate.engine', 'tracegen.sglang.client']\n"
         "print(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

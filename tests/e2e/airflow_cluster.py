@@ -371,7 +371,7 @@ class AirflowCluster:
         if not self.env:
             return
         from tracegen.fleet import FleetSpec, teardown
-        from tracegen.steps import local_sim_fleet
+        from tracegen.fleet.sources import local_sim_fleet
 
         saved = {k: os.environ.get(k) for k in ("TRACEGEN_STATE_DIR", "TRACEGEN_SIM_PORT")}
         try:

@@ -21,7 +21,7 @@ import pytest
 
 from tracegen.config import SAMPLE_DATASET, RunConfig
 from tracegen.fleet import FleetSpec, status, teardown
-from tracegen.pipeline import pilot_indices
+from tracegen.plan import pilot_indices
 from tracegen.status import dataset_status
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED, GeneratedRow
@@ -130,7 +130,7 @@ def assert_complete_and_clean(output: str) -> None:
     st = dataset_status(output)
     assert st["done"] == N_ROWS and st["left"] == 0
     frame = ledger.frame()
-    # DESIGN §3 invariant: done indices == unique indices across committed parts.
+    # The ledger invariant (docs/architecture.md): done indices == unique indices across committed parts.
     assert frame["index"].nunique() == N_ROWS
 
 
@@ -234,8 +234,9 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow
     ledger.commit(rows, run, 2, f"injected-{uuid.uuid4().hex[:8]}")
     assert dataset_status(s3_uri)["left"] == 200 + 200
 
-    # The scheduled DAG relaunches the fleet from the run's record and finishes both chunks.
-    roots = {"AIRFLOW_VAR_TRACEGEN_OUTPUT_ROOTS": json.dumps([s3_uri])}
+    # The scheduled DAG relaunches the operator's fleet (TRACEGEN_FLEET: the same file the run recorded by
+    # digest) and finishes both chunks with the run's own config.
+    roots = {"AIRFLOW_VAR_TRACEGEN_OUTPUT_ROOTS": json.dumps([s3_uri]), "TRACEGEN_FLEET": str(fleet)}
     result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
@@ -248,8 +249,7 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow
 
 
 def test_a_bad_fleet_flag_fails_the_run_naming_it_before_anything_starts(airflow_env, dataset, fleet, tmp_path):
-    # validate_run, provision_fleet and plan_run start together and each validates the params: none may
-    # launch a server or write to the output root first.
+    # prepare_run validates the params before it writes anything, and nothing is launched before it.
     spec = json.loads(fleet.read_text())
     port = free_port_pair()
     spec["hosts"][0]["base_port"] = port

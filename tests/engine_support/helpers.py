@@ -1,5 +1,5 @@
 """Shared set-up for the chunk-engine tests: small datasets, run configs, prepared output roots, and
-the checks every fault test ends with (ledger invariants, DESIGN §3's done == unique committed indices).
+the checks every fault test ends with (ledger invariants, and done == unique committed indices: docs/architecture.md).
 
 Imported by the tests as `engine_support.helpers` (tests/conftest.py puts tests/ on sys.path).
 """
@@ -23,13 +23,16 @@ import pandas as pd
 
 from tracegen import plan
 from tracegen.config import RunConfig
+from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetSpec
 from tracegen.fleet.spec import HostSpec
 from tracegen.generate.engine import ChunkEngine, ChunkSummary
-from tracegen.pipeline import dataset_index, open_ledger, prepare_run
+from tracegen.run.prepare import prepare_run
+from tracegen.run.spec import FleetRef, RunSpec
 from tracegen.sglang.client import ClientConfig
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.ledger import Ledger
+from tracegen.store.ledger import open_ledger as open_root
 from tracegen.store.records import FAILED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,8 +70,16 @@ def make_config(dataset: Path, output: Path | str, **params: Any) -> RunConfig:
     return RunConfig.from_params({**base, **params})
 
 
-def prepare(config: RunConfig, run_id: str) -> None:
-    prepare_run(config, run_id, fleet())
+def fleet_ref(spec: FleetSpec | None = None) -> FleetRef:
+    return FleetRef.of(spec or fleet(), "test-fleet")
+
+
+def prepare(config: RunConfig, run_id: str) -> RunSpec:
+    return prepare_run(config, run_id, fleet_ref())[0]
+
+
+def open_ledger(config: RunConfig) -> Ledger:
+    return open_root(config.output_uri, config.aws_conn_id)
 
 
 def endpoints(*sims: Any, in_flight: int = 16) -> list[ServerEndpoint]:
@@ -81,7 +92,7 @@ def engine(config: RunConfig, run_id: str, servers: Sequence[ServerEndpoint], sp
     cc = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
                       **{**FAST_CLIENT, **client})
     return ChunkEngine(config=config, run_id=run_id, chunk=chunk, label=f"test chunk {chunk}", ledger=ledger,
-                       dataset=dataset_index(config, ledger), servers=servers, model=MODEL,
+                       dataset=load_index(ledger), servers=servers, model=MODEL,
                        spool_dir=str(spool_dir), client_config=cc, progress_interval_s=3600)
 
 
@@ -99,7 +110,7 @@ def committed_indices(ledger: Ledger) -> list[int]:
 
 
 def assert_healthy(ledger: Ledger, n_rows: int, config: RunConfig) -> pd.DataFrame:
-    """Ledger invariants + DESIGN §3: done indices == unique non-failed indices across committed parts,
+    """Ledger invariants, and (docs/architecture.md) done indices == unique non-failed indices across committed parts,
     and no index committed twice (other than as a failure) under one cap. Returns the frame."""
     problems = ledger.check_invariants()
     assert problems == [], problems

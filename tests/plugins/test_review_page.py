@@ -61,8 +61,11 @@ def _rows(run_id: str, cap: int, indices: range, truncated_every: int):
 
 def build_output_root(root: Path) -> None:
     """Two runs through the real ledger and report code: 4096 stopped by the gate, then 8192 passing."""
+    from tracegen.audit.run_report import audit_and_report
     from tracegen.config import RunConfig, safe_run_id
-    from tracegen.pipeline import RUN_FILE, audit_and_report
+    from tracegen.plan import ChunkLayout
+    from tracegen.run.records import write_run_record
+    from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
     from tracegen.store.ledger import Ledger
     from tracegen.store.storage import open_storage
 
@@ -74,11 +77,11 @@ def build_output_root(root: Path) -> None:
         run_id = safe_run_id(raw)
         config = RunConfig(max_tokens=cap, dataset_uri="/data/prompts.jsonl", output_uri=str(root), pilot_size=300)
         ledger.commit(_rows(run_id, cap, range(300), every), run_id, 99999, "pilot")
-        record = {"run_id": run_id, "created_at": 1_767_348_000.0 + 5400 * n, "chunk_size": 100,
-                  "config": config.to_json(), "fleet": {}}
-        ledger.put_run_file(run_id, RUN_FILE, json.dumps(record).encode())
+        spec = RunSpec(run_id, 1_767_348_000.0 + 5400 * n, config, FleetRef("test-fleet", "0" * 64, "m", 1, None),
+                       DatasetIdentity("/data/prompts.jsonl", "test-fingerprint", 400), ChunkLayout(100))
+        write_run_record(ledger, spec)
         for name in names:
-            audit_and_report(config, run_id, name=name, indices=None if name == "report" else list(range(300)))
+            audit_and_report(spec, name=name, indices=None if name == "report" else list(range(300)))
     ledger.put_run_file(BROKEN_RUN, "report.json", b"{not json")
 
 

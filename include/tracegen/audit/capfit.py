@@ -260,8 +260,6 @@ def cap_table(
 ) -> CapTable:
     """Predictions for the current cap and each candidate; the recommendation is the smallest candidate whose
     point prediction meets ``threshold`` (its interval is shown beside it so a reader can judge the margin)."""
-    if current_cap <= 0:
-        raise ValueError(f"current_cap must be positive, got {current_cap!r}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be within (0, 1), got {confidence!r}")
     if context_length is not None and context_length <= 0:

@@ -160,21 +160,3 @@ def decide(
         f"the sample cannot tell them apart",
         f"generation proceeds, but {size} would settle it; if truncation matters, {fix}",
     )
-
-
-def decide_for_audit(
-    truncation: dict[str, Any],
-    threshold: float,
-    *,
-    max_tokens: int,
-    cap_table: Any | None = None,
-    confidence: float = 0.95,
-    min_sample: int = DEFAULT_MIN_SAMPLE,
-) -> GateDecision:
-    """Gate on an audit's ``truncation`` section (rows generated under this cap) and a cap table's advice."""
-    return decide(
-        int(truncation["at_cap_truncated"]), int(truncation["at_cap_rows"]), threshold, confidence, min_sample,
-        max_tokens=max_tokens,
-        suggested_cap=getattr(cap_table, "recommended_cap", None),
-        suggested_truncation=getattr(cap_table, "recommended_truncation", None),
-    )

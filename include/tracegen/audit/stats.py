@@ -24,9 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen.store.records import FAILED, INVALID, LEDGER_COLUMNS, OK, REJECTED
-
-_STATUSES = (OK, INVALID, REJECTED, FAILED)
+from tracegen.store.records import FAILED, INVALID, LEDGER_COLUMNS, OK, REJECTED, STATUSES
 
 # The seed's hand analysis used these bucket edges (under 100, under 500, ... over 3000).
 BUCKET_EDGES = (100, 500, 1000, 2000, 3000, 4000)
@@ -55,10 +53,6 @@ class AuditResult:
     invalid: dict[str, Any]
     run_id: str | None = None
     notes: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be positive, got {self.max_tokens!r}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -208,15 +202,14 @@ def _top_messages(frame: pd.DataFrame, mask: np.ndarray) -> list[dict[str, Any]]
     ]
 
 
-def _validate(frame: pd.DataFrame, max_tokens: int) -> None:
+def _validate(frame: pd.DataFrame) -> None:
+    """The frame's shape; the cap is a validated `RunConfig.max_tokens` and is not checked again."""
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"audit needs a pandas DataFrame of ledger rows, got {type(frame).__name__}")
     missing = [c for c in LEDGER_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"ledger frame is missing columns {missing}; expected tracegen.store.records.LEDGER_COLUMNS")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens <= 0:
-        raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    unknown = set(frame["status"].unique()) - set(_STATUSES)
+    unknown = set(frame["status"].unique()) - set(STATUSES)
     if unknown:
         raise ValueError(f"ledger frame has unknown status values {sorted(map(str, unknown))}")
 
@@ -227,7 +220,7 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
     ``run_id`` restricts the operational breakdowns (chunks, servers, errors) to that run's rows; the dataset
     figures (current rows, tokens, truncation) always describe the whole ledger as export would see it.
     """
-    _validate(frame, max_tokens)
+    _validate(frame)
     cap = int(max_tokens)
     frame = frame.reset_index(drop=True)
     status = _Coded(frame["status"])
@@ -249,7 +242,7 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
         "indices": n_cur,
         "current_rows": n_cur,
         "superseded_rows": len(frame) - n_cur,
-        "current_by_status": {s: int((cur & status.eq(s)).sum()) for s in _STATUSES},
+        "current_by_status": {s: int((cur & status.eq(s)).sum()) for s in STATUSES},
         "current_ok_at_cap": int((cur_ok & (row_cap == cap)).sum()),
         "current_ok_at_lower_cap": int((cur_ok & (row_cap < cap)).sum()),
         "current_ok_at_higher_cap": int((cur_ok & (row_cap > cap)).sum()),
@@ -456,9 +449,21 @@ def _operational(
     return by_chunk, by_server
 
 
-def pilot_gate_counts(result: AuditResult) -> tuple[int, int]:
-    """(truncated, total) the gate should judge: rows generated under this run's cap."""
-    return result.truncation["at_cap_truncated"], result.truncation["at_cap_rows"]
+def gate_counts(frame: pd.DataFrame, max_tokens: int) -> tuple[int, int]:
+    """(truncated, judged): what the truncation gate judges at cap `max_tokens`, over the current row of
+    each index. The one definition the pilot gate, the continuous gate and the gate watch share.
+
+    A row that finished naturally under a lower cap would finish the same under this one, so it counts
+    as complete. A row truncated under a lower cap says nothing about this cap (it was kept, or it is
+    about to be generated again), so it is left out rather than counted either way.
+    """
+    if len(frame) == 0:
+        return 0, 0
+    cur = current_mask(frame) & _Coded(frame["status"]).eq(OK)
+    is_length = _Coded(frame["finish_reason"]).eq("length")
+    under_cap = frame["max_tokens"].to_numpy(dtype=np.int64) < max_tokens
+    judged = cur & ~(is_length & under_cap)
+    return int((judged & is_length).sum()), int(judged.sum())
 
 
 def censoring_arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

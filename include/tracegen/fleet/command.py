@@ -5,6 +5,10 @@ secret and no script text appears in a remote command line or in the hook's comm
 Every value interpolated into a script is either a constant of this module, an integer, or
 passed through `shlex.quote` after `FleetSpec` validated it.
 
+The API key never enters the server's argv (`ps` and /proc/PID/cmdline are world-readable): the
+launch script writes it to a mode-0600 YAML file in the work dir and the server is started with
+`--config FILE`, which SGLang (and the stand-in) expands into `--api-key ...` inside the process.
+
 The pid file records pid, process group, the kernel start time of the process (field 22 of
 /proc/PID/stat) and a hash of the launch configuration. Stopping signals the recorded process
 group only after checking that the recorded pid is still the same process (same start time):
@@ -19,7 +23,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from tracegen.fleet.spec import FleetSpec, FleetSpecError, HostSpec
+from tracegen.fleet.spec import FleetSpec, FleetSpecError, HostSpec, check_sglang_flags
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -31,11 +35,12 @@ class ServerPaths:
     work_dir: str
     pid_file: str
     log_file: str
+    config_file: str  # SGLang `--config` YAML holding the API key; SGLang wants a .yaml suffix
 
 
 def server_paths(spec: FleetSpec, host: HostSpec, gpu: int) -> ServerPaths:
     stem = f"sglang-gpu{int(gpu)}-port{host.port(gpu)}"
-    return ServerPaths(spec.work_dir, f"{stem}.pid", f"{stem}.log")
+    return ServerPaths(spec.work_dir, f"{stem}.pid", f"{stem}.log", f"{stem}.config.yaml")
 
 
 def _flag_args(flag: str, value: object) -> list[str]:
@@ -48,20 +53,31 @@ def _flag_args(flag: str, value: object) -> list[str]:
     return [flag, str(value)]
 
 
+def _check_api_key(spec: FleetSpec, api_key: str) -> None:
+    # SGLang turns the config file back into `--api-key VALUE` for argparse: a leading '-' would be
+    # read as an option, and only printable ASCII survives the YAML round trip unchanged.
+    if not api_key or _CONTROL.search(api_key) or api_key.startswith("-") or not api_key.isascii():
+        raise FleetSpecError(
+            f"api key from connection {spec.api_key_conn_id!r} is empty, starts with '-' or has "
+            "control or non-ASCII characters"
+        )
+
+
 def launch_argv(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None = None) -> list[str]:
-    """The exact argv of the server on `gpu` of `host` (the same for SGLang and the stand-in)."""
+    """The exact argv of the server on `gpu` of `host` (the same for SGLang and the stand-in).
+
+    With an API key the argv carries `--config FILE` (written by `launch_script`), never the key.
+    """
     if gpu not in host.gpus:
         raise FleetSpecError(f"gpu {gpu!r} is not one of host {host.conn_id}'s GPUs {list(host.gpus)}")
+    check_sglang_flags(spec.sglang_flags)
     argv = [spec.python, "-m", spec.launch_module, "--model-path", spec.model_path]
     if spec.served_model_name:
         argv += ["--served-model-name", spec.served_model_name]
     argv += ["--host", spec.bind_host, "--port", str(host.port(gpu))]
     if api_key is not None:
-        if not api_key or _CONTROL.search(api_key) or api_key.startswith("-"):
-            raise FleetSpecError(
-                f"api key from connection {spec.api_key_conn_id!r} is empty or has control characters"
-            )
-        argv += ["--api-key", api_key]
+        _check_api_key(spec, api_key)
+        argv += ["--config", server_paths(spec, host, gpu).config_file]
     # In name order: one fleet description gives one argv (and config hash) however it was stored; an XCom
     # on PostgreSQL (JSONB) hands the flags back in another order than the fleet file's, and a changed
     # hash would restart healthy servers (a model reload on a GPU).
@@ -75,16 +91,19 @@ def server_env(spec: FleetSpec, gpu: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": str(int(gpu)), **spec.env}
 
 
-def config_hash(argv: list[str], env: dict[str, str]) -> str:
-    """A short digest of what the server was launched with; a changed flag means a restart.
+def server_config(api_key: str) -> str:
+    """The YAML of the server's `--config` file: SGLang reads each key as the flag `--<key>`."""
+    # A JSON string is a YAML double-quoted scalar: any quote or backslash in the key stays literal.
+    return f"api-key: {json.dumps(api_key)}\n"
+
+
+def config_hash(argv: list[str], env: dict[str, str], api_key: str | None = None) -> str:
+    """A short digest of what the server was launched with; a changed flag or key means a restart.
 
     The API key enters only as its own digest so the pid file never holds the secret.
     """
-    safe = list(argv)
-    for i, arg in enumerate(safe[:-1]):
-        if arg == "--api-key":
-            safe[i + 1] = "sha256:" + hashlib.sha256(safe[i + 1].encode()).hexdigest()
-    blob = json.dumps({"argv": safe, "env": sorted(env.items())}, separators=(",", ":"))
+    key = None if api_key is None else "sha256:" + hashlib.sha256(api_key.encode()).hexdigest()
+    blob = json.dumps({"argv": argv, "env": sorted(env.items()), "api_key": key}, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
@@ -144,6 +163,7 @@ def _prelude(spec: FleetSpec, host: HostSpec, gpu: int) -> str:
         + f"mkdir -p {wd} 2>/dev/null\n"
         + f'cd {wd} || {{ echo "error=cannot enter work dir {paths.work_dir}"; exit 3; }}\n'
         + f"PIDFILE={shlex.quote(paths.pid_file)}\nLOGFILE={shlex.quote(paths.log_file)}\n"
+        + f"CONFIGFILE={shlex.quote(paths.config_file)}\n"
         + _HELPERS
     )
 
@@ -189,7 +209,7 @@ def launch_script(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None
     """
     argv = launch_argv(spec, host, gpu, api_key)
     env = server_env(spec, gpu)
-    digest = config_hash(argv, env)
+    digest = config_hash(argv, env, api_key)
     assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
     command = " ".join(shlex.quote(arg) for arg in argv)
     return (
@@ -207,6 +227,7 @@ done
 rm -f "$PIDFILE"
 [ -f "$LOGFILE" ] && mv -f "$LOGFILE" "$LOGFILE.1"
 """.replace("LOCKWAIT", str(_lock_wait(spec))).replace("DIGEST", digest)
+        + _write_config_file(api_key)
         + f'printf "# tracegen launch %s config={digest}\\n" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$LOGFILE"\n'
         # stdin from /dev/null: this script itself arrives on sh's stdin and must not be eaten.
         # 9>&-: the server must not inherit the slot lock, or it would hold it for its whole life.
@@ -232,6 +253,26 @@ STATE=launched PGID=$PID AGE=0 CONFIG="""
     )
 
 
+def _write_config_file(api_key: str | None) -> str:
+    """Shell lines that leave the server's `--config` file holding `api_key`, or no file without one.
+
+    The key travels in a here-document, never in an argv (`printf` may be an external program on
+    some shells). A fresh file (umask 077, then chmod) replaces any old one, so a file planted with
+    looser permissions is never reused; the rename makes a concurrent reader see old or new.
+    """
+    if api_key is None:
+        return 'rm -f "$CONFIGFILE"\n'
+    # The key has no newline (checked), so no line of the document can end it early.
+    return (
+        'rm -f "$CONFIGFILE.tmp"\n'
+        "cat > \"$CONFIGFILE.tmp\" <<'TRACEGEN_CONFIG_END'\n"
+        + server_config(api_key)
+        + "TRACEGEN_CONFIG_END\n"
+        + 'chmod 600 "$CONFIGFILE.tmp" && mv -f "$CONFIGFILE.tmp" "$CONFIGFILE" || '
+        + '{ echo "error=cannot write the server config file $CONFIGFILE"; exit 3; }\n'
+    )
+
+
 def _lock_wait(spec: FleetSpec) -> int:
     # Long enough for a concurrent stop to drain and escalate to SIGKILL.
     return int(spec.stop_timeout_s + 60)
@@ -253,8 +294,8 @@ def stop_script(spec: FleetSpec, host: HostSpec, gpu: int, keep_config: str | No
 inspect
 report
 case "$STATE" in
-  absent) echo result=absent; exit 0;;
-  stale|corrupt) rm -f "$PIDFILE"; echo result=stale; exit 0;;
+  absent) rm -f "$CONFIGFILE"; echo result=absent; exit 0;;
+  stale|corrupt) rm -f "$PIDFILE" "$CONFIGFILE"; echo result=stale; exit 0;;
 esac
 """
         + f'if [ "$STATE" = running ] && [ "$CONFIG" = "{keep}" ]; then echo result=kept; exit 0; fi\n'
@@ -273,7 +314,7 @@ if [ -n "$(group_members)" ]; then
 fi
 LEFT=$(group_members)
 if [ -n "$LEFT" ]; then echo "error=process group $PGID survived SIGKILL:$LEFT"; exit 5; fi
-rm -f "$PIDFILE"
+rm -f "$PIDFILE" "$CONFIGFILE"
 echo "result=$RESULT"
 """
     )

@@ -192,8 +192,9 @@ class FleetConnection:
 
 
 def expected_config(fleet: FleetConnection, host: HostSpec, gpu: int) -> str:
-    argv = command.launch_argv(fleet.spec, host, gpu, fleet.api_key)
-    return command.config_hash(argv, command.server_env(fleet.spec, gpu))
+    key = fleet.api_key
+    argv = command.launch_argv(fleet.spec, host, gpu, key)
+    return command.config_hash(argv, command.server_env(fleet.spec, gpu), key)
 
 
 def inspect(fleet: FleetConnection, host: HostSpec, gpu: int) -> PidState:
@@ -224,7 +225,11 @@ def log_tail(fleet: FleetConnection, host: HostSpec, gpu: int, lines: int = LOG_
         )
     except FleetError as exc:
         return f"(log unavailable: {exc})"
-    return result.stdout.rstrip() or "(log is empty)"
+    text = result.stdout.rstrip() or "(log is empty)"
+    # SGLang logs its resolved server args (api_key included) at start; the tail ends up in task logs.
+    # The key already resolved for the launch: resolving it here could fail and hide the real error.
+    key = fleet._api_key
+    return text.replace(key, "<api key>") if key else text
 
 
 def model_matches(spec: FleetSpec, info: dict[str, Any]) -> bool:

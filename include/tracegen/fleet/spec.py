@@ -17,9 +17,19 @@ from typing import Any
 LOCAL = "local"  # host id meaning "this machine, no SSH"
 
 # Flags the fleet sets itself from dedicated fields; accepting them in `sglang_flags` too would
-# make two sources of truth for the port, the bind address or the model.
+# make two sources of truth for the port, the bind address or the model. `--config` is how the fleet
+# hands over the API key, and a config file of the operator's choosing could set any of the others.
 MANAGED_FLAGS = frozenset(
-    {"--model-path", "--model", "--host", "--port", "--api-key", "--served-model-name", "--base-gpu-id"}
+    {
+        "--model-path",
+        "--model",
+        "--host",
+        "--port",
+        "--api-key",
+        "--served-model-name",
+        "--base-gpu-id",
+        "--config",
+    }
 )
 
 # The one SGLang flag tracegen reads as well as passes on: the batch per server sizes the chunks.
@@ -36,6 +46,8 @@ _CONN_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What argparse (SGLang's parser) reads as a negative number rather than as an option.
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
 
 FlagValue = str | int | float | bool | None | list[str | int | float]
 
@@ -58,6 +70,51 @@ def _check_plain_value(name: str, value: Any) -> None:
         raise FleetSpecError(f"{name}: {value!r} must be a string or a number")
     if isinstance(value, str) and _CONTROL.search(value):
         raise FleetSpecError(f"{name}: {value!r} contains a control character (newline, NUL, ...)")
+
+
+def _check_flag_value(name: str, value: Any) -> None:
+    _check_plain_value(name, value)
+    # Each value is its own argv element, but argparse still reads one that starts with '-' as an
+    # option: `[8, "--host=0.0.0.0"]` would rebind the server after the fleet's own --host.
+    if isinstance(value, str) and value.startswith("-") and not _NEGATIVE_NUMBER.fullmatch(value):
+        raise FleetSpecError(
+            f"{name}: {value!r} looks like a flag; a value starting with '-' would reach SGLang as an "
+            "option of its own (give every flag its own key in sglang_flags)"
+        )
+
+
+def check_sglang_flags(flags: Any) -> None:
+    """Refuse flags that could override what the fleet manages, and values that would parse as flags.
+
+    Run on construction and again by the launch argv builder, so a flags mapping changed after
+    validation still cannot reach a server.
+    """
+    if not isinstance(flags, dict):
+        raise FleetSpecError(f"sglang_flags: {flags!r} must be a mapping of flag to value")
+    for flag, value in flags.items():
+        if not isinstance(flag, str) or not _FLAG_NAME.fullmatch(flag):
+            raise FleetSpecError(f"sglang_flags: flag name {flag!r} must look like --[a-z0-9-]+")
+        if flag in MANAGED_FLAGS:
+            raise FleetSpecError(
+                f"sglang_flags: {flag} is set by the fleet itself (model_path, served_model_name, "
+                "bind_host, base_port, api_key_conn_id); remove it from sglang_flags"
+            )
+        # argparse accepts any unique prefix of an option: `--hos 0.0.0.0` is `--host 0.0.0.0`.
+        abbreviated = sorted(m for m in MANAGED_FLAGS if m.startswith(flag))
+        if abbreviated:
+            raise FleetSpecError(
+                f"sglang_flags: {flag} abbreviates {abbreviated[0]}, which the fleet sets itself; "
+                "remove it from sglang_flags"
+            )
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, list | tuple):
+            if not value:
+                raise FleetSpecError(f"sglang_flags[{flag}]: empty list; use false/null to omit a flag")
+            for item in value:
+                _check_flag_value(f"sglang_flags[{flag}]", item)
+        else:
+            _check_flag_value(f"sglang_flags[{flag}]", value)
 
 
 def _positive_int(value: Any) -> int | None:
@@ -163,25 +220,7 @@ class FleetSpec:
         if self.api_key_conn_id is not None:
             _check_pattern("api_key_conn_id", self.api_key_conn_id, _CONN_ID, "an Airflow connection id")
 
-        if not isinstance(self.sglang_flags, dict):
-            raise FleetSpecError(f"sglang_flags: {self.sglang_flags!r} must be a mapping of flag to value")
-        for flag, value in self.sglang_flags.items():
-            if not isinstance(flag, str) or not _FLAG_NAME.fullmatch(flag):
-                raise FleetSpecError(f"sglang_flags: flag name {flag!r} must look like --[a-z0-9-]+")
-            if flag in MANAGED_FLAGS:
-                raise FleetSpecError(
-                    f"sglang_flags: {flag} is set by the fleet itself (model_path, served_model_name, "
-                    "bind_host, base_port, api_key_conn_id); remove it from sglang_flags"
-                )
-            if isinstance(value, bool) or value is None:
-                continue
-            if isinstance(value, list | tuple):
-                if not value:
-                    raise FleetSpecError(f"sglang_flags[{flag}]: empty list; use false/null to omit a flag")
-                for item in value:
-                    _check_plain_value(f"sglang_flags[{flag}]", item)
-            else:
-                _check_plain_value(f"sglang_flags[{flag}]", value)
+        check_sglang_flags(self.sglang_flags)
         batch = self.sglang_flags.get(BATCH_FLAG)
         if batch is not None and batch is not False and _positive_int(batch) is None:
             raise FleetSpecError(

@@ -17,15 +17,13 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from tracegen.sglang.retry import FatalClientError
+from tracegen.sglang.settings import ClientConfig
 from tracegen.sglang.wire import PATH, MalformedResponse, parse_completion
-
-if TYPE_CHECKING:
-    from tracegen.sglang.client import ClientConfig
 
 log = logging.getLogger(__name__)
 

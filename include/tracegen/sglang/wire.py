@@ -12,9 +12,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tracegen.store.records import FINISH_REASONS
+
 PATH = "/v1/chat/completions"
 # What SGLang reports; `abort` is not a completion (the client retries it), the rest are.
-FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "abort"})
+SERVER_FINISH_REASONS = frozenset({*FINISH_REASONS, "abort"})
 
 
 class MalformedResponse(ValueError):
@@ -101,9 +103,9 @@ def parse_completion(raw: bytes) -> Completion:
     if not isinstance(message, dict):
         raise MalformedResponse(f"choices[0].message must be an object, got {message!r:.120}")
     finish_reason = choice.get("finish_reason")
-    if finish_reason not in FINISH_REASONS:
+    if finish_reason not in SERVER_FINISH_REASONS:
         raise MalformedResponse(
-            f"choices[0].finish_reason must be one of {sorted(FINISH_REASONS)}, got {finish_reason!r}"
+            f"choices[0].finish_reason must be one of {sorted(SERVER_FINISH_REASONS)}, got {finish_reason!r}"
         )
     tool_calls = message.get("tool_calls")
     if tool_calls is not None and not (

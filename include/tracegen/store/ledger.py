@@ -8,17 +8,24 @@ Layout under the output root (all objects written once, under unique names, neve
     ledger/<run_id>/c<chunk:05d>-<segment>.json    the entry: per-row summary (LEDGER_COLUMNS), columnar
     ledger-snapshots/snap-<time>-<token>.json      a compaction manifest: which entries the Parquet covers
     ledger-snapshots/snap-<time>-<token>.parquet   those entries' rows, folded into one file
+    ledger-retired/<run_id>/c<chunk:05d>-<segment>.json  that entry's part failed verification
 
 A commit writes the part, then the entry. The entry's single atomic PUT is the commit point: a part
 without an entry is an invisible orphan (safe to sweep), an entry always has its whole part behind it.
 Committing a segment whose entry exists is a no-op, so a retried commit never duplicates rows.
 Snapshots are only a cache for fast reads: entries stay the truth, and entries committed after the
 newest snapshot are read on top of it.
+
+Each entry records its part's size and sha256 (entries written before that have neither), so a part
+that was truncated, deleted or altered after its commit is found (`verify_parts`). Retiring such an
+entry writes a retirement record beside the entries; every read leaves retired entries out, so their
+rows are work again, "done" is still derived from the ledger alone, and nothing is deleted.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import re
@@ -33,17 +40,17 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from tracegen.store.records import FAILED, LEDGER_COLUMNS, GeneratedRow
-from tracegen.store.storage import LocalStorage, Storage, StorageKeyError
+from tracegen.store.records import FAILED, LEDGER_COLUMNS, PLAN_COLUMNS, GeneratedRow
+from tracegen.store.storage import LocalStorage, Storage, StorageKeyError, open_storage
 
 SCHEMA = 1
 FRAME_COLUMNS = (*LEDGER_COLUMNS, "part", "committed_at")
-PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")  # what "done" is decided from
 _PLAN_BATCH = 256  # entries parsed at a time by plan_frame: bounds memory whatever the ledger's size
 
 ENTRY_DIR = "ledger/"
 PART_DIR = "parts/"
 SNAPSHOT_DIR = "ledger-snapshots/"
+RETIRED_DIR = "ledger-retired/"
 RUNS_DIR = "runs/"
 DATASET_FILE = "dataset.json"
 
@@ -55,12 +62,27 @@ _INT_COLS = ("index", "prompt_tokens", "completion_tokens", "reasoning_tokens", 
 _STR_COLS = ("status", "finish_reason", "run_id", "server", "category", "error", "part")
 
 
+# Planner and audit reads fold the ledger into a Parquet snapshot once this many entries are not in one
+# yet, so every later read (each chunk task's resume) costs one GET instead of thousands.
+COMPACT_OVER = 200
+
+
 class LedgerError(Exception):
     """The ledger holds something it should not (unparsable entry or part, wrong layout)."""
 
 
 class DatasetMismatchError(LedgerError):
     """The output root already belongs to a different dataset."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartDamage:
+    """A committed entry whose part no longer matches it (or an entry that does not parse)."""
+
+    entry: str
+    part: str
+    n_rows: int | None  # None when the entry itself is unreadable
+    problem: str
 
 
 def check_name(kind: str, value: str) -> str:
@@ -222,6 +244,7 @@ class Ledger:
         if self.storage.exists(ekey):
             return Commit(ekey, pkey, len(rows), created=False)
         values = [r.ledger_values() for r in rows]
+        data = encode_part(rows)
         entry = {
             "schema": SCHEMA,
             "run_id": run_id,
@@ -230,17 +253,32 @@ class Ledger:
             "part": pkey,
             "n_rows": len(rows),
             "committed_at": _now(),
+            # What the part must still be when read back: `verify_parts` compares against these.
+            "part_size": len(data),
+            "part_sha256": hashlib.sha256(data).hexdigest(),
             "columns": {c: [v[c] for v in values] for c in LEDGER_COLUMNS},
         }
         # Order matters: the part first (invisible until the entry exists), then the entry (the commit point).
-        self.storage.put(pkey, encode_part(rows))
+        self.storage.put(pkey, data)
         self.storage.put(ekey, json.dumps(entry, separators=(",", ":")).encode())
         return Commit(ekey, pkey, len(rows), created=True)
 
     # ---- reading -------------------------------------------------------------------------------
 
     def entries(self) -> list[str]:
+        """The entries that count: every committed entry except the retired ones."""
+        retired = self.retired_entries()
+        committed = self._committed_entries()
+        return [k for k in committed if k not in retired] if retired else committed
+
+    def _committed_entries(self) -> list[str]:
         return [k for k in self.storage.list(ENTRY_DIR) if k.endswith(".json")]
+
+    def retired_entries(self) -> set[str]:
+        """Entries whose part failed verification and was retired (their rows are work again)."""
+        return {
+            ENTRY_DIR + k[len(RETIRED_DIR) :] for k in self.storage.list(RETIRED_DIR) if k.endswith(".json")
+        }
 
     def read_entry(self, key: str) -> dict[str, Any]:
         return _parse_entry(self.storage.get(key), self.storage.uri_for(key))
@@ -268,7 +306,8 @@ class Ledger:
 
     def _load(self) -> tuple[pd.DataFrame, list[str], int]:
         """The ledger frame, the entry keys it was built from, and how many of those the snapshot lacked."""
-        all_entries = self.entries()
+        retired = self.retired_entries()
+        all_entries = [k for k in self._committed_entries() if k not in retired]
         frames: list[pd.DataFrame] = []
         covered: set[str] = set()
         snap = self.latest_snapshot()
@@ -285,6 +324,10 @@ class Ledger:
                 raise LedgerError(
                     f"snapshot {snap['key']} says {snap['n_rows']} rows, its Parquet has {len(snap_frame)}"
                 )
+            if covered & retired:  # retired after this snapshot was taken: its rows no longer count
+                gone = {_part_for_entry(k) for k in covered & retired}
+                snap_frame = snap_frame[~snap_frame["part"].isin(gone)].reset_index(drop=True)
+                covered -= retired
             frames.append(_normalise(snap_frame))
         todo = [k for k in all_entries if k not in covered]
         if todo:
@@ -299,10 +342,14 @@ class Ledger:
                 cols["part"].extend([entry["part"]] * n)
                 stamps.append(entry["committed_at"])
                 counts.append(n)
-            # One timestamp per entry: parse each once, then repeat (parsing a million strings is slow).
-            when = pd.to_datetime(pd.Series(stamps, dtype=object), utc=True, format="ISO8601")
-            cols["committed_at"] = when.repeat(counts).reset_index(drop=True)
-            frames.append(_frame_from_columns(cols))
+            try:
+                # One timestamp per entry: parse each once, then repeat (parsing a million strings is slow).
+                when = pd.to_datetime(pd.Series(stamps, dtype=object), utc=True, format="ISO8601")
+                cols["committed_at"] = when.repeat(counts).reset_index(drop=True)
+                frames.append(_frame_from_columns(cols))
+            except (ValueError, TypeError, OverflowError) as exc:
+                # The columns are converted all at once (fast); only now look for the entry to blame.
+                raise self._bad_entry_error(todo, exc) from exc
         used = sorted(covered | set(todo))
         if not frames:
             return empty_frame(), used, 0
@@ -322,6 +369,7 @@ class Ledger:
         lo, hi = int(wanted[0]), int(wanted[-1])
         parts: list[pd.DataFrame] = []
         covered: set[str] = set()
+        retired = self.retired_entries()
         snap = self.latest_snapshot()
         if snap is not None:
             try:
@@ -329,21 +377,31 @@ class Ledger:
             except StorageKeyError:
                 snap = None  # pruned by a concurrent compaction: the entries hold everything
             else:
+                covered = set(snap["entries"])
+                stale = covered & retired  # retired after this snapshot was taken: their rows no longer count
                 table = pq.read_table(
-                    io.BytesIO(raw), columns=list(PLAN_COLUMNS),
+                    io.BytesIO(raw), columns=[*PLAN_COLUMNS, *(["part"] if stale else [])],
                     filters=[("index", ">=", lo), ("index", "<=", hi)],
                 )
                 del raw
                 frame = table.to_pandas()
-                parts.append(frame[np.isin(frame["index"].to_numpy(dtype=np.int64), wanted)])
-                covered = set(snap["entries"])
-        todo = [k for k in self.entries() if k not in covered]
+                keep_rows = np.isin(frame["index"].to_numpy(dtype=np.int64), wanted)
+                if stale:
+                    keep_rows &= ~frame["part"].isin({_part_for_entry(k) for k in stale}).to_numpy()
+                    covered -= stale
+                parts.append(frame.loc[keep_rows, list(PLAN_COLUMNS)])
+        todo = [k for k in self._committed_entries() if k not in covered and k not in retired]
         for start in range(0, len(todo), _PLAN_BATCH):
             batch = todo[start : start + _PLAN_BATCH]
             cols: dict[str, list[Any]] = {c: [] for c in PLAN_COLUMNS}
             for key, raw in zip(batch, self._get_many(batch), strict=True):
-                entry = _parse_entry(raw, self.storage.uri_for(key))
-                keep = np.flatnonzero(np.isin(np.asarray(entry["columns"]["index"], dtype=np.int64), wanted))
+                where = self.storage.uri_for(key)
+                entry = _parse_entry(raw, where)
+                try:
+                    keep = np.flatnonzero(np.isin(np.asarray(entry["columns"]["index"], dtype=np.int64), wanted))
+                    np.asarray([entry["columns"]["max_tokens"][i] for i in keep], dtype=np.int64)
+                except (ValueError, TypeError, OverflowError) as exc:
+                    raise LedgerError(f"entry {where}: index or max_tokens holds a non-integer ({exc})") from exc
                 for c in PLAN_COLUMNS:
                     column = entry["columns"][c]
                     cols[c].extend(column[i] for i in keep)
@@ -394,8 +452,103 @@ class Ledger:
 
     def orphan_parts(self) -> list[str]:
         """Parts with no entry: a crash between the two PUTs (or a commit in flight right now)."""
-        committed = {_part_for_entry(k) for k in self.entries()}
+        # Retired entries' parts are not orphans: they stay as the record of what was damaged.
+        committed = {_part_for_entry(k) for k in self._committed_entries()}
         return [k for k in self.storage.list(PART_DIR) if k not in committed]
+
+    def _bad_entry_error(self, keys: Sequence[str], exc: Exception) -> LedgerError:
+        """A LedgerError naming the first of `keys` whose values do not fit the ledger's columns."""
+        for key in keys:
+            where = self.storage.uri_for(key)
+            try:
+                _check_entry_values(_parse_entry(self.storage.get(key), where), where)
+            except LedgerError as found:
+                return found
+        return LedgerError(f"ledger entries under {self.storage.uri_for(ENTRY_DIR)} do not load: {exc}")
+
+    # ---- verification --------------------------------------------------------------------------
+
+    def verify_parts(self, deep: bool = True) -> list[PartDamage]:
+        """Entries whose part is no longer what was committed, and entries that do not parse (empty: all good).
+
+        `deep` reads every part: its size and sha256 must match its entry's (for an entry from before
+        those were recorded, the part must decode to the entry's rows). Otherwise only sizes are compared,
+        from one listing of the parts (one LIST per 1000 parts on S3): cheap enough for every final report
+        and rerun; it finds deleted and truncated parts, not an alteration that keeps the size.
+        """
+        keys = self.entries()
+        sizes = None if deep else self.storage.sizes(PART_DIR)
+        damage: list[PartDamage] = []
+        for start in range(0, len(keys), _PLAN_BATCH):
+            batch = keys[start : start + _PLAN_BATCH]
+            pairs = list(zip(batch, self._get_many(batch), strict=True))
+            if deep and self.read_workers > 1 and len(pairs) > 1:
+                with ThreadPoolExecutor(self.read_workers) as pool:
+                    found = list(pool.map(lambda kv: self._verify_entry(kv[0], kv[1], sizes), pairs))
+            else:
+                found = [self._verify_entry(key, raw, sizes) for key, raw in pairs]
+            damage.extend(d for d in found if d is not None)
+        return damage
+
+    def _verify_entry(self, key: str, raw: bytes, sizes: dict[str, int] | None) -> PartDamage | None:
+        where = self.storage.uri_for(key)
+        try:
+            entry = _parse_entry(raw, where)
+            _check_entry_values(entry, where)
+        except LedgerError as exc:
+            return PartDamage(key, _part_for_entry(key), None, f"the entry does not parse: {exc}")
+        part, n_rows, size = entry["part"], entry["n_rows"], entry.get("part_size")
+        if part != _part_for_entry(key):
+            return PartDamage(key, part, n_rows, f"the entry points at {part}, not {_part_for_entry(key)}")
+        if sizes is not None:
+            if part not in sizes:
+                return PartDamage(key, part, n_rows, "the part is missing")
+            if size is not None and sizes[part] != size:
+                return PartDamage(key, part, n_rows, f"the part has {sizes[part]} bytes, its entry recorded {size}")
+            return None
+        try:
+            data = self.storage.get(part)
+        except StorageKeyError:
+            return PartDamage(key, part, n_rows, "the part is missing")
+        if size is not None:
+            if len(data) != size:
+                return PartDamage(key, part, n_rows, f"the part has {len(data)} bytes, its entry recorded {size}")
+            if hashlib.sha256(data).hexdigest() != entry["part_sha256"]:
+                return PartDamage(key, part, n_rows, "the part's sha256 differs from the one its entry recorded")
+            return None
+        # Committed before sizes and checksums were recorded: the part must still hold the entry's rows.
+        try:
+            rows = decode_part(data, self.storage.uri_for(part))
+        except LedgerError as exc:
+            return PartDamage(key, part, n_rows, str(exc))
+        if len(rows) != n_rows:
+            return PartDamage(key, part, n_rows, f"the part has {len(rows)} rows, its entry {n_rows}")
+        cols = entry["columns"]
+        for i, row in enumerate(rows):
+            values = row.ledger_values()
+            diff = [c for c in LEDGER_COLUMNS if values[c] != cols[c][i]]
+            if diff:
+                return PartDamage(key, part, n_rows, f"row {i} (index {row.index}) differs from its entry on {diff}")
+        return None
+
+    def retire(self, damage: Iterable[PartDamage]) -> list[str]:
+        """Retire the entries of damaged parts: their rows stop counting as committed and become work again.
+
+        One retirement record per entry, beside the entries; the entry and its part stay where they are,
+        as the record of what was lost. Retiring an entry twice rewrites the same record. Returns the keys.
+        """
+        written = []
+        for item in damage:
+            if not _ENTRY_RE.fullmatch(item.entry):
+                raise ValueError(f"{item.entry!r} is not a ledger entry key")
+            key = RETIRED_DIR + item.entry[len(ENTRY_DIR) :]
+            doc = {
+                "schema": SCHEMA, "entry": item.entry, "part": item.part, "n_rows": item.n_rows,
+                "problem": item.problem, "retired_at": _now(),
+            }  # fmt: skip
+            self.storage.put(key, json.dumps(doc, indent=2).encode())
+            written.append(key)
+        return written
 
     def check_invariants(self, deep: bool = True) -> list[str]:
         """Problems found (empty = healthy). `deep` also reads every part and compares it with its entry."""
@@ -410,6 +563,7 @@ class Ledger:
         for key, raw in zip(keys, self._get_many(keys), strict=True):
             try:
                 entry = _parse_entry(raw, key)
+                _check_entry_values(entry, key)
             except LedgerError as exc:
                 problems.append(str(exc))
                 continue
@@ -453,7 +607,7 @@ class Ledger:
         except LedgerError as exc:
             problems.append(str(exc))
         if snap is not None:
-            missing = sorted(set(snap["entries"]) - set(keys))
+            missing = sorted(set(snap["entries"]) - set(self._committed_entries()))
             if missing:
                 problems.append(f"snapshot {snap['key']} covers {len(missing)} entries that do not exist: {missing[:3]}")
             elif not self.storage.exists(snap["parquet"]):
@@ -492,13 +646,54 @@ def _parse_entry(raw: bytes, where: str) -> dict[str, Any]:
     missing = [f for f in ("run_id", "chunk", "segment", "part", "n_rows", "committed_at", "columns") if f not in entry]
     if missing:
         raise LedgerError(f"entry {where}: missing fields {missing}")
+    # Cheap shape checks, once per entry; the values of each column are checked when they fail to load.
+    for name in ("run_id", "segment", "part", "committed_at"):
+        if not isinstance(entry[name], str):
+            raise LedgerError(f"entry {where}: {name} {entry[name]!r} is not a string")
+    for name in ("chunk", "n_rows"):
+        if type(entry[name]) is not int or entry[name] < 0:
+            raise LedgerError(f"entry {where}: {name} {entry[name]!r} is not a non-negative integer")
+    try:
+        datetime.fromisoformat(entry["committed_at"])
+    except ValueError:
+        raise LedgerError(f"entry {where}: committed_at {entry['committed_at']!r} is not an ISO 8601 time") from None
+    # Entries committed before parts were checksummed have neither field.
+    size, digest = entry.get("part_size"), entry.get("part_sha256")
+    if (size is None) != (digest is None) or (
+        size is not None
+        and (type(size) is not int or size < 0 or not isinstance(digest, str) or not _SHA256_RE.fullmatch(digest))
+    ):
+        raise LedgerError(f"entry {where}: part_size {size!r} / part_sha256 {digest!r} are not a size and a sha256")
     cols = entry["columns"]
     if not isinstance(cols, dict) or any(c not in cols for c in LEDGER_COLUMNS):
         raise LedgerError(f"entry {where}: columns must hold all of {LEDGER_COLUMNS}")
+    bad = [c for c in LEDGER_COLUMNS if not isinstance(cols[c], list)]
+    if bad:
+        raise LedgerError(f"entry {where}: columns {bad} are not lists")
     lengths = {len(cols[c]) for c in LEDGER_COLUMNS}
     if lengths != {entry["n_rows"]}:
         raise LedgerError(f"entry {where}: column lengths {sorted(lengths)} != n_rows {entry['n_rows']}")
     return entry
+
+
+# The JSON types a column's values may have (`type(...) is`, so a bool never passes for an int).
+_VALUE_TYPES: dict[str, tuple[type, ...]] = {
+    c: (int,) if c in _INT_COLS else (bool,) if c == "cut_in_reasoning" else (int, float) if c == "latency_s"
+    else (str, type(None))
+    for c in LEDGER_COLUMNS
+}  # fmt: skip
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_entry_values(entry: dict[str, Any], where: str) -> None:
+    """Every value of a parsed entry has its column's type (one pass over all its rows)."""
+    cols = entry["columns"]
+    for c in LEDGER_COLUMNS:
+        allowed = _VALUE_TYPES[c]
+        for i, value in enumerate(cols[c]):
+            if type(value) not in allowed:
+                kinds = " or ".join("null" if t is type(None) else t.__name__ for t in allowed)
+                raise LedgerError(f"entry {where}: row {i} column {c} holds {value!r}, not {kinds}")
 
 
 def _now() -> str:
@@ -517,3 +712,8 @@ def rows_to_frame(rows: Iterable[GeneratedRow], part: str = "", committed_at: st
     cols["part"] = [part] * len(rows)
     cols["committed_at"] = [committed_at or _now()] * len(rows)
     return _frame_from_columns(cols)
+
+
+def open_ledger(output_uri: str, aws_conn_id: str = "aws_default") -> Ledger:
+    """The ledger of the output root at `output_uri` (a local directory, file:// or s3://)."""
+    return Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))

@@ -16,8 +16,10 @@ REJECTED = "rejected"  # permanent for this cap (e.g. context overflow): recorde
 INVALID = "invalid"  # the dataset row itself is malformed: nothing to generate
 STATUSES = (OK, FAILED, REJECTED, INVALID)
 
-# finish_reason values SGLang reports for a completion. `abort` never reaches the ledger: it is retried.
-FINISH_REASONS = ("stop", "length", "tool_calls")
+# finish_reason values of a completion: it ended by itself (COMPLETE), or at the cap ("length"). SGLang also
+# reports `abort`, which is not a completion and never reaches the ledger: the client retries it.
+COMPLETE = ("stop", "tool_calls")
+FINISH_REASONS = (*COMPLETE, "length")
 
 # Columns of the ledger, in order. Every ledger entry stores these for each of its rows.
 LEDGER_COLUMNS = (
@@ -37,6 +39,8 @@ LEDGER_COLUMNS = (
     "category",  # str | None: dataset metadata (source/category) for breakdowns
     "error",  # str | None: last error message for failed/rejected/invalid rows
 )
+# The columns "done" is decided from (tracegen.plan), read without the rest by planning and resume.
+PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")
 
 
 @dataclass(slots=True)

@@ -91,6 +91,16 @@ class Storage(ABC):
     def list(self, prefix: str = "") -> list[str]:
         """Sorted keys (relative to the root) that start with `prefix` (a plain string prefix, as on S3)."""
 
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        """Size in bytes of every key that starts with `prefix`: what `list` lists, with sizes."""
+        out = {}
+        for key in self.list(prefix):
+            try:
+                out[key] = self.size(key)
+            except StorageKeyError:  # deleted between the listing and the stat
+                pass
+        return out
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove the object; missing is not an error (deletes are idempotent)."""
@@ -372,6 +382,20 @@ class S3Storage(Storage):
             return keys
 
         return sorted(self._call("list", prefix, fetch))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        # The listing already carries each object's size: one LIST per 1000 keys instead of a HEAD per key.
+        _check_prefix(prefix)
+        full = self.prefix + prefix
+
+        def fetch() -> dict[str, int]:
+            out: dict[str, int] = {}
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                out.update((obj["Key"][len(self.prefix) :], int(obj["Size"])) for obj in page.get("Contents", []))
+            return out
+
+        return dict(sorted(self._call("list", prefix, fetch).items()))
 
     def delete(self, key: str) -> None:
         self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)))

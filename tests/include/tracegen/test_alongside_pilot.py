@@ -1,4 +1,4 @@
-"""The first chunks run beside the pilot (DESIGN §8: no GPU idles while the pilot's stragglers finish and
+"""The first chunks run beside the pilot (docs/benchmarks.md, occupancy: no GPU idles while the pilot's stragglers finish and
 the gate audits), and must never spend GPU time the gate refuses: the engine's stop check, the pilot
 gate watch, and the known-long-first order that shortens chunk tails. Real stand-ins over HTTP.
 """
@@ -6,6 +6,7 @@ gate watch, and the known-long-first order that shortens chunk tails. Real stand
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,23 +14,18 @@ from engine_support.helpers import (
     assert_healthy,
     endpoints,
     engine,
-    fleet,
     make_config,
+    open_ledger,
     prepare,
     run_engine,
     write_dataset,
 )
 
+from tracegen.generate.chunk import GateClosed, generate_chunk_work
 from tracegen.generate.engine import ChunkInterrupted
-from tracegen.pipeline import (
-    PILOT_REPORT,
-    ChunkWork,
-    GateClosed,
-    PilotGateWatch,
-    generate_chunk_work,
-    open_ledger,
-    pilot_indices,
-)
+from tracegen.generate.gate_watch import PilotGateWatch
+from tracegen.plan import ChunkWork, pilot_indices
+from tracegen.run import PILOT_REPORT
 
 SLOW = dict(sim_length_model="short", log_level="warning", max_running_requests=8)
 
@@ -93,15 +89,15 @@ def test_rows_cut_off_under_a_lower_cap_are_sent_first(tmp_path, sim_server):
 
 def test_the_watch_follows_the_pilot_verdict_then_stops_reading(tmp_path):
     config = make_config(write_dataset(tmp_path / "p.jsonl", 10), tmp_path / "out", pilot_size=5)
-    prepare(config, "run-1")
-    watch = PilotGateWatch(config, "run-1")
+    spec = prepare(config, "run-1")
+    watch = PilotGateWatch(spec, open_ledger(config))
     assert watch(0, 0) is None  # no verdict yet, nothing judged
     _pilot_report(config, "run-1", "pass")
     assert watch(0, 0) is None
     _pilot_report(config, "run-1", "stop")  # settled on the first verdict: no further reads
     assert watch(0, 0) is None
 
-    stop = PilotGateWatch(config, "run-2")
+    stop = PilotGateWatch(replace(spec, run_id="run-2"), open_ledger(config))
     _pilot_report(config, "run-2", "stop", "truncation 18.0% > 5.0% at max_tokens=4096")
     assert stop(0, 0) == "the pilot gate stopped the run: truncation 18.0% > 5.0% at max_tokens=4096"
     assert stop.closed == stop(0, 0)
@@ -110,13 +106,14 @@ def test_the_watch_follows_the_pilot_verdict_then_stops_reading(tmp_path):
 def test_before_the_verdict_the_chunks_own_rows_close_the_watch_only_on_strong_evidence(tmp_path):
     config = make_config(write_dataset(tmp_path / "p.jsonl", 10), tmp_path / "out", pilot_size=5,
                          truncation_threshold=0.05)
-    prepare(config, "run-1")
-    assert PilotGateWatch(config, "run-1")(60, 299) is None  # 20% but under the gate's minimum sample
-    assert PilotGateWatch(config, "run-1")(20, 300) is None  # 6.7%: not clearly over 5%
-    watch = PilotGateWatch(config, "run-1")
+    spec = prepare(config, "run-1")
+    ledger = open_ledger(config)
+    assert PilotGateWatch(spec, ledger)(60, 299) is None  # 20% but under the gate's minimum sample
+    assert PilotGateWatch(spec, ledger)(20, 300) is None  # 6.7%: not clearly over 5%
+    watch = PilotGateWatch(spec, ledger)
     assert "this chunk's own rows close the gate" in watch(54, 300)  # 18%, the seed's rate
     warn = make_config(write_dataset(tmp_path / "p.jsonl", 10), tmp_path / "out", gate_mode="warn")
-    assert PilotGateWatch(warn, "run-1")(300, 300) is None  # gate_mode=warn never stops a chunk
+    assert PilotGateWatch(replace(spec, config=warn), ledger)(300, 300) is None  # gate_mode=warn never stops a chunk
 
 
 def test_a_chunk_beside_the_pilot_leaves_the_pilot_rows_to_the_pilot(tmp_path, sim_server):
@@ -124,27 +121,26 @@ def test_a_chunk_beside_the_pilot_leaves_the_pilot_rows_to_the_pilot(tmp_path, s
     n_rows = 100
     config = make_config(write_dataset(tmp_path / "p.jsonl", n_rows), tmp_path / "out", pilot_size=30,
                          max_tokens=400)
-    prepare(config, "run-1")
+    spec = prepare(config, "run-1")
     work = ChunkWork(chunk=0, start=0, stop=n_rows, remaining=n_rows)
-    summary = generate_chunk_work(config, "run-1", fleet(), work, alongside_pilot=True,
-                                  endpoints=endpoints(sim))
+    summary = generate_chunk_work(spec, work, alongside_pilot=True, endpoints=endpoints(sim))
     pilot = set(pilot_indices(config, n_rows).tolist())
     assert len(pilot) == 30
     frame = assert_healthy(open_ledger(config), n_rows, config)
     assert set(frame["index"]) == set(range(n_rows)) - pilot
-    assert summary["generated"] == n_rows - 30
+    assert summary.generated == n_rows - 30
 
     # Past the gate a chunk covers its whole range: pilot rows left undone are generated there.
-    generate_chunk_work(config, "run-1", fleet(), work, endpoints=endpoints(sim))
+    generate_chunk_work(spec, work, endpoints=endpoints(sim))
     assert set(assert_healthy(open_ledger(config), n_rows, config)["index"]) == set(range(n_rows))
 
 
 def test_a_chunk_beside_the_pilot_does_not_start_once_the_gate_said_stop(tmp_path, sim_server):
     sim = sim_server(sim_time_scale=20000, sim_length_model="short", log_level="warning")
     config = make_config(write_dataset(tmp_path / "p.jsonl", 50), tmp_path / "out", pilot_size=10)
-    prepare(config, "run-1")
+    spec = prepare(config, "run-1")
     _pilot_report(config, "run-1", "stop")
     work = ChunkWork(chunk=0, start=0, stop=50, remaining=50)
     with pytest.raises(GateClosed, match="not started: the pilot gate stopped the run"):
-        generate_chunk_work(config, "run-1", fleet(), work, alongside_pilot=True, endpoints=endpoints(sim))
+        generate_chunk_work(spec, work, alongside_pilot=True, endpoints=endpoints(sim))
     assert len(open_ledger(config).frame()) == 0

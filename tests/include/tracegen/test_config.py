@@ -27,6 +27,11 @@ def test_defaults_match_the_seed_story():
         ("gate_mode", "maybe", "gate_mode: 'maybe' is not one of"),
         ("truncated_policy", "drop", "truncated_policy: 'drop' is not one of"),
         ("dataset_uri", "", "dataset_uri: required"),
+        # Storage locations: absolute local paths, file:// and s3://bucket/... only.
+        ("output_uri", "relative/dir", "output_uri: 'relative/dir' is not an absolute local path"),
+        ("output_uri", "s3://", "output_uri: 's3://' is not"),
+        ("dataset_uri", "http://example.com/prompts.jsonl", "dataset_uri: 'http://example.com/prompts.jsonl' is not"),
+        ("dataset_uri", "s3://bucket", "dataset_uri: 's3://bucket' is not"),
     ],
 )
 def test_bad_params_name_the_param(param, value, message):

@@ -13,13 +13,13 @@ import gzip
 import hashlib
 import io
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from engine_support.helpers import make_config, prepare, prompt, write_dataset
+from engine_support.helpers import make_config, open_ledger, prepare, prompt, write_dataset
 
 from tracegen.export import ExportError, export_dataset
-from tracegen.pipeline import open_ledger
 from tracegen.status import dataset_status, format_status
 from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow
 
@@ -144,3 +144,24 @@ def test_status_rate_and_eta_follow_recent_commits(root):
     later = dataset_status(str(out), now=time.time() + 3600)
     assert later["rows_per_s"] is None and later["eta_s"] is None
     assert "idle" in format_status(later)
+
+
+def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
+    """Silent loss is seen where it matters: the final report names a part that no longer matches its entry,
+    and the scheduled rerun retires it, so its rows are work again instead of 'done' forever."""
+    from tracegen.audit.run_report import audit_and_report
+    from tracegen.run.records import read_run_record
+    from tracegen.run.rerun import unfinished_work
+
+    out, ledger = root
+    (part,) = [ledger.read_entry(k)["part"] for k in ledger.entries() if "seg-a1" in k]
+    (out / part).unlink()  # rows 0-4, committed and counted as done
+    assert dataset_status(str(out))["done"] == 8
+
+    report = json.loads(Path(audit_and_report(read_run_record(ledger, "run-b"), name="report").json_uri
+                             .removeprefix("file://")).read_text())
+    assert any(part in note and "verify" in note for note in report["audit"]["notes"]), report["audit"]["notes"]
+
+    work = unfinished_work(str(out))
+    assert [(w.work.start, w.work.remaining) for w in work] == [(0, 7)]  # 0-4 lost, 7 failed, 9 never sent
+    assert dataset_status(str(out))["done"] == 3

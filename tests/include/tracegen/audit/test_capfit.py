@@ -146,7 +146,5 @@ def test_bad_input():
     fit = fit_lengths([10, 20, 30, 40], [False, False, False, True], bootstrap=5)
     with pytest.raises(ValueError, match="confidence"):
         cap_table(fit, 40, confidence=1.0)
-    with pytest.raises(ValueError, match="current_cap"):
-        cap_table(fit, 0)
     with pytest.raises(KeyError, match="not in the table"):
         cap_table(fit, 40).row(123)

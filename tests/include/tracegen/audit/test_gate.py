@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracegen.audit.gate import PASS, STOP, WARN, decide, decide_for_audit, wilson_interval
+from tracegen.audit.gate import PASS, STOP, WARN, decide, wilson_interval
 
 
 def test_seed_pilot_stops_with_an_actionable_reason():
@@ -91,12 +91,7 @@ def test_bad_input(args, message):
         decide(*args)
 
 
-def test_decide_for_audit_uses_rows_at_this_cap():
-    class Table:
-        recommended_cap = 8192
-        recommended_truncation = 0.02
-
-    truncation = {"at_cap_truncated": 269, "at_cap_rows": 1500, "truncated": 400, "ok_rows": 2000}
-    d = decide_for_audit(truncation, 0.05, max_tokens=4096, cap_table=Table())
+def test_a_stop_carries_the_cap_that_would_fix_it():
+    d = decide(269, 1500, 0.05, max_tokens=4096, suggested_cap=8192, suggested_truncation=0.02)
     assert (d.truncated, d.total, d.suggested_cap) == (269, 1500, 8192)
     assert d.to_json()["blocks"] is True

@@ -6,7 +6,15 @@ import subprocess
 import pytest
 from fleet_helpers import is_alive, live_group_members, probe_spec, wait_for
 
-from tracegen.fleet import FleetConnection, FleetError, FleetSpec, config_hash, launch_argv, server_env
+from tracegen.fleet import (
+    FleetConnection,
+    FleetError,
+    FleetSpec,
+    FleetSpecError,
+    config_hash,
+    launch_argv,
+    server_env,
+)
 from tracegen.fleet import server as fleet_server
 
 
@@ -43,7 +51,10 @@ def test_launch_argv_is_exact():
         "--speculative-draft-model-path", "/models/drafter-v1",
         "--speculative-num-steps", "3",
     ]  # fmt: skip
-    assert launch_argv(spec, host, 0, api_key="s3cret")[9:13] == ["--port", "30000", "--api-key", "s3cret"]
+    # The key itself stays out of the argv: SGLang reads it from the --config file the launch script writes.
+    with_key = launch_argv(spec, host, 0, api_key="s3cret")
+    assert with_key[9:13] == ["--port", "30000", "--config", "sglang-gpu0-port30000.config.yaml"]
+    assert "s3cret" not in " ".join(with_key)
     assert server_env(spec, 3) == {"CUDA_VISIBLE_DEVICES": "3"}
     with pytest.raises(ValueError, match="not one of host gpu_a"):
         launch_argv(spec, host, 1)
@@ -58,7 +69,8 @@ def test_config_hash_tracks_flags_and_hides_the_key():
     assert same == config_hash(launch_argv(spec, h, 0), env)
     assert same != config_hash(launch_argv(other, h, 0), env)
     assert same != config_hash(launch_argv(spec, h, 0), {"CUDA_VISIBLE_DEVICES": "1"})
-    assert config_hash(launch_argv(spec, h, 0, "k1"), env) != config_hash(launch_argv(spec, h, 0, "k2"), env)
+    keyed = launch_argv(spec, h, 0, "k1")
+    assert config_hash(keyed, env, "k1") != config_hash(keyed, env, "k2")  # a rotated key restarts
 
 
 def test_flag_order_in_the_description_does_not_change_argv_or_hash():
@@ -98,6 +110,29 @@ def test_injection_values_reach_the_server_verbatim_and_run_nothing(tmp_path, st
         assert record["pid"] == record["pgid"] == record["sid"] == state.pid  # own session, own group
         fleet_server.stop(fleet, host, 2)
     assert not canary.exists()
+
+
+def test_launch_argv_refuses_values_that_would_parse_as_flags():
+    spec = FleetSpec.from_dict(
+        {
+            "hosts": [{"conn_id": "a", "gpus": [0]}],
+            "model_path": "m",
+            "sglang_flags": {"--cuda-graph-bs": [8, 16], "--random-seed": "-1", "--x": [-2, "-0.5"]},
+        }
+    )
+    host = spec.hosts[0]
+    argv = launch_argv(spec, host, 0, api_key="k")
+    # Negative numbers are values to argparse; every flag the fleet manages appears once.
+    assert argv[-8:] == ["--cuda-graph-bs", "8", "16", "--random-seed", "-1", "--x", "-2", "-0.5"]
+    assert [argv.count(flag) for flag in ("--model-path", "--host", "--port", "--config")] == [1, 1, 1, 1]
+    # The flags mapping is a plain dict: a change after validation must still not reach a host.
+    spec.sglang_flags["--cuda-graph-bs"] = [8, "--host=0.0.0.0", "--model-path=attacker/model"]
+    with pytest.raises(FleetSpecError, match=r"sglang_flags\[--cuda-graph-bs\]: '--host=0.0.0.0' looks like a flag"):
+        launch_argv(spec, host, 0)
+    spec.sglang_flags.clear()
+    spec.sglang_flags["--hos"] = "0.0.0.0"
+    with pytest.raises(FleetSpecError, match="--hos abbreviates --host"):
+        launch_argv(spec, host, 0)
 
 
 def test_control_characters_in_values_are_rejected(tmp_path):

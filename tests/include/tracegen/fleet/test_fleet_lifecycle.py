@@ -1,6 +1,9 @@
 """Provision / reuse / restart / status / teardown of SGLang stand-ins, over real SSH and locally."""
 
+import json
+import os
 import socket
+import stat
 import sys
 from pathlib import Path
 
@@ -107,25 +110,36 @@ def test_provision_reuse_restart_status_teardown_over_ssh(sshd, tmp_path, stray_
     assert [s.state for s in status(spec)] == ["absent", "absent"]
 
 
-def test_local_fleet_with_api_key(tmp_path, monkeypatch, stray_groups):
-    monkeypatch.setenv("AIRFLOW_CONN_FLEET_TEST_KEY", '{"conn_type": "generic", "password": "k-123"}')
+def test_local_fleet_with_api_key_keeps_the_key_out_of_argv(tmp_path, monkeypatch, stray_groups):
+    key = "k-123-not-for-ps"
+    monkeypatch.setenv("AIRFLOW_CONN_FLEET_TEST_KEY", json.dumps({"conn_type": "generic", "password": key}))
     spec = sim_spec(tmp_path, "local", gpus=(4,), api_key_conn_id="fleet_test_key")
     with FleetConnection(spec) as fleet:
         try:
             [handle] = provision(spec, fleet)
             stray_groups.append(handle.pgid)
             assert handle.url == f"http://127.0.0.1:{handle.port}"
-            # The server demands the key; the fleet's headers carry it.
+            # Every local user can read /proc/PID/cmdline (what `ps` shows): the key is not there.
+            for pid in live_group_members(handle.pgid):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                assert not any(key.encode() in arg for arg in cmdline), cmdline
+            assert b"--config" in Path(f"/proc/{handle.pid}/cmdline").read_bytes()
+            # It is in a file only the server's user can read.
+            config = tmp_path / "fleet" / f"sglang-gpu4-port{handle.port}.config.yaml"
+            assert key in config.read_text()
+            assert stat.S_IMODE(config.stat().st_mode) == 0o600 and config.stat().st_uid == os.getuid()
+            # The server demands the key it read from that file; the fleet's headers carry it.
             assert httpx.get(f"{handle.url}/model_info", timeout=10).status_code == 401
             assert (
                 httpx.get(f"{handle.url}/model_info", headers=fleet.headers(), timeout=10).status_code == 200
             )
             pid_file = tmp_path / "fleet" / f"sglang-gpu4-port{handle.port}.pid"
-            assert "k-123" not in pid_file.read_text()
+            assert key not in pid_file.read_text()
             assert provision(spec, fleet)[0].pid == handle.pid
         finally:
             teardown(spec, fleet)
     assert live_group_members(handle.pgid) == []
+    assert not config.exists()  # a stopped server leaves no key behind
 
 
 def test_port_held_by_another_server_is_an_error(tmp_path, stray_groups):

@@ -51,6 +51,17 @@ def test_from_json_roundtrip():
         ({"sglang_flags": {"--x; id": 1}}, "--[a-z0-9-]+"),
         ({"sglang_flags": {"--port": 1}}, "set by the fleet"),
         ({"sglang_flags": {"--api-key": "k"}}, "set by the fleet"),
+        ({"sglang_flags": {"--config": "/tmp/flags.yaml"}}, "--config is set by the fleet"),
+        # argparse reads a unique prefix as the whole option: these are --host and --api-key again.
+        ({"sglang_flags": {"--hos": "0.0.0.0"}}, "--hos abbreviates --host"),
+        ({"sglang_flags": {"--api": "k"}}, "--api abbreviates --api-key"),
+        # Values that argparse would read as flags of their own.
+        (
+            {"sglang_flags": {"--cuda-graph-bs": [8, "--host=0.0.0.0", "--model-path=attacker/model"]}},
+            "sglang_flags[--cuda-graph-bs]: '--host=0.0.0.0' looks like a flag",
+        ),
+        ({"sglang_flags": {"--reasoning-parser": "--port"}}, "sglang_flags[--reasoning-parser]: '--port'"),
+        ({"sglang_flags": {"--chat-template": "-x"}}, "looks like a flag"),
         ({"sglang_flags": {"--x": "a\nb"}}, "control character"),
         ({"sglang_flags": {"--x": {"a": 1}}}, "string or a number"),
         ({"sglang_flags": {"--x": []}}, "empty list"),

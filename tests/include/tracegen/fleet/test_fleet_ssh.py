@@ -1,12 +1,15 @@
 """The fleet over a real OpenSSH sshd on loopback: host-key checks, quoting, health timeouts, stop."""
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
+import threading
+import time
 
 import pytest
-from fleet_helpers import live_group_members, probe_spec, wait_for
+from fleet_helpers import is_alive, live_group_members, probe_spec, wait_for
 
 from tracegen.fleet import (
     FleetConnection,
@@ -153,3 +156,76 @@ def test_client_urls_tunnel_loopback_and_go_direct_otherwise(sshd):
         transport.close()
     assert LocalTransport().url("0.0.0.0", 5) == "http://127.0.0.1:5"
     assert LocalTransport().url("127.0.0.1", 6) == "http://127.0.0.1:6"
+
+
+def _point_at(sshd, conn_id: str, port: int, **extra) -> str:
+    sshd.register_connection(conn_id, known_hosts=None, host_key=sshd.host_public_key, **extra)
+    conn = json.loads(os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"])
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({**conn, "port": port})
+    return conn_id
+
+
+def test_ssh_connections_get_connect_and_banner_timeouts_by_default(sshd):
+    transport = SSHTransport(sshd.conn_id)
+    assert (transport.hook.conn_timeout, transport.hook.banner_timeout) == (10, 10.0)
+
+
+def test_a_host_that_accepts_tcp_but_sends_no_banner_fails_at_once_naming_it(sshd):
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    held: list[socket.socket] = []
+    accepting = threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True)
+    accepting.start()
+    conn_id = _point_at(sshd, "fleet_ssh_silent", silent.getsockname()[1], banner_timeout=1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(FleetError, match=r"accepted the TCP connection but sent no SSH banner within 1 s"):
+            SSHTransport(conn_id, connect_attempts=3).run("true", timeout=30)
+        # One wait of the banner timeout, not three attempts with backoff in between.
+        assert time.monotonic() - started < 3
+    finally:
+        for sock in [*held, silent]:
+            sock.close()
+
+
+def test_a_host_that_drops_syns_fails_after_the_connect_timeout(sshd):
+    # A full accept queue makes Linux drop further SYNs: the connect hangs like a blackholed host.
+    blackhole = socket.socket()
+    blackhole.bind(("127.0.0.1", 0))
+    blackhole.listen(0)
+    port = blackhole.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    conn_id = _point_at(sshd, "fleet_ssh_blackhole", port, conn_timeout=1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(FleetError, match=r"TCP connect to 127.0.0.1:\d+ timed out after 1 s"):
+            SSHTransport(conn_id, connect_attempts=3).run("true", timeout=30)
+        assert time.monotonic() - started < 3
+    finally:
+        for sock in [*fillers, blackhole]:
+            sock.close()
+
+
+TIMED_OUT_SCRIPT = 'sleep 300 & echo $! > "{pid_file}"; exec 9>>"{lock}"; flock 9; wait'
+
+
+@pytest.mark.parametrize("where", ["ssh", "local"])
+def test_a_script_that_times_out_is_stopped_with_its_process_group(sshd, tmp_path, where):
+    pid_file, lock = tmp_path / "child.pid", tmp_path / "slot.lock"
+    transport = SSHTransport(sshd.conn_id) if where == "ssh" else LocalTransport()
+    try:
+        with pytest.raises(FleetError, match=r"did not finish within 2 s; stopped its process group \d+") as info:
+            transport.run(TIMED_OUT_SCRIPT.format(pid_file=pid_file, lock=lock), timeout=2)
+    finally:
+        transport.close()
+    child = int(pid_file.read_text())
+    assert wait_for(lambda: not is_alive(child), timeout=5), f"{info.value}: its child {child} still runs"
+    # The lock it held is free again for the next provisioner of the slot.
+    assert subprocess.run(["flock", "-w", "2", str(lock), "true"]).returncode == 0

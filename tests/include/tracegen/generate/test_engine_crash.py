@@ -1,4 +1,4 @@
-"""Crash safety of the chunk engine: SIGKILL at random moments, SIGTERM, then resume (DESIGN §3, §9).
+"""Crash safety of the chunk engine: SIGKILL at random moments, SIGTERM, then resume (docs/architecture.md, "Data invariants").
 
 The chunk runs in a real subprocess (engine_support/chunk_driver.py) against a real stand-in over HTTP,
 with small parts so kills land before, during and after commits. After every kill: nothing committed
@@ -19,12 +19,12 @@ from engine_support.helpers import (
     assert_healthy,
     endpoints,
     make_config,
+    open_ledger,
     prepare,
     start_driver,
     write_dataset,
 )
 
-from tracegen.pipeline import open_ledger
 from tracegen.store.records import OK
 
 # Slow enough (time scale 5, ~60-token completions) that one attempt generates only part of the chunk,

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tracegen.config import RunConfig
-from tracegen.pipeline import starting_in_flight
+from tracegen.generate.chunk import starting_in_flight
 from tracegen.sglang.autotune import InFlightLimit, Observation, TunePolicy, decide, parse_metrics
 from tracegen.sglang.client import ClientConfig, Sampling, SGLangClient
 from tracegen.sglang.routing import ServerEndpoint
@@ -69,13 +69,13 @@ def test_a_chunk_task_joining_full_servers_trickles_until_the_others_drain():
     # It starts at RunConfig.autotune_start_in_flight (8) beside tasks keeping the batch full and the
     # target queue: it holds, so it does not take an equal share and end with them. When their tails thin
     # the queue it tops up, and when the batch runs short it takes the whole deficit.
-    start = RunConfig(dataset_uri="-", output_uri="-").autotune_start_in_flight
+    start = RunConfig(dataset_uri="/d.jsonl", output_uri="/out").autotune_start_in_flight
     assert start <= 64 // 8, "the start must be a trickle against a 64-slot batch, not a batch"
     assert decide(obs(running=64, queued=40, own_in_flight=start, limit=start), POLICY) == start
     assert decide(obs(running=64, queued=12, own_in_flight=start, limit=start), POLICY) == start + 20
     assert decide(obs(running=30, own_in_flight=start, limit=start), POLICY) == start + 34 + 32
     # The chunk engine's servers start there; a fixed limit is used as it is.
-    config = RunConfig(dataset_uri="-", output_uri="-", max_in_flight_per_server=96)
+    config = RunConfig(dataset_uri="/d.jsonl", output_uri="/out", max_in_flight_per_server=96)
     assert starting_in_flight(config) == start
     assert starting_in_flight(replace(config, autotune_in_flight=False)) == 96
 

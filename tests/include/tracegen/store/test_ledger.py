@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -255,3 +257,105 @@ def test_plan_frame_holds_only_the_asked_rows_and_agrees_with_frame(tmp_path: Pa
         expected = plan.remaining(full, wanted, cap, policy)
         assert plan.remaining(lean, wanted, cap, policy).tolist() == expected.tolist()
     assert ledger.plan_frame([]).empty
+
+
+# ---- verification: every part checked against what its entry recorded --------------------------
+
+
+def test_commit_records_the_parts_size_and_sha256(store: Storage) -> None:
+    ledger = Ledger(store)
+    c = ledger.commit([row(0), row(1)], RUN, 0, "seg-a")
+    entry = ledger.read_entry(c.entry)
+    data = store.get(c.part)
+    assert (entry["part_size"], entry["part_sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+    assert ledger.verify_parts() == [] and ledger.verify_parts(deep=False) == []
+
+
+def _without_checksums(store: Storage, key: str) -> None:
+    """Rewrite an entry as the ledger wrote it before parts were checksummed."""
+    entry = json.loads(store.get(key))
+    del entry["part_size"], entry["part_sha256"]
+    store.put(key, json.dumps(entry).encode())
+
+
+def test_entries_from_before_checksums_stay_readable_and_verifiable(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path / "out")
+    ledger = Ledger(store)
+    old = ledger.commit([row(0), row(1)], RUN, 0, "seg-old")
+    _without_checksums(store, old.entry)
+    ledger.commit([row(2)], RUN, 0, "seg-new")
+    assert sorted(ledger.frame()["index"]) == [0, 1, 2] and ledger.check_invariants() == []
+    assert ledger.verify_parts() == []
+    # Without a checksum, the old part is judged by its rows: one edited row is found.
+    rows = ledger.read_part(old.part)
+    rows[1].completion_tokens += 1
+    store.put(old.part, encode_part(rows))
+    [damage] = ledger.verify_parts()
+    assert damage.entry == old.entry and "row 1 (index 1) differs from its entry on ['completion_tokens']" in damage.problem
+
+
+def test_damaged_parts_are_named_and_retiring_them_makes_their_rows_work_again(store: Storage) -> None:
+    ledger = Ledger(store)
+    intact = ledger.commit([row(0), row(1)], RUN, 0, "seg-a")
+    truncated = ledger.commit([row(2), row(3)], RUN, 0, "seg-b")
+    deleted = ledger.commit([row(4)], RUN, 0, "seg-c")
+    flipped = ledger.commit([row(5), row(6)], RUN, 0, "seg-d")
+    ledger.compact()  # the snapshot covers every entry: retirement must reach through it
+    data = store.get(truncated.part)
+    store.put(truncated.part, data[: len(data) // 2])
+    store.delete(deleted.part)
+    data = bytearray(store.get(flipped.part))
+    data[len(data) // 2] ^= 0xFF  # same size, different bytes
+    store.put(flipped.part, bytes(data))
+
+    found = {d.entry: d for d in ledger.verify_parts()}
+    assert set(found) == {truncated.entry, deleted.entry, flipped.entry}
+    assert "bytes, its entry recorded" in found[truncated.entry].problem
+    assert found[deleted.entry].problem == "the part is missing"
+    assert "sha256 differs" in found[flipped.entry].problem
+    assert found[truncated.entry].n_rows == 2 and found[truncated.entry].part == truncated.part
+    # The cheap check (sizes from one listing) finds what changed size or vanished.
+    assert {d.entry for d in ledger.verify_parts(deep=False)} == {truncated.entry, deleted.entry}
+
+    ledger.retire(found.values())
+    assert sorted(ledger.frame()["index"]) == [0, 1]
+    assert sorted(ledger.plan_frame(range(10))["index"]) == [0, 1]
+    assert ledger.verify_parts() == [] and ledger.check_invariants() == []
+    assert ledger.orphan_parts() == []  # the damaged parts stay, accounted for, not swept as orphans
+    # Nothing was deleted: entries and (what is left of) parts are still there.
+    assert all(store.exists(k) for k in (intact.entry, truncated.entry, deleted.entry, flipped.entry))
+    assert store.exists(truncated.part) and store.exists(flipped.part)
+    # The rows are generated again under new segments and count once more.
+    ledger.commit([row(i) for i in range(2, 7)], RUN, 0, "seg-e")
+    assert sorted(ledger.frame()["index"]) == list(range(7)) and ledger.check_invariants() == []
+    assert ledger.compact() is not None and sorted(ledger.frame()["index"]) == list(range(7))
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda e: e["columns"].update(index=["x", 1]), "row 0 column index holds 'x', not int"),
+        (lambda e: e["columns"].update(max_tokens=[4096, None]), "row 1 column max_tokens holds None"),
+        (lambda e: e["columns"].update(status="ab"), "columns ['status'] are not lists"),
+        (lambda e: e.update(n_rows="2"), "n_rows '2' is not a non-negative integer"),
+        (lambda e: e.update(committed_at="yesterday"), "committed_at 'yesterday' is not an ISO 8601 time"),
+        (lambda e: e.update(part_size="12"), "part_size '12'"),
+    ],
+)
+def test_a_corrupt_entry_is_named_by_every_reader(tmp_path: Path, change, needle) -> None:
+    store = LocalStorage(tmp_path / "out")
+    ledger = Ledger(store)
+    ledger.commit([row(0), row(1)], RUN, 0, "seg-a")
+    bad = ledger.commit([row(2), row(3)], RUN, 0, "seg-b")
+    entry = json.loads(store.get(bad.entry))
+    change(entry)
+    store.put(bad.entry, json.dumps(entry).encode())
+    where = store.uri_for(bad.entry)
+    with pytest.raises(LedgerError) as info:
+        ledger.frame()
+    assert where in str(info.value) and needle in str(info.value)
+    with pytest.raises(LedgerError, match=re.escape(f"entry {where}")):
+        ledger.plan_frame(range(4))  # a chunk's resume reads only what planning needs, and still names it
+    assert any(bad.entry in problem and needle in problem for problem in ledger.check_invariants())
+    [damage] = ledger.verify_parts()
+    assert damage.entry == bad.entry and "does not parse" in damage.problem

@@ -1,0 +1,84 @@
+"""Where a run's fleet comes from: the operator's configuration, never the output root.
+
+A fleet is named by a source: 'local-sim' (the bundled simulated fleet, SGLang stand-ins on this
+machine) or the path of a fleet JSON file on the Airflow workers. Runs record the source and the
+fleet's digest (`tracegen.run.spec.FleetRef`); a task that needs the fleet loads it from the source
+and refuses a fleet that changed since the run began.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tracegen.config import LOCAL_SIM, state_dir
+from tracegen.fleet.spec import FleetSpec, FleetSpecError
+from tracegen.run.spec import FleetRef, fleet_digest
+
+__all__ = ["LOCAL_SIM", "FleetChangedError", "load_fleet", "local_sim_fleet", "reference", "resolve"]
+
+
+class FleetChangedError(FleetSpecError):
+    """The fleet a run recorded is not the fleet its source describes now."""
+
+
+def local_sim_fleet() -> dict[str, Any]:
+    """The bundled simulated fleet: SGLang stand-ins on this machine, launched exactly like SGLang."""
+    time_scale = float(os.environ.get("TRACEGEN_SIM_TIME_SCALE", "40"))
+    return {
+        "hosts": [{"conn_id": "local", "gpus": [0, 1], "base_port": int(os.environ.get("TRACEGEN_SIM_PORT", "31000"))}],
+        "model_path": "Qwen/Qwen3.6-27B",
+        "served_model_name": "qwen3.6-27b",
+        "python": sys.executable,
+        "launch_module": "tracegen.simulator",
+        "sglang_flags": {
+            "--reasoning-parser": "qwen3",
+            "--speculative-algorithm": "NEXTN",
+            "--speculative-num-steps": 3,
+            "--max-running-requests": 64,
+            "--context-length": 40960,
+            "--enable-metrics": True,
+            "--sim-time-scale": time_scale,
+        },
+        "work_dir": str(state_dir() / "fleet"),
+        "health_timeout_s": 60.0,
+        "stop_timeout_s": 10.0,
+    }
+
+
+def load_fleet(source: str) -> FleetSpec:
+    """'local-sim' or a path to a fleet JSON file; errors say which file and what is wrong."""
+    if source == LOCAL_SIM:
+        return FleetSpec.from_dict(local_sim_fleet())
+    path = Path(source)
+    if not path.is_file():
+        raise FleetSpecError(f"fleet: {source!r} is neither '{LOCAL_SIM}' nor a readable fleet JSON file")
+    try:
+        return FleetSpec.from_json(path.read_text())
+    except FleetSpecError as exc:
+        raise FleetSpecError(f"fleet file {path}: {exc}") from None
+
+
+def reference(source: str) -> tuple[FleetSpec, FleetRef]:
+    """Load the fleet at `source` and the reference a run records for it."""
+    fleet = load_fleet(source)
+    return fleet, FleetRef.of(fleet, source)
+
+
+def resolve(ref: FleetRef, source: str | None = None) -> FleetSpec:
+    """The fleet a run recorded, loaded from `source` (default: the source the run named) and refused
+    when it no longer has the recorded digest.
+
+    Callers that hold a record read back from storage pass the operator's own `source`, so a record
+    can never choose which fleet file is loaded."""
+    source = ref.source if source is None else source
+    fleet = load_fleet(source)
+    digest = fleet_digest(fleet)
+    if digest != ref.sha256:
+        raise FleetChangedError(
+            f"fleet {source!r} has changed since the run began (digest {digest[:12]}, the run recorded "
+            f"{ref.sha256[:12]} from {ref.source!r}); finish the run with its own fleet, or start a new run"
+        )
+    return fleet

@@ -1,0 +1,131 @@
+"""One generation task: the pilot sample or one chunk of the run, unless a gate is closed.
+
+The task wrappers (`tracegen.steps`) resolve the fleet and call in here; this module opens the servers'
+endpoints and hands the rows to `ChunkEngine`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+
+from tracegen import plan
+from tracegen.config import RunConfig
+from tracegen.dataset.stored import load_index
+from tracegen.fleet import FleetConnection, FleetSpec, provision
+from tracegen.generate.engine import PILOT_CHUNK, ChunkEngine, ChunkInterrupted, ChunkSummary
+from tracegen.generate.gate_watch import PilotGateWatch, continuous_gate
+from tracegen.run.spec import RunSpec
+from tracegen.sglang.routing import ServerEndpoint
+from tracegen.store.ledger import open_ledger
+
+
+class GateClosed(RuntimeError):
+    """A chunk did not start, or stopped early after committing what finished, because a gate is closed."""
+
+
+def starting_in_flight(config: RunConfig) -> int:
+    """Each server's in-flight limit when a chunk task starts: the auto-tuner's trickle, or the fixed limit."""
+    return config.autotune_start_in_flight if config.autotune_in_flight else config.max_in_flight_per_server
+
+
+@contextmanager
+def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[ServerEndpoint]]:
+    """Endpoints for the HTTP client, valid inside the block (SSH tunnels stay open while it runs).
+
+    Provisioning is idempotent: healthy servers with the same model and flags are reused, so a task
+    calling this after the provision step only checks health and opens its tunnels.
+    """
+    api_key = None
+    with FleetConnection(fleet) as connection:
+        handles = provision(fleet, connection)
+        if fleet.api_key_conn_id:
+            from tracegen.fleet.server import resolve_api_key
+
+            api_key = resolve_api_key(fleet.api_key_conn_id)
+        in_flight = starting_in_flight(config)
+        yield [ServerEndpoint(h.url, api_key=api_key, max_in_flight=in_flight, name=h.label) for h in handles]
+
+
+def run_chunk(
+    spec: RunSpec,
+    *,
+    chunk: int,
+    label: str,
+    indices: np.ndarray | Sequence[int],
+    fleet: FleetSpec | None = None,
+    endpoints: Sequence[ServerEndpoint] | None = None,
+    spool_dir: str | None = None,
+    stop_check: Callable[[int, int], str | None] | None = None,
+) -> ChunkSummary:
+    """Generate and commit every row of `indices` not done yet for this run's cap, on `endpoints` or on
+    the servers of `fleet`.
+
+    `stop_check` (polled while generating) may stop the chunk early; it then raises `ChunkInterrupted`
+    after committing what finished."""
+    config = spec.config
+    ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    index = load_index(ledger)
+
+    def run(servers: Sequence[ServerEndpoint]) -> ChunkSummary:
+        engine = ChunkEngine(
+            config=config, run_id=spec.run_id, chunk=chunk, label=label, ledger=ledger, dataset=index,
+            servers=servers, model=spec.fleet.model, spool_dir=spool_dir, stop_check=stop_check,
+        )
+        return engine.run(np.asarray(indices, dtype=np.int64))
+
+    if endpoints is not None:
+        return run(endpoints)
+    if fleet is None:
+        raise ValueError("run_chunk needs the fleet or the endpoints to send requests to")
+    with fleet_endpoints(fleet, config) as servers:
+        return run(servers)
+
+
+def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None,
+              endpoints: Sequence[ServerEndpoint] | None = None) -> ChunkSummary | None:
+    """Generate the run's pilot sample (None without one); its rows are committed like any other."""
+    if spec.config.pilot_size == 0:
+        return None
+    indices = plan.pilot_indices(spec.config, spec.dataset.n_rows)
+    return run_chunk(spec, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)", indices=indices,
+                     fleet=fleet, endpoints=endpoints)
+
+
+def generate_chunk_work(
+    spec: RunSpec,
+    work: plan.ChunkWork,
+    *,
+    alongside_pilot: bool = False,
+    fleet: FleetSpec | None = None,
+    endpoints: Sequence[ServerEndpoint] | None = None,
+) -> ChunkSummary:
+    """One mapped generation task: what is left of `work`, unless a gate is closed.
+
+    `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
+    leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes.
+    """
+    config = spec.config
+    ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    verdict = continuous_gate(spec, ledger)
+    if verdict is not None:
+        raise GateClosed(f"{work.label} not started, the continuous gate is closed: {verdict}")
+    indices = np.arange(work.start, work.stop, dtype=np.int64)
+    watch = None
+    if alongside_pilot:
+        watch = PilotGateWatch(spec, ledger)
+        if (closed := watch()) is not None:
+            raise GateClosed(f"{work.label} not started: {closed}")
+        if config.pilot_size:
+            # The pilot task generates these at the same time; both would otherwise send them.
+            pilot = plan.pilot_indices(config, spec.dataset.n_rows)
+            indices = np.setdiff1d(indices, pilot, assume_unique=True)
+    try:
+        return run_chunk(spec, chunk=work.chunk, label=work.label, indices=indices, fleet=fleet,
+                         endpoints=endpoints, stop_check=watch)
+    except ChunkInterrupted as exc:
+        if watch is not None and watch.closed == exc.reason:
+            raise GateClosed(str(exc)) from None
+        raise

@@ -1,0 +1,6 @@
+"""One run of `tracegen_generate`: its typed description (`spec`), how it is prepared (`prepare`), how it is
+stored beside the data (`records`), and what the scheduled rerun finds left of it (`rerun`)."""
+
+# runs/<run_id>/ in the output root: the run's record, and the pilot audit's report (its verdict is the gate's).
+RUN_FILE = "run.json"
+PILOT_REPORT = "pilot-report.json"

@@ -1,0 +1,40 @@
+"""A run's first step: index and bind the dataset, choose the chunk layout, store the run's record, and
+list the chunks with work left. Its `RunSpec` is what every later task receives."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from tracegen import plan
+from tracegen.config import RunConfig
+from tracegen.dataset.stored import bind_index
+from tracegen.run.records import write_run_record
+from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
+from tracegen.store.ledger import COMPACT_OVER, open_ledger
+
+log = logging.getLogger(__name__)
+
+
+def prepare_run(
+    config: RunConfig, run_id: str, fleet: FleetRef, *, stagger: int = 0, teardown: bool = False
+) -> tuple[RunSpec, list[plan.ChunkWork]]:
+    """The run's spec and its chunks with work left. `stagger`: chunk tasks in flight at once (see
+    `plan.chunks`); 0 for equal chunks."""
+    ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    index = bind_index(ledger, config.dataset_uri, config.aws_conn_id)
+    layout = plan.choose_layout(config, index.n_rows, fleet.slots, stagger)
+    spec = RunSpec(
+        run_id=run_id, created_at=time.time(), config=config, fleet=fleet,
+        dataset=DatasetIdentity(config.dataset_uri, index.fingerprint, index.n_rows), layout=layout,
+        teardown=teardown,
+    )
+    write_run_record(ledger, spec)
+    work = plan.chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), index.n_rows, layout, config)
+    log.info(
+        "plan: %d rows, chunks of %d (the first %d of %s, then %d staggered), %d chunks with work left "
+        "(%d rows to generate at max_tokens=%d)",
+        index.n_rows, layout.size, layout.stagger, layout.first_size or layout.size, layout.stagger, len(work),
+        sum(w.remaining for w in work), config.max_tokens,
+    )
+    return spec, work

@@ -1,0 +1,78 @@
+"""A run's record beside the data: `runs/<run_id>/run.json` (its `RunSpec`) and the gate's verdict.
+
+Records are read back only as data: readers rebase them onto the root they were found in and the
+connection the reader uses (`RunSpec.rebased`), so a copied or moved root is worked on where it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from tracegen.run import PILOT_REPORT, RUN_FILE
+from tracegen.run.spec import RunSpec, RunSpecError
+from tracegen.store.ledger import Ledger
+from tracegen.store.storage import StorageKeyError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PILOT_REPORT", "RUN_FILE", "gate_verdict", "latest_run", "pilot_report", "read_run_record",
+           "stopped_at_gate", "write_run_record"]
+
+
+def write_run_record(ledger: Ledger, spec: RunSpec) -> str:
+    return ledger.put_run_file(spec.run_id, RUN_FILE, json.dumps(spec.to_json(), indent=2).encode())
+
+
+def read_run_record(ledger: Ledger, run_id: str, aws_conn_id: str = "aws_default") -> RunSpec:
+    """The run's spec as stored, rebased onto `ledger`'s root. Raises `StorageKeyError` when the run has
+    no record, `RunSpecError` naming the file when it is not one."""
+    where = ledger.storage.uri_for(f"runs/{run_id}/{RUN_FILE}")
+    raw = ledger.get_run_file(run_id, RUN_FILE)
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise RunSpecError(f"{where}: not JSON ({exc})") from None
+    spec = RunSpec.from_json(doc, where)
+    if spec.run_id != run_id:
+        raise RunSpecError(f"{where}: names run {spec.run_id!r}, not the run it is stored under")
+    return spec.rebased(ledger.storage.uri, aws_conn_id)
+
+
+def latest_run(ledger: Ledger, aws_conn_id: str = "aws_default") -> RunSpec | None:
+    """The newest run of an output root: the one whose cap and policy define "finished" for it.
+
+    A run whose record cannot be read is skipped with a warning naming it, so one damaged record does
+    not block every tool over the root."""
+    specs = []
+    for run_id in ledger.runs():
+        try:
+            specs.append(read_run_record(ledger, run_id, aws_conn_id))
+        except StorageKeyError:
+            continue  # a run that failed before planning wrote nothing to finish
+        except RunSpecError as exc:
+            log.warning("skipping run %s: %s", run_id, exc)
+    return max(specs, key=lambda s: s.created_at, default=None)
+
+
+def pilot_report(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
+    """The pilot audit's report, or None while the gate has not ruled."""
+    try:
+        return json.loads(ledger.get_run_file(run_id, PILOT_REPORT))
+    except StorageKeyError:
+        return None
+
+
+def gate_verdict(report: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """(verdict, reason) of a pilot report: ('stop' | 'pass' | ..., why), or (None, None) without one."""
+    verdict = (report or {}).get("verdict") or {}
+    return verdict.get("verdict"), verdict.get("reason")
+
+
+def stopped_at_gate(ledger: Ledger, run_id: str) -> bool:
+    """Did the pilot gate stop this run (a stop verdict under gate_mode=stop)?"""
+    report = pilot_report(ledger, run_id)
+    verdict, _ = gate_verdict(report)
+    mode = (report or {}).get("run", {}).get("config", {}).get("gate_mode")
+    return verdict == "stop" and mode == "stop"

@@ -1,0 +1,127 @@
+"""`RunSpec`: everything a run's tasks need to know about it, built once by the first task.
+
+It travels between tasks (XCom) and is stored as `runs/<run_id>/run.json` through one codec
+(`to_json` / `from_json`). It holds the operator's fleet by reference and digest (`FleetRef`), never the
+fleet description itself: whatever is read back from the output root must not be able to choose what
+runs on a GPU host, so a task that needs the fleet loads it from the operator's own configuration and
+refuses when its digest no longer matches (`tracegen.fleet.sources.resolve`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from tracegen.config import ConfigError, RunConfig
+from tracegen.plan import ChunkLayout
+
+if TYPE_CHECKING:
+    from tracegen.fleet.spec import FleetSpec
+
+SCHEMA = 1
+
+
+class RunSpecError(ValueError):
+    """A stored or handed-off run description is malformed; the message says where and what."""
+
+
+def fleet_digest(fleet: FleetSpec) -> str:
+    """sha256 of the fleet description's canonical JSON: equal digests, equal fleets."""
+    blob = json.dumps(fleet.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class FleetRef:
+    """The operator's fleet by reference: where it is configured, its digest, and the few facts the
+    plan, the engine and the report read from it (so they need not load it)."""
+
+    source: str  # 'local-sim' or the path of a fleet JSON file on the Airflow workers
+    sha256: str
+    model: str  # the served model name rows are stamped with
+    gpus: int
+    max_running_requests: int | None  # per server, when the flags say; None: SGLang sizes it at start-up
+
+    @classmethod
+    def of(cls, fleet: FleetSpec, source: str) -> FleetRef:
+        return cls(source, fleet_digest(fleet), fleet.model_name, len(fleet.servers()), fleet.max_running_requests)
+
+    @property
+    def slots(self) -> int | None:
+        """Requests the whole fleet decodes at once, when known."""
+        return None if self.max_running_requests is None else self.max_running_requests * self.gpus
+
+
+@dataclass(frozen=True)
+class DatasetIdentity:
+    """Which dataset the run reads: its URI, the fingerprint bound to the output root, its row count."""
+
+    uri: str
+    fingerprint: str
+    n_rows: int
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    run_id: str
+    created_at: float
+    config: RunConfig
+    fleet: FleetRef
+    dataset: DatasetIdentity
+    layout: ChunkLayout
+    teardown: bool = False  # stop the servers when the run ends
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "run_id": self.run_id,
+            "created_at": self.created_at,
+            "config": self.config.to_json(),
+            "fleet": vars(self.fleet).copy(),
+            "dataset": vars(self.dataset).copy(),
+            "layout": self.layout.to_json(),
+            "teardown": self.teardown,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "run description") -> RunSpec:
+        """Decode what `to_json` wrote; anything else is refused, naming `where` and the field."""
+        if not isinstance(doc, dict):
+            raise RunSpecError(f"{where}: expected a JSON object, got {type(doc).__name__}")
+        if doc.get("schema") != SCHEMA:
+            raise RunSpecError(f"{where}: schema {doc.get('schema')!r} is not {SCHEMA} (written by another "
+                               "tracegen version, or not a run description)")
+        try:
+            fleet, dataset = doc["fleet"], doc["dataset"]
+            mrr = fleet["max_running_requests"]
+            return cls(
+                run_id=_str(doc["run_id"], "run_id"),
+                created_at=float(doc["created_at"]),
+                config=RunConfig.from_params(doc["config"]),
+                fleet=FleetRef(_str(fleet["source"], "fleet.source"), _str(fleet["sha256"], "fleet.sha256"),
+                               _str(fleet["model"], "fleet.model"), int(fleet["gpus"]),
+                               None if mrr is None else int(mrr)),
+                dataset=DatasetIdentity(_str(dataset["uri"], "dataset.uri"),
+                                        _str(dataset["fingerprint"], "dataset.fingerprint"), int(dataset["n_rows"])),
+                layout=ChunkLayout.from_json(doc["layout"]),
+                teardown=bool(doc.get("teardown", False)),
+            )
+        except KeyError as exc:
+            raise RunSpecError(f"{where}: missing field {exc}") from None
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise RunSpecError(f"{where}: {exc}") from None
+
+    def rebased(self, output_uri: str, aws_conn_id: str) -> RunSpec:
+        """The same run read from the root it is found in, through the caller's connection.
+
+        A record read back from storage names the root and connection it was written with; a copied or
+        moved root must be worked on where it is now, never where it was, so readers replace both."""
+        return replace(self, config=replace(self.config, output_uri=output_uri, aws_conn_id=aws_conn_id))
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name}: expected a non-empty string, got {value!r}")
+    return value

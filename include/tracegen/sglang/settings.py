@@ -1,0 +1,77 @@
+"""What an SGLang client is configured with: the sampling params of a run's requests, and the timeouts,
+retry budget and quarantine policy of the client itself. Routing and the client both read these."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters sent with every row of a run: the run's validated `RunConfig` values, so not
+    checked again here."""
+
+    max_tokens: int
+    temperature: float = 0.6
+    top_p: float = 0.95
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Timeouts, retry budget and quarantine policy. Defaults are for 8K-token generations on a busy GPU."""
+
+    # A client timeout makes SGLang abort the request and throw the GPU work away, so this is sized for an
+    # 8192-token completion at a slow ~10 tok/s under a full batch, plus queueing: generous on purpose.
+    request_deadline_s: float = 1800.0
+    connect_timeout_s: float = 10.0
+    # Below uvicorn's 5 s keep-alive, so the client never reuses a connection the server is closing.
+    keepalive_expiry_s: float = 4.0
+    # HTTP attempts per row before it is recorded `failed` (a later run retries it).
+    max_attempts: int = 6
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 60.0
+    # Consecutive failures (connect errors, timeouts, 5xx, aborts, malformed bodies) before quarantine.
+    quarantine_after: int = 3
+    probe_interval_s: float = 5.0
+    probe_timeout_s: float = 60.0
+    # Every server quarantined for this long -> FatalClientError: the fleet is gone, stop the chunk.
+    all_down_fatal_s: float = 900.0
+    # Connections per httpx client: a server's slots are spread over several small pools (see routing).
+    pool_size: int = 8
+    # Seed for the backoff jitter (tests); None = fresh randomness.
+    jitter_seed: int | None = None
+    # Autotune hook (tracegen.sglang.autotune): adjust each server's in-flight limit from its /metrics, starting
+    # from the endpoint's max_in_flight and staying within [1, autotune_ceiling]. False: the limit is fixed.
+    autotune: bool = False
+    autotune_interval_s: float = 1.0
+    autotune_ceiling: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in (
+            "request_deadline_s",
+            "connect_timeout_s",
+            "keepalive_expiry_s",
+            "backoff_base_s",
+            "backoff_max_s",
+            "probe_interval_s",
+            "probe_timeout_s",
+            "all_down_fatal_s",
+            "autotune_interval_s",
+        ):
+            _positive(name, getattr(self, name))
+        for name in ("max_attempts", "quarantine_after", "pool_size", "autotune_ceiling"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ValueError(
+                f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"
+            )
