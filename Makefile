@@ -15,13 +15,17 @@ AIRFLOW_ENV := AIRFLOW_HOME=$(STATE)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR
 	TRACEGEN_STATE_DIR=$(STATE) TRACEGEN_SPOOL_DIR=$(STATE)/spool TRACEGEN_OUTPUT_URI=$(STATE)/demo/output
 
 # The venv is rebuilt when a requirements file changes. uv resolves in seconds where pip takes minutes.
-$(VENV)/.installed: requirements.txt requirements-test.txt
+$(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv
 	# Bytecode now, not at first import: uv skips it by default, and where PYTHONDONTWRITEBYTECODE is set
 	# (it is on our build machines) every process would compile what it imports from source, every time:
 	# airflow.sdk took 3.1 s to import instead of 1.6 s, pandas 1.4 s instead of 0.4 s.
 	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements-test.txt
+	# SGLang without its dependencies (CUDA, torch): the tests judge the stand-in with its parser and
+	# protocol models, which need only what requirements-test.txt adds. A step of its own: --no-deps
+	# applies to a whole install.
+	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) -r requirements-sglang.txt
 	# Make `include/` importable as the `tracegen` package, as Airflow workers see it.
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tracegen-include.pth"
 	touch $@
@@ -60,6 +64,13 @@ clean:
 bench-occupancy: venv
 	$(PY) bench/occupancy.py
 
+# The 4096 -> 8192 pivot on simulated SGLang: extending truncated rows from their tokens against
+# regenerating them (tokens spent, KS test of the final lengths against one uninterrupted 8192 run);
+# about 2 minutes. See docs/benchmarks.md.
+.PHONY: bench-pivot
+bench-pivot: venv
+	$(PY) bench/pivot.py
+
 # The same comparison with a whole tracegen_generate run on a real Airflow (PostgreSQL, CeleryExecutor on
 # Redis, as `make airflow-up`) and its bundled 2-GPU simulated fleet; about 13 minutes. Needs PostgreSQL and
 # Redis on loopback.
@@ -83,6 +94,7 @@ bench: venv
 	$(PY) bench/dataset_read.py
 	$(PY) bench/chunk_memory.py
 	$(PY) bench/occupancy.py
+	$(PY) bench/pivot.py
 
 # Long soak and chaos runs kept out of `make test` (e.g. 120 SIGKILL trials of a chunk).
 .PHONY: soak

@@ -56,6 +56,8 @@ def synthetic_columns(n: int, rng: np.random.Generator) -> dict[str, list]:
         "latency_s": np.round(rng.random(n) * 60, 4).tolist(),
         "category": ["bugfix"] * n,
         "error": [None] * n,
+        "pivot": [None] * (n - k) + ["regenerated"] * k,
+        "prefix_tokens": [0] * n,
     }
 
 

@@ -11,8 +11,13 @@ Trigger with a `max_tokens` cap. The run:
    and flags are reused) and waits for health;
 3. every later task receives the run prepared in step 1 and nothing else;
 4. runs a **pilot** on a random sample, **audits** it and **gates**: if the pilot's truncation rate
-   (`finish_reason == "length"`) is above the threshold the run stops before spending GPU-days, and the
-   report says which cap would fix it and what that costs;
+   (`finish_reason == "length"`) is above the threshold the run does not spend GPU-days on that cap, and
+   the report says which cap would fix it and what that costs. With `gate_mode=ask` (the default) the run
+   **asks** (`review_cap`, under Browse → Required Actions): continue at the recommended cap, at another
+   cap, at this cap accepting the truncation, or stop; the same run then goes on at the chosen cap
+   (`generate_at_decided_cap`). The continuous gate, which watches the running truncation rate, asks the
+   same way when it holds chunks back mid-run. Unanswered within the question's timeout, the run stops;
+   `gate_mode=stop` stops without asking, `warn` only logs;
 5. **fans out** one mapped task per index chunk, each resuming from what is committed. The first few
    (`generate_alongside_pilot`) start with the pilot so no GPU idles while the pilot's last rows finish
    and the gate audits; they stop, keeping what finished, if the gate says stop. The rest
@@ -21,8 +26,9 @@ Trigger with a `max_tokens` cap. The run:
 7. optionally **tears down** the servers (they are long-lived infrastructure by default).
 
 Changing your mind mid-run (the 4096 → 8192 pivot): stop the run, trigger again with the higher
-`max_tokens` and `truncated_policy=regenerate`. Finished rows are kept; rows truncated under the old cap
-are regenerated. See `python -m tracegen status <output_uri>` for progress from any shell.
+`max_tokens`. Finished rows are kept; rows truncated under the old cap are continued from their exact
+tokens to the new cap (`truncated_policy=extend`, the default), paying only for the new tokens.
+See `python -m tracegen status <output_uri>` for progress from any shell.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import pendulum
 from airflow.sdk import TriggerRule, dag, task
 
 from tracegen import params, steps
+from tracegen.review_gate import CapReviewOperator
 
 # Seconds between retries of a task; the distributed end-to-end test shortens it so a task lost with its
 # worker is retried within the test's time budget.
@@ -58,8 +65,9 @@ def tracegen_generate():
     run, chunks = prepared["run"], prepared["chunks"]
     servers = task(steps.provision_fleet)(run)
     pilot = task(steps.run_pilot)(run)
-    # The gate passes on the chunks past the first LEAD; it fails (and they never start) on stop.
-    past_gate = task(steps.audit_and_gate, retries=0)(run, pilot, chunks)
+    # The gate passes on the chunks past the first LEAD; it fails (and they never start) on stop, and hands
+    # on none when it is to ask.
+    past_gate = task(steps.audit_and_gate, retries=0)(run, pilot, chunks, servers)
     chunk_task = {"map_index_template": "{{ chunk_label }}", "max_active_tis_per_dagrun": LEAD}
     # The first LEAD chunks keep the fleet busy while the pilot finishes and the gate decides, and stop
     # when it says stop: one task per slot, each taking its chunk from the plan.
@@ -69,6 +77,17 @@ def tracegen_generate():
         .expand(slot=list(range(LEAD)))
     )
     generated = task(steps.generate_chunk, **chunk_task).partial(run=run).expand(chunk=past_gate)
+    # gate_mode=ask: once the first fan-out is over (chunks a gate held back are skipped, not failed), the
+    # reviewer is asked when a gate held the run back; both tasks are skipped when none did. The answer
+    # is applied in place: the same run, its record at the chosen cap, a second fan-out over what is left.
+    question = task(steps.ask_about_cap, trigger_rule=TriggerRule.NONE_FAILED, retries=0)(run, pilot, servers)
+    answer = CapReviewOperator(task_id="review_cap", question=question, retries=0)
+    decided = task(steps.apply_decision, retries=0)(run, answer.output)
+    at_decided_cap = (
+        task(steps.generate_chunk, task_id="generate_at_decided_cap", **chunk_task)
+        .partial(run=decided[steps.DECIDED_RUN_KEY])
+        .expand(chunk=decided)
+    )
     report = task(steps.final_report, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
     stop = task(steps.teardown_fleet, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
     watcher = task(steps.watcher, trigger_rule=TriggerRule.ONE_FAILED, retries=0)()
@@ -76,12 +95,14 @@ def tracegen_generate():
     # Generation needs healthy servers; the servers' summary itself is for the log.
     servers >> [pilot, alongside]
     # The report reads only the ledger: stopping the servers need not wait for it, nor it for them.
-    [alongside, generated] >> report
-    [alongside, generated] >> stop
+    [alongside, generated] >> question
+    # While the question waits, the servers stay up for the answer's chunks.
+    [alongside, generated, at_decided_cap] >> report
+    [alongside, generated, at_decided_cap] >> stop
     # The report and teardown are leaves: their own failure fails the run. The watcher is there for the
-    # failures their ALL_DONE rule would hide, so it waits only for those tasks, and is skipped while the
-    # report runs instead of a scheduler loop after it.
-    [past_gate, alongside, generated] >> watcher
+    # failures their ALL_DONE rule would hide (a stop answered or timed out fails apply_decision), so it
+    # waits only for those tasks, and is skipped while the report runs instead of a scheduler loop after it.
+    [past_gate, alongside, generated, question, answer, decided, at_decided_cap] >> watcher
 
 
 tracegen_generate()

@@ -99,9 +99,10 @@ def running_fleet(urls: list[str]) -> Fleet:
     computed with the same step model the servers run; `stop()` is a no-op (no processes of ours).
     """
     infos = [httpx.get(url + "/server_info", timeout=10).json() for url in urls]
-    keys = ("max_running_requests", "sim_time_scale", "sim_step_base_ms", "sim_step_per_req_ms")
-    models = {tuple(info[k] for k in keys) + (info["internal_states"][0]["avg_spec_accept_length"],)
-              for info in infos}  # fmt: skip
+    keys = ("sim_time_scale", "sim_step_base_ms", "sim_step_per_req_ms")
+    # The batch each server runs, as SGLang reports it (`max_running_requests` is null without the flag).
+    models = {(info["internal_states"][0]["effective_max_running_requests_per_dp"], *(info[k] for k in keys),
+               info["internal_states"][0]["avg_spec_accept_length"]) for info in infos}  # fmt: skip
     if len(models) != 1:
         raise SystemExit(f"stand-ins run different step models: {sorted(models)}")
     max_running, time_scale, base_ms, per_req_ms, accept = models.pop()

@@ -55,7 +55,8 @@ def _export(args: argparse.Namespace) -> int:
 
     result = export_dataset(
         _uri(args.output_uri), _uri(args.dest), fmt=args.format, shard_rows=args.shard_rows,
-        include_truncated=args.include_truncated, overwrite=args.overwrite, aws_conn_id=args.aws_conn_id,
+        include_truncated=args.include_truncated, overwrite=args.overwrite, with_token_ids=args.with_token_ids,
+        aws_conn_id=args.aws_conn_id,
     )
     print(f"exported {result.rows:,} rows in {result.shards} shards to {result.dest}")
     print(f"manifest: {result.manifest_uri}")
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also export rows that still end with finish_reason=length (left out by default)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the export already in DEST (kept whole until the new manifest is published)")
+    p.add_argument("--with-token-ids", action="store_true",
+                   help="also export each row's prompt and response token ids (a drafter trainer then needs no "
+                   "re-tokenisation)")
     p.set_defaults(func=_export)
 
     p = sub.add_parser("verify", help="check every committed part against its ledger entry (size, sha256); "

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-TRUNCATED_POLICIES = ("regenerate", "keep")
-GATE_MODES = ("stop", "warn")
+TRUNCATED_POLICIES = ("extend", "regenerate", "keep")
+GATE_MODES = ("ask", "stop", "warn")
 INVALID_ROW_POLICIES = ("record", "fail")
 
 # Airflow run ids contain ':' and '+'; storage keys and spool dirs want a tamer alphabet. A safe run id
@@ -204,12 +204,23 @@ class RunConfig:
         description="Largest acceptable share of rows finishing with 'length' (0.05 = 5%)."), 0.05)
     gate_mode: str = _rule(Choice(
         GATE_MODES, title="Gate mode",
-        description="'stop' fails the run when the pilot is over the threshold; 'warn' logs and goes on."),
-        "stop")
+        description="When truncation is over the threshold (at the pilot, or drifting there mid-run): 'ask' "
+        "pauses the run at a question in Required Actions (continue at the recommended cap, at another cap, "
+        "at this cap accepting the truncation, or stop) and the same run goes on as answered; 'stop' fails "
+        "the run; 'warn' logs and goes on. 'stop' and 'warn' are for runs nobody watches."),
+        "ask")
+    gate_question_timeout_minutes: float = _rule(Float(
+        0.1, 30 * 24 * 60.0, title="Gate question timeout (minutes)",
+        description="With gate_mode=ask: how long the question waits for an answer. Unanswered, the run "
+        "stops, as if 'stop' had been chosen (the servers stay up while it waits)."), 24 * 60.0)
     truncated_policy: str = _rule(Choice(
         TRUNCATED_POLICIES, title="Rows truncated under a lower cap",
-        description="'regenerate': rows that hit a lower cap in an earlier run are generated again under this "
-        "cap (the new row supersedes the old one at export); 'keep': they count as done."), "regenerate")
+        description="'extend': rows that hit a lower cap in an earlier run are continued from their exact "
+        "tokens up to this cap, with the same sampling params: only the new tokens are paid for, and the "
+        "lengths are those of one uninterrupted run at this cap (a row stored without token ids is "
+        "generated again instead). 'regenerate': they are generated again from scratch under this cap, "
+        "which pays their tokens twice and under-represents long completions. 'keep': they count as done. "
+        "The new row supersedes the old one at export."), "extend")
     invalid_rows: str = _rule(Choice(
         INVALID_ROW_POLICIES, title="Malformed dataset rows",
         description="'record' marks them invalid in the ledger and goes on; 'fail' stops the chunk naming "

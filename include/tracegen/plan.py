@@ -6,7 +6,8 @@
   a smaller one may fit, so it is tried again);
 - `ok` with finish `stop`/`tool_calls`: done;
 - `ok` with finish `length` under cap C': done when C' >= C, or when the run keeps truncated rows
-  (`truncated_policy="keep"`); with "regenerate" it is generated again under C;
+  (`truncated_policy="keep"`); with "extend" it is continued from its token prefix up to C, with
+  "regenerate" it is generated again from scratch under C (either way it is not done);
 - `failed`: never done (retried by a later run).
 Everything is vectorised (numpy): 1,000,000 indices plan in well under a second.
 """
@@ -181,6 +182,25 @@ def known_long(frame: pd.DataFrame, todo: np.ndarray) -> np.ndarray:
     return long_idx[np.isin(long_idx, todo)]
 
 
+def superseded_rows(frame: pd.DataFrame, todo: np.ndarray, max_tokens: int) -> pd.DataFrame:
+    """For each index of `todo` with a committed row truncated under a cap below `max_tokens`, the row a
+    new one replaces: the one cut at the highest cap (after 4096 -> 8192 -> 16384, the 8192 cut, which
+    already holds the 4096 one's tokens). Columns index, max_tokens, part; ascending index.
+
+    Under one cap an index has at most one non-failed row (the ledger invariant), so the cap identifies it.
+    """
+    todo = np.asarray(todo, dtype=np.int64)
+    columns = ["index", "max_tokens", "part"]
+    if todo.size == 0 or len(frame) == 0:
+        return pd.DataFrame({"index": np.empty(0, np.int64), "max_tokens": np.empty(0, np.int64),
+                             "part": pd.Series(dtype="str")})
+    cap = frame["max_tokens"].to_numpy(np.int64)
+    truncated = ((frame["status"] == OK) & (frame["finish_reason"] == "length")).to_numpy(bool) & (cap < max_tokens)
+    rows = frame.loc[truncated & np.isin(frame["index"].to_numpy(np.int64), todo), columns]
+    rows = rows.sort_values(["index", "max_tokens"], kind="stable").drop_duplicates("index", keep="last")
+    return rows.astype({"index": np.int64, "max_tokens": np.int64}).reset_index(drop=True)
+
+
 def remaining_per_chunk(mask: np.ndarray, plan: Iterable[Chunk]) -> np.ndarray:
     """Rows left in each chunk, from a `done_mask` — chunks with 0 left need no mapped task."""
     plan = list(plan)
@@ -199,7 +219,8 @@ def best_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
     Order of preference: a non-failed row over a failed one; a complete row (ok, finish not `length`)
     over an incomplete one — a finished completion is what the drafter needs, even under a lower cap;
-    then the higher cap (a row regenerated under 8192 beats its 4096 truncation); then the newest commit.
+    then the higher cap (a row extended or regenerated under 8192 beats its 4096 truncation); then the
+    newest commit.
     One row per index, in the frame's order (sort by "index" if you need index order).
     """
     if frame.empty:

@@ -39,8 +39,10 @@ from tracegen.run import RUN_FILE
 log = logging.getLogger(__name__)
 
 URL_PREFIX = "/tracegen"
-# The stored files a page may serve; anything else under runs/<run_id>/ stays private.
-REPORT_FILES = ("report.html", "pilot-report.html", "report.json", "pilot-report.json")
+# The stored files a page may serve; anything else under runs/<run_id>/ stays private. gate-report is the
+# audit a mid-run question of the gate was built from (gate_mode=ask).
+REPORT_FILES = ("report.html", "pilot-report.html", "gate-report.html", "report.json", "pilot-report.json",
+                "gate-report.json")
 MAX_RUNS_PER_ROOT = 200  # newest first; an output root rarely has more, and each run costs two reads
 _ROOT_KEY_RE = re.compile(r"[0-9a-f]{12}")
 # Reports are self-contained (inline CSS and SVG, no script): forbid everything else, so even a
@@ -78,6 +80,11 @@ def configured_roots() -> list[str]:
 def root_key(uri: str) -> str:
     """A stable, opaque name for an output root in URLs (the URI itself never comes from a request)."""
     return hashlib.sha256(uri.encode()).hexdigest()[:12]
+
+
+def report_file_path(output_uri: str, run_id: str, name: str) -> str:
+    """The path (under the api-server's root) of the page serving one of a run's report files."""
+    return f"{URL_PREFIX}/roots/{root_key(output_uri)}/runs/{run_id}/{name}"
 
 
 def check_run_id(run_id: str) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
-from tracegen.audit.stats import current_mask
+from tracegen.audit.stats import current_mask, pivot_summary, pivot_text
 from tracegen.run.records import latest_run, read_run_record
 from tracegen.run.spec import RunSpecError
 from tracegen.store.ledger import Ledger
@@ -61,6 +61,8 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
             "prompt_tokens": int(ok["prompt_tokens"].sum()) if len(ok) else 0,
             "rows_per_s": rate,
             "eta_s": left / rate if rate else None,
+            # Every run's pivots: the rows that replaced a row truncated under a lower cap, and their cost.
+            "pivot": pivot_summary(frame),
             "runs": _history(ledger, frame),
         }
     )
@@ -94,6 +96,7 @@ def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
         except (StorageKeyError, RunSpecError):
             cap, created = None, None
         ok = mine[mine["status"] == OK] if len(mine) else mine
+        pivot = pivot_summary(mine) if len(mine) else {}
         rows.append(
             {
                 "run_id": run_id,
@@ -103,6 +106,8 @@ def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
                 "ok": int(len(ok)),
                 "length": int((ok["finish_reason"] == "length").sum()) if len(ok) else 0,
                 "failed": int((mine["status"] == FAILED).sum()) if len(mine) else 0,
+                "extended": pivot.get("extended", 0),
+                "regenerated": pivot.get("regenerated", 0) + pivot.get("fallback_regenerated", 0),
                 "verdict": _verdict(ledger, run_id),
             }
         )
@@ -138,6 +143,7 @@ def format_status(s: dict[str, Any]) -> str:
         "truncated:   " + (f"{s['truncated']:,} ({100 * s['truncated_rate']:.1f}% of completed)"
                            if s["truncated_rate"] is not None else "-"),
         f"tokens:      {s['completion_tokens']:,} completion, {s['prompt_tokens']:,} prompt",
+        "pivot:       " + (pivot_text(s["pivot"]) or "none (no row replaced one truncated under a lower cap)"),
         "rate:        " + (f"{s['rows_per_s']:.2f} rows/s over the last {RATE_WINDOW_S / 60:.0f} min"
                            if s["rows_per_s"] else "idle (no commits in the last 10 min)"),
         "ETA:         " + (f"{s['eta_s'] / 3600:.1f} h" if s["eta_s"] else ("done" if s["left"] == 0 else "-")),
@@ -147,6 +153,9 @@ def format_status(s: dict[str, Any]) -> str:
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["created_at"])) if r["created_at"] else "?"
         lines.append(
             f"  {r['run_id']}  {created}  max_tokens={r['max_tokens']}  rows {r['rows']:,}  ok {r['ok']:,}  "
-            f"length {r['length']:,}  failed {r['failed']:,}  verdict {r['verdict'] or '-'}"
+            f"length {r['length']:,}  failed {r['failed']:,}  "
+            + (f"extended {r['extended']:,}  " if r["extended"] else "")
+            + (f"regenerated {r['regenerated']:,}  " if r["regenerated"] else "")
+            + f"verdict {r['verdict'] or '-'}"
         )
     return "\n".join(lines)

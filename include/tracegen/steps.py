@@ -73,27 +73,32 @@ def prepare_run(lead: int) -> dict[str, Any]:
 
 
 def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """Launch or reuse one server per GPU and wait for health; check the cap fits the model's context."""
-    import httpx
+    """Launch or reuse one server per GPU and wait for health; check the cap fits the model's context.
+
+    Returns each server with the context length it reports: the gate and its question (which caps a
+    reviewer may choose) read it from here."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from tracegen.config import ConfigError
     from tracegen.fleet import FleetConnection, provision
+    from tracegen.fleet.server import served_context_length
 
     spec = _spec(run)
     fleet = _fleet(spec)
+    context_lengths: dict[str, int] = {}
     with FleetConnection(fleet) as connection:
         handles = provision(fleet, connection)
         for handle in handles:
-            info = httpx.get(f"{handle.url}/server_info", headers=connection.headers(), timeout=30).json()
+            context_lengths[handle.label] = served_context_length(handle.url, connection.headers(), handle.model)
             try:
-                spec.config.check_context_length(int(info.get("context_length") or 0))
+                spec.config.check_context_length(context_lengths[handle.label])
             except ConfigError as exc:
                 raise AirflowFailException(f"{handle.label}: {exc}") from None
     for handle in handles:
         log.info("%s: %s server pid %d (%s)", handle.label, "reused" if handle.reused else "launched",
                  handle.pid, handle.model)
-    return [{"server": h.label, "pid": h.pid, "reused": h.reused} for h in handles]
+    return [{"server": h.label, "pid": h.pid, "reused": h.reused, "context_length": context_lengths[h.label]}
+            for h in handles]
 
 
 def run_pilot(run: dict[str, Any]) -> dict[str, Any]:
@@ -108,11 +113,15 @@ def run_pilot(run: dict[str, Any]) -> dict[str, Any]:
     return {"indices": summary.considered, **summary.to_json()}
 
 
-def audit_and_gate(run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Audit the pilot rows and stop the run (gate_mode=stop) when truncation is over the threshold.
+def audit_and_gate(
+    run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict[str, Any]], servers: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Audit the pilot rows and gate the fan-out on their truncation. Over the threshold, gate_mode=stop
+    fails the run, 'ask' holds every chunk for the reviewer's question (`ask_about_cap`, once the first
+    chunks have stopped), 'warn' logs and goes on.
 
     Returns the chunks to fan out past the gate: the plan's chunks but the first `stagger` ones, which
-    run beside the pilot (`generate_alongside_pilot`)."""
+    run beside the pilot (`generate_alongside_pilot`); none while a question is to be asked."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from tracegen.audit.run_report import audit_and_report
@@ -125,14 +134,23 @@ def audit_and_gate(run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict
         return chunks[lead:]
     outcome = audit_and_report(
         spec, name="pilot-report", indices=pilot_indices(spec.config, spec.dataset.n_rows),
-        tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot, spec.fleet.gpus),
+        tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot, spec.fleet.gpus), context_length=_context_length(servers),
     )
     if outcome.verdict == "stop":
         message = f"{outcome.reason}; see report {outcome.html_uri}"
         if spec.config.gate_mode == "stop":
             raise AirflowFailException(message)
+        if spec.config.gate_mode == "ask":
+            log.warning("gate_mode=ask: no chunk starts before the reviewer answers: %s", message)
+            return []
         log.warning("gate_mode=warn, going on: %s", message)
     return chunks[lead:]
+
+
+def _context_length(servers: list[dict[str, Any]] | None) -> int | None:
+    """The servers' context length as `provision_fleet` read it (the smallest, should they differ)."""
+    lengths = [int(s.get("context_length") or 0) for s in servers or []]
+    return min((n for n in lengths if n > 0), default=None)
 
 
 def _tokens_per_s_per_gpu(summary: dict[str, Any], n_gpus: int) -> float | None:
@@ -159,7 +177,7 @@ def generate_alongside_pilot(run: dict[str, Any], chunks: list[dict[str, Any]], 
 
 
 def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bool) -> dict[str, Any]:
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
     from tracegen.plan import ChunkWork
@@ -170,16 +188,91 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
     try:
         return generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec)).to_json()
     except GateClosed as exc:
+        if spec.config.gate_mode == "ask":
+            # Held, not failed: what this chunk leaves is the reviewer's to decide on (`ask_about_cap`),
+            # and the chunks generated after the answer take it up at the cap they choose.
+            raise AirflowSkipException(f"{exc}; its rows left wait for the reviewer's answer") from None
         # Failed, not skipped: a run whose chunks did not run must not end looking successful. No retry:
         # it would only find the gate closed again.
         raise AirflowFailException(str(exc)) from None
 
 
-def final_report(run: dict[str, Any]) -> dict[str, Any]:
-    """Audit the whole output root at this run's cap and write report.json / report.html beside the data."""
-    from tracegen.audit.run_report import audit_and_report
+def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """After the first fan-out, under gate_mode=ask: the question for the reviewer when a gate held the
+    run back (the pilot gate's stop verdict, or rows the continuous gate kept from being generated);
+    None, and the question task is skipped, otherwise."""
+    from tracegen.generate.gate_watch import continuous_sample
+    from tracegen.run.decision import ask
 
-    return audit_and_report(_spec(run), name="report").to_json()
+    spec = _spec(run)
+    question = ask(spec, context_length=_context_length(servers), drift_sample=continuous_sample(spec),
+                   tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot or {}, spec.fleet.gpus),
+                   report_url=lambda name: _review_page(spec, name))
+    if question is None:
+        log.info("nothing to ask (gate_mode=%s): no gate held this run back", spec.config.gate_mode)
+        return None
+    log.warning("asking the reviewer (Required Actions): %s\n%s", question.subject, question.body)
+    return question.to_json()
+
+
+def _review_page(spec, name: str) -> str | None:
+    """The review page (`tracegen.review_app`) showing one of the run's report files, absolute when the
+    api-server's base URL is configured; None when the review pages do not serve the run's output root
+    (they serve the default root and the `tracegen_output_roots` Variable's, never one named by a URL)."""
+    from airflow.providers.common.compat.sdk import conf
+
+    from tracegen.review_app import configured_roots, report_file_path
+
+    try:
+        served = configured_roots()
+    except Exception as exc:  # noqa: BLE001 - a malformed Variable must not keep the question from being asked
+        log.warning("cannot tell which output roots the review pages serve: %s", exc)
+        return None
+    if spec.config.output_uri not in served:
+        log.info("the review pages do not serve %s (not in tracegen_output_roots): the question names the "
+                 "report's storage location only", spec.config.output_uri)
+        return None
+    base = (conf.get("api", "base_url", fallback=None) or "").rstrip("/")
+    return base + report_file_path(spec.config.output_uri, spec.run_id, name)
+
+
+DECIDED_RUN_KEY = "run"  # apply_decision's XCom holding the decided run (its return value is the chunks)
+
+
+def apply_decision(run: dict[str, Any], decision: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The reviewer's answer applied in place: the run's record takes the decision and the chosen cap.
+    Returns the chunks with work left at that cap (the pilot's truncated rows and what the held chunks
+    left) for the second fan-out to map over, and pushes the decided run as XCom `run` for it. An
+    answer (or a timeout) to stop is recorded, then fails the run."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.audit.review import CapDecision
+    from tracegen.run.decision import apply
+
+    decided, work = apply(_spec(run), CapDecision.from_json(decision))
+    made = decided.decisions[-1]
+    if not made.continues:
+        raise AirflowFailException(f"the run stops at the gate: {made.summary()}")
+    log.info("%s; %d chunks to generate at max_tokens=%d", made.summary(), len(work), decided.config.max_tokens)
+    # A mapped task can only map over a return value, so the run travels beside it under its own key.
+    _context()["ti"].xcom_push(key=DECIDED_RUN_KEY, value=decided.to_json())
+    return [w.to_json() for w in work]
+
+
+def final_report(run: dict[str, Any]) -> dict[str, Any]:
+    """Audit the whole output root at the run's cap and write report.json / report.html beside the data.
+
+    The cap, and the reviewer's decision when the gate asked, are those of the run's record: this task
+    runs whatever happened, so it cannot wait for `apply_decision`'s XCom, which a stopped run never has;
+    `apply_decision` stores the decided run as the record first."""
+    from tracegen.audit.run_report import audit_and_report
+    from tracegen.run.records import read_run_record
+    from tracegen.store.ledger import open_ledger
+
+    spec = _spec(run)
+    config = spec.config
+    recorded = read_run_record(open_ledger(config.output_uri, config.aws_conn_id), spec.run_id, config.aws_conn_id)
+    return audit_and_report(recorded.rebased(config.output_uri, config.aws_conn_id), name="report").to_json()
 
 
 def teardown_fleet(run: dict[str, Any]) -> str:

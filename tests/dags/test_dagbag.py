@@ -45,7 +45,7 @@ def test_trigger_form_params_have_titles_and_max_tokens_first(dagbag):
 
 
 def test_mapped_generation_is_readable_and_bounded(dagbag):
-    for task_id in ("generate_alongside_pilot", "generate_chunk"):
+    for task_id in ("generate_alongside_pilot", "generate_chunk", "generate_at_decided_cap"):
         task = dagbag.dags["tracegen_generate"].get_task(task_id)
         assert task.map_index_template == "{{ chunk_label }}"
         assert task.max_active_tis_per_dagrun >= 1
@@ -62,16 +62,37 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
     assert dag.get_task("run_pilot").upstream_task_ids == {"prepare_run", "provision_fleet"}
     assert "audit_and_gate" in upstream["generate_chunk"]
     report = dag.get_task("final_report").upstream_task_ids
-    assert {"generate_alongside_pilot", "generate_chunk"} <= report
-    # Teardown waits for the generation, not for the report (which reads only the ledger).
+    assert {"generate_alongside_pilot", "generate_chunk", "generate_at_decided_cap"} <= report
+    # Teardown waits for the generation, the second fan-out after the reviewer's answer included (the
+    # servers stay up while the question waits), not for the report (which reads only the ledger).
     assert dag.get_task("teardown_fleet").upstream_task_ids == {"prepare_run", "generate_alongside_pilot",
-                                                                 "generate_chunk"}
+                                                                 "generate_chunk", "generate_at_decided_cap"}
     # The watcher fails the run on a failure the ALL_DONE report and teardown would hide; those two are
     # leaves, so their own failure fails the run, and the watcher need not wait for them.
     assert dag.get_task("watcher").upstream_task_ids == {"generate_alongside_pilot", "generate_chunk",
-                                                         "audit_and_gate"}
+                                                         "audit_and_gate", "ask_about_cap", "review_cap",
+                                                         "apply_decision", "generate_at_decided_cap"}
     assert {t.task_id for t in dag.tasks if not t.downstream_task_ids} == {"final_report", "teardown_fleet",
                                                                              "watcher"}
+
+
+def test_the_gate_asks_after_the_first_fan_out_and_the_answer_feeds_a_second(dagbag):
+    """gate_mode=ask: the question waits for every chunk of the first fan-out (held ones are skipped, so
+    it runs unless one failed), the reviewer's task follows it, and the chunks at the decided cap map over
+    what applying the answer returns."""
+    from airflow.sdk import TriggerRule
+
+    from tracegen.review_gate import CapReviewOperator
+
+    dag = dagbag.dags["tracegen_generate"]
+    ask = dag.get_task("ask_about_cap")
+    assert {"generate_alongside_pilot", "generate_chunk", "run_pilot", "provision_fleet"} <= ask.upstream_task_ids
+    assert ask.trigger_rule == TriggerRule.NONE_FAILED
+    review = dag.get_task("review_cap")
+    assert isinstance(review, CapReviewOperator) and review.upstream_task_ids == {"ask_about_cap"}
+    assert list(review.params.keys()) == ["cap"]  # the reviewer's form, not the trigger form
+    assert dag.get_task("apply_decision").upstream_task_ids == {"prepare_run", "review_cap"}
+    assert dag.get_task("generate_at_decided_cap").upstream_task_ids == {"apply_decision"}
 
 
 def test_the_slots_beside_the_pilot_are_the_stagger_the_run_records(dagbag):
@@ -102,7 +123,8 @@ def test_the_trigger_form_accepts_exactly_what_the_run_config_accepts(dagbag):
         "chunk_size": [-1, 0, 1, 9, 10, 1_000_000, 1_000_001],
         "pilot_size": [-1, 0, 1_000_000, 1_000_001],
         "truncation_threshold": [-0.01, 0, 1, 1.01],
-        "gate_mode": ["stop", "warn", "ask", ""],
+        "gate_mode": ["stop", "warn", "ask", "", "ASK"],
+        "gate_question_timeout_minutes": [0, 0.1, 60, 43_200, 43_201, "60"],
         "truncated_policy": ["regenerate", "keep", "extend-ish"],
         "invalid_rows": ["record", "fail", "skip"],
         "dataset_uri": ["", "relative/prompts.jsonl", "/abs/prompts.jsonl", "file:///abs/p.jsonl", "s3://bucket/k",

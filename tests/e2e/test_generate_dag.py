@@ -149,10 +149,11 @@ def _has(ledger: Ledger, run_id: str, name: str) -> bool:
 
 
 def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri):
-    # 1. The seed's cap: the pilot gate stops the run. Six chunks of 100: the first three run beside the
-    # pilot (and stop with its gate), the other three wait for the gate and never start.
+    # 1. The seed's cap: the pilot gate stops the run (gate_mode=stop: an unattended run, nobody to ask).
+    # Six chunks of 100: the first three run beside the pilot (and stop with its gate), the other three
+    # wait for the gate and never start.
     result = dags_test(airflow_env, "tracegen_generate",
-                       base_conf(dataset, s3_uri, fleet, max_tokens=100, chunk_size=100))
+                       base_conf(dataset, s3_uri, fleet, max_tokens=100, chunk_size=100, gate_mode="stop"))
     assert result.returncode != 0
     ledger = ledger_of(s3_uri)
     run1 = newest_run(ledger)
@@ -167,19 +168,24 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
     assert all(i < 300 for i in beyond_pilot), "a chunk past the gate ran although the gate said stop"
     assert frame["index"].is_unique  # the chunks beside the pilot left the pilot's rows to it
     kept = frame[frame["finish_reason"] != "length"]["index"].to_numpy()
+    truncated = set(frame.loc[frame["finish_reason"] == "length", "index"].tolist())
 
-    # 2. The pivot: a higher cap regenerates only what was truncated and what was never generated.
-    result = dags_test(airflow_env, "tracegen_generate",
-                       base_conf(dataset, s3_uri, fleet, max_tokens=200, truncated_policy="regenerate"))
+    # 2. The pivot, with the default policy: a higher cap continues what was truncated from its tokens
+    # and generates what was never generated.
+    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=200))
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
     ledger = ledger_of(s3_uri)
     run2 = newest_run(ledger)
     frame = ledger.frame()
-    regenerated = frame[frame["run_id"] == run2]["index"].to_numpy()
-    assert not np.isin(kept, regenerated).any()  # finished rows were kept, not generated again
+    mine = frame[frame["run_id"] == run2]
+    assert not np.isin(kept, mine["index"].to_numpy()).any()  # finished rows were kept, not generated again
+    extended = mine[mine["pivot"] == "extended"]
+    assert set(extended["index"].tolist()) == truncated and (extended["prefix_tokens"] == 100).all()
+    assert mine.loc[~mine["index"].isin(truncated), "pivot"].isna().all()  # the rest: first generations
     report = json.loads(ledger.get_run_file(run2, "report.json"))
     assert report["verdict"]["verdict"] == "pass"
+    assert report["audit"]["pivot"]["extended"] == len(truncated) and "pivot:" in report["summary"]
 
     # 3. Same cap again: nothing left, nothing generated, the run still succeeds.
     before = len(frame)

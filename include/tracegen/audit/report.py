@@ -14,6 +14,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tracegen.audit.stats import pivot_text
+
 SCHEMA_VERSION = 1
 EXAMPLE_OUTCOMES = ("truncated_in_thinking", "truncated_in_answer", "error")
 EXAMPLES_PER_OUTCOME = 3
@@ -30,6 +32,7 @@ REPORT_SCHEMA: dict[str, tuple[type, ...]] = {
     "cap_table": (dict, type(None)),
     "examples": (list,),
     "summary": (str,),
+    "decisions": (list,),  # the reviewer's answers to the gate's questions (gate_mode=ask), oldest first
 }
 VERDICT_KEYS = {"verdict": str, "reason": str, "action": str, "truncated": int, "total": int, "threshold": float}
 EXAMPLE_KEYS = {"outcome": str, "index": int, "finish_reason": (str, type(None)), "reasoning_excerpt": str,
@@ -177,6 +180,8 @@ def summary_text(audit: Any, capfit: Any = None, gate: Any = None) -> str:
         f"P99 {_num(tok['p99'])}, max {_num(tok['max'])}; truncated {_pct(t['rate'])} "
         f"({t['truncated']:,}; {t['cut_in_reasoning']:,} in thinking, {t['cut_in_answer']:,} in answer)"
     )
+    if (pivot := pivot_text(a.get("pivot") or {})) is not None:
+        lines.append(f"pivot: {pivot}")
     if capfit is not None:
         cells = [f"{row.cap}: {_pct(row.truncation)}" for row in capfit.rows]
         lines.append("predicted truncation by cap — " + ", ".join(cells))
@@ -192,8 +197,11 @@ def render_report(
     gate: Any = None,
     run_meta: Mapping[str, Any] | None = None,
     examples: Iterable[Mapping[str, Any]] | Mapping[str, Iterable[Mapping[str, Any]]] | None = None,
+    *,
+    decisions: Iterable[Mapping[str, Any]] = (),
 ) -> tuple[dict[str, Any], str]:
-    """Build (report.json as a dict, report.html as a string) from an AuditResult, CapTable, GateDecision."""
+    """Build (report.json as a dict, report.html as a string) from an AuditResult, CapTable, GateDecision,
+    and the reviewer's decisions (`CapDecision.to_json()` dicts) when the run asked."""
     if run_meta is not None and not isinstance(run_meta, Mapping):
         raise ValueError(f"run_meta must be a dict, got {type(run_meta).__name__}")
     a = audit.to_json()
@@ -209,6 +217,7 @@ def render_report(
         "cap_table": _jsonable(cap_json) if cap_json is not None else None,
         "examples": ex,
         "summary": summary_text(audit, capfit, gate),
+        "decisions": [_jsonable(dict(d)) for d in decisions],
     }
     validate_report_json(report)
     return report, _html(report)
@@ -346,6 +355,27 @@ def _verdict_html(v: dict[str, Any] | None) -> str:
             f'<div><b>What to do:</b> {_e(v["action"])}</div></div>')
 
 
+def _decision_html(d: dict[str, Any]) -> str:
+    """A reviewer's answer to the gate's question: who, when, what, and the table they decided on."""
+    gate = "pilot gate" if d.get("trigger") == "pilot" else "continuous gate (mid-run)"
+    who = ("nobody answered before the question timed out; the run took its default" if d.get("timed_out")
+           else f"answered by <b>{_e(d.get('responded_by') or 'unknown')}</b>")
+    what = (f"continue at max_tokens=<b>{_num(d['cap'])}</b> (from {_num(d.get('from_cap'))})"
+            if d.get("cap") is not None else "<b>stop the run</b>")
+    rows = [[f"{_num(r.get('cap'))}", _pct(r.get("truncation")),
+             f"{_pct(r.get('truncation_low'))}–{_pct(r.get('truncation_high'))}",
+             _num(r.get("expected_tokens_per_row")), _hours(r.get("eta_hours")), _hours(r.get("gpu_hours")),
+             _e(r.get("basis"))] for r in d.get("cap_rows") or []]
+    table = _table(["max_tokens", "predicted truncation", "interval", "tokens/row", "ETA", "GPU time", "basis"],
+                   rows, row_class=["rec" if r.get("cap") == d.get("cap") else "" for r in d.get("cap_rows") or []])
+    verdict = (d.get("verdict") or {}).get("reason")
+    return (f'<div class="verdict none"><b class="v">decision</b>at the {gate}: {who}, '
+            f"{_e(d.get('responded_at'))}: &ldquo;{_e(d.get('option'))}&rdquo;, i.e. {what}."
+            + (f"<div>The question said: {_e(verdict)}</div>" if verdict else "")
+            + f"<details><summary>The cap table they saw</summary>{table}"
+              f'<p class="muted">report: {_e(d.get("report_uri"))}</p></details></div>')
+
+
 def _cap_table_html(ct: dict[str, Any] | None) -> str:
     if ct is None:
         return '<p class="muted">no cap table (the lengths could not be fitted: too few complete rows)</p>'
@@ -397,6 +427,7 @@ def _html(report: dict[str, Any]) -> str:
            f"<h1>{_e(title)}</h1>",
            f'<p class="muted">max_tokens={a["max_tokens"]:,} · generated {_e(report["generated_at"])}</p>',
            _verdict_html(report["verdict"])]
+    out.extend(_decision_html(d) for d in report["decisions"])
     for n in a["notes"]:
         out.append(f'<p class="muted">{_e(n)}</p>')
 
@@ -432,6 +463,21 @@ def _html(report: dict[str, Any]) -> str:
                       [[_num(rows["ledger_rows"]), _num(rows["indices"]), _num(cs["ok"]), _num(cs["failed"]),
                         _num(cs["rejected"]), _num(cs["invalid"]), _num(rows["superseded_rows"]),
                         _num(rows["superseded_truncated"]), _num(rows["superseded_failed"])]], left=0))
+
+    pv = a.get("pivot") or {}
+    if pivot_text(pv) is not None:
+        out.append("<h2>The pivot</h2>")
+        out.append('<p class="muted">Rows of this run that replaced a row truncated under a lower cap: '
+                   "continued from its exact tokens (extended), or generated again from scratch.</p>")
+        out.append(_table(["", "rows", "tokens spent"], [
+            ["extended from their tokens", _num(pv["extended"]), _num(pv["extended_new_tokens"])],
+            ["… of which now finish", _num(pv["extended_finished"]), ""],
+            ["regenerated", _num(pv["regenerated"]), ""],
+            ["regenerated: no token ids to extend from", _num(pv["fallback_regenerated"]), ""],
+            ["regenerated (both)", _num(pv["regenerated"] + pv["fallback_regenerated"]),
+             _num(pv["regenerated_tokens"])],
+            ["tokens saved against regenerating the extended rows (their prefixes)", "", _num(pv["tokens_saved"])],
+        ]))
 
     out.append("<h2>Breakdowns</h2>")
     out.append(_breakdown(a["by_prompt_length"], "prompt_tokens", "By prompt length"))

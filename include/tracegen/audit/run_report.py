@@ -89,7 +89,8 @@ def audit_and_report(
     examples = _example_rows(ledger, frame)
     meta = {"run_id": spec.run_id, "report": name, "config": config.to_json(),
             "scope_rows": int(frame["index"].nunique()) if len(frame) else 0}
-    report_json, html = report.render_report(result, table, decision, meta, examples)
+    report_json, html = report.render_report(result, table, decision, meta, examples,
+                                             decisions=[d.to_json() for d in spec.decisions])
     json_uri = ledger.put_run_file(spec.run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())
     html_uri = ledger.put_run_file(spec.run_id, f"{name}.html", html.encode())
     summary = report.summary_text(result, table, decision)

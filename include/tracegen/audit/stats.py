@@ -12,6 +12,8 @@ at 4096 and its regeneration at 8192), so every figure says which rows it counts
 * *superseded* rows are counted, never mixed in.
 * *operational* breakdowns (per chunk, per server, errors) count every ledger row (every attempt is evidence
   about a server), restricted to ``run_id`` when one is given.
+* *pivot* figures (``pivot_summary``) count the ok rows that replaced a row truncated under a lower cap:
+  extended from its tokens, or generated again; restricted to ``run_id`` when one is given.
 """
 
 from __future__ import annotations
@@ -24,7 +26,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen.store.records import FAILED, INVALID, LEDGER_COLUMNS, OK, REJECTED, STATUSES
+from tracegen.store.records import (
+    EXTENDED,
+    FAILED,
+    FALLBACK_REGENERATED,
+    INVALID,
+    LEDGER_COLUMNS,
+    LEDGER_DEFAULTS,
+    OK,
+    REGENERATED,
+    REJECTED,
+    STATUSES,
+)
 
 # The seed's hand analysis used these bucket edges (under 100, under 500, ... over 3000).
 BUCKET_EDGES = (100, 500, 1000, 2000, 3000, 4000)
@@ -53,6 +66,7 @@ class AuditResult:
     invalid: dict[str, Any]
     run_id: str | None = None
     notes: list[str] = field(default_factory=list)
+    pivot: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,7 +220,7 @@ def _validate(frame: pd.DataFrame) -> None:
     """The frame's shape; the cap is a validated `RunConfig.max_tokens` and is not checked again."""
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"audit needs a pandas DataFrame of ledger rows, got {type(frame).__name__}")
-    missing = [c for c in LEDGER_COLUMNS if c not in frame.columns]
+    missing = [c for c in LEDGER_COLUMNS if c not in frame.columns and c not in LEDGER_DEFAULTS]
     if missing:
         raise ValueError(f"ledger frame is missing columns {missing}; expected tracegen.store.records.LEDGER_COLUMNS")
     unknown = set(frame["status"].unique()) - set(STATUSES)
@@ -327,7 +341,8 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
     if rows["truncated_under_lower_cap"]:
         notes.append(
             f"{rows['truncated_under_lower_cap']:,} current rows were truncated under a cap below {cap}: "
-            "they count as truncated here and are regenerated only when the run asks for it."
+            "they count as truncated here until a run under this cap extends them (or regenerates them, "
+            "as its truncated_policy says)."
         )
     if n_cur == 0:
         notes.append("the ledger has no rows yet")
@@ -347,7 +362,57 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
         invalid=invalid,
         run_id=run_id,
         notes=notes,
+        pivot=pivot_summary(frame, run_id=run_id),
     )
+
+
+def pivot_summary(frame: pd.DataFrame, *, run_id: str | None = None) -> dict[str, Any]:
+    """What the pivot did: the ok rows (of `run_id`, or of every run) that replaced a row truncated under
+    a lower cap, and the tokens that cost.
+
+    An extended row paid only for its new tokens (``completion_tokens - prefix_tokens``); its prefix is what
+    regenerating it would have paid again (``tokens_saved``). A regenerated row paid all its tokens.
+    """
+    n = len(frame)
+    pivot = _Coded(frame["pivot"] if "pivot" in frame.columns else pd.Series([None] * n, dtype=object))
+    prefix = (frame["prefix_tokens"].fillna(0).to_numpy(dtype=np.int64) if "prefix_tokens" in frame.columns
+              else np.zeros(n, dtype=np.int64))
+    tokens = frame["completion_tokens"].fillna(0).to_numpy(dtype=np.int64) if n else np.zeros(0, np.int64)
+    ok = _Coded(frame["status"]).eq(OK) if n else np.zeros(0, dtype=bool)
+    if run_id is not None and n:
+        ok &= _Coded(frame["run_id"]).eq(run_id)
+    finished = ~_Coded(frame["finish_reason"]).eq("length") if n else np.zeros(0, dtype=bool)
+    ext, regen, fallback = ok & pivot.eq(EXTENDED), ok & pivot.eq(REGENERATED), ok & pivot.eq(FALLBACK_REGENERATED)
+    new = int((tokens - prefix)[ext].sum())
+    again = int(tokens[regen | fallback].sum())
+    return {
+        "extended": int(ext.sum()),
+        "extended_finished": int((ext & finished).sum()),  # the rest were cut again at their new cap
+        "extended_new_tokens": new,
+        "regenerated": int(regen.sum()),
+        "fallback_regenerated": int(fallback.sum()),  # extend asked for, but the row had no token ids
+        "regenerated_tokens": again,
+        "tokens_spent": new + again,
+        "tokens_saved": int(prefix[ext].sum()),
+    }
+
+
+def pivot_text(p: dict[str, Any]) -> str | None:
+    """One line saying what the pivot did, for logs, status and the report (None: no pivot rows)."""
+    if not p or not (p["extended"] or p["regenerated"] or p["fallback_regenerated"]):
+        return None
+    parts = []
+    if p["extended"]:
+        parts.append(f"{p['extended']:,} rows extended from their tokens ({p['extended_finished']:,} now "
+                     f"finish), {p['extended_new_tokens']:,} new tokens spent, {p['tokens_saved']:,} saved "
+                     "against regenerating them")
+    if p["regenerated"]:
+        parts.append(f"{p['regenerated']:,} rows regenerated")
+    if p["fallback_regenerated"]:
+        parts.append(f"{p['fallback_regenerated']:,} rows regenerated because they had no token ids")
+    if p["regenerated"] or p["fallback_regenerated"]:
+        parts.append(f"{p['regenerated_tokens']:,} tokens spent regenerating")
+    return "; ".join(parts)
 
 
 def _breakdown_row(name: str, key: str, r: pd.Series) -> dict[str, Any]:

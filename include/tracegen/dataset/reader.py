@@ -25,6 +25,12 @@ from tracegen.dataset.index import (
     iter_block_items,
     open_data,
 )
+from tracegen.dataset.request_rules import (
+    as_sglang_reads,
+    check_content_part,
+    check_tool,
+    check_tool_parameters,
+)
 from tracegen.dataset.source import ByteSource, CountingSource, DatasetError, open_source
 
 __all__ = [
@@ -91,9 +97,10 @@ def _check_messages(messages: Any) -> None:
         if content is not None and not isinstance(content, str | list):
             raise ValueError(f"{where}.content must be a string, a list of parts or null, got {type(content).__name__}")
         if isinstance(content, list):
+            # Only the part types SGLang's request models know (an OpenAI Responses `input_text` part is
+            # refused there): found here, the row is recorded invalid instead of rejected after queueing.
             for j, part in enumerate(content):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise ValueError(f"{where}.content[{j}] must be an object with a string 'type'")
+                check_content_part(part, f"{where}.content[{j}]", role)
         tool_calls = msg.get("tool_calls")
         if tool_calls is not None:
             if role != "assistant":
@@ -115,9 +122,9 @@ def _check_tools(tools: Any) -> None:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise ValueError(f"tools[{i}] must be an object, got {type(tool).__name__}")
-        fn = tool.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ValueError(f"tools[{i}] needs a 'function' object with a string 'name'")
+        # SGLang's tool model and its handler's check that `parameters` is a valid JSON Schema.
+        check_tool(tool, f"tools[{i}]")
+        check_tool_parameters(tool, f"tools[{i}]")
 
 
 def _columnar(item: dict[str, Any]) -> dict[str, Any]:
@@ -162,9 +169,10 @@ def parse_row(index: int, item: bytes | str | dict[str, Any], *, columnar: bool 
             return InvalidRow(index, f"id must be a string or an integer, got {type(raw_id).__name__}")
         messages = obj["messages"]
         if isinstance(messages, list):
-            # Keep only the keys a chat request takes: dataset-specific extras must not reach the server.
-            messages = [{k: v for k, v in m.items() if k in _MESSAGE_KEYS} if isinstance(m, dict) else m
-                        for m in messages]
+            # Keep only the keys a chat request takes: dataset-specific extras must not reach the server. A
+            # user message keeps role and content only, as SGLang reads it (it drops a user's `name`).
+            messages = [as_sglang_reads({k: v for k, v in m.items() if k in _MESSAGE_KEYS})
+                        if isinstance(m, dict) else m for m in messages]
         return PromptRow(
             index=index,
             messages=messages,

@@ -23,7 +23,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from tracegen.fleet.spec import FleetSpec, FleetSpecError, HostSpec, check_sglang_flags
+from tracegen.fleet.spec import FleetSpec, FleetSpecError, HostSpec, check_sglang_flags, flag_args
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -41,16 +41,6 @@ class ServerPaths:
 def server_paths(spec: FleetSpec, host: HostSpec, gpu: int) -> ServerPaths:
     stem = f"sglang-gpu{int(gpu)}-port{host.port(gpu)}"
     return ServerPaths(spec.work_dir, f"{stem}.pid", f"{stem}.log", f"{stem}.config.yaml")
-
-
-def _flag_args(flag: str, value: object) -> list[str]:
-    if value is True:
-        return [flag]
-    if value is False or value is None:
-        return []
-    if isinstance(value, list | tuple):
-        return [flag, *(str(v) for v in value)]
-    return [flag, str(value)]
 
 
 def _check_api_key(spec: FleetSpec, api_key: str) -> None:
@@ -78,12 +68,7 @@ def launch_argv(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None =
     if api_key is not None:
         _check_api_key(spec, api_key)
         argv += ["--config", server_paths(spec, host, gpu).config_file]
-    # In name order: one fleet description gives one argv (and config hash) however it was stored; an XCom
-    # on PostgreSQL (JSONB) hands the flags back in another order than the fleet file's, and a changed
-    # hash would restart healthy servers (a model reload on a GPU).
-    for flag, value in sorted(spec.sglang_flags.items()):
-        argv += _flag_args(flag, value)
-    return argv
+    return argv + flag_args(spec.sglang_flags)
 
 
 def server_env(spec: FleetSpec, gpu: int) -> dict[str, str]:

@@ -261,6 +261,35 @@ def probe(url: str, spec: FleetSpec, headers: dict[str, str], timeout: float = P
     return Probe(True, True, "healthy")
 
 
+def served_context_length(url: str, headers: dict[str, str], model: str, timeout: float = 30.0) -> int:
+    """The context length a healthy server enforces (prompt + completion), as SGLang reports it.
+
+    `/server_info` says `context_length` only when --context-length was passed (SGLang reports the flag,
+    null without it); the limit the server resolved from the model's config is `max_model_len` of the
+    model's entry in `/v1/models`.
+    """
+    where = f"{url}: context length"
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=timeout, trust_env=False) as client:
+            info = client.get("/server_info")
+            info.raise_for_status()
+            value = info.json().get("context_length")
+            if value is None:
+                listing = client.get("/v1/models")
+                listing.raise_for_status()
+                cards = [c for c in listing.json().get("data") or [] if isinstance(c, dict)]
+                # The served model first; adapters listed beside it report no limit of their own.
+                cards.sort(key=lambda card: card.get("id") != model)
+                value = next((c["max_model_len"] for c in cards if c.get("max_model_len") is not None), None)
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise FleetError(f"{where}: {type(exc).__name__}: {exc}") from None
+    if type(value) is not int or value < 1:
+        raise FleetError(
+            f"{where}: neither /server_info context_length nor /v1/models max_model_len gives it (got {value!r})"
+        )
+    return value
+
+
 def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     """fn over items concurrently (one thread per server; remote steps mostly wait), in order."""
     items = list(items)

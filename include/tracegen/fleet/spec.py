@@ -34,6 +34,8 @@ MANAGED_FLAGS = frozenset(
 
 # The one SGLang flag tracegen reads as well as passes on: the batch per server sizes the chunks.
 BATCH_FLAG = "--max-running-requests"
+# The stand-in's module: it takes SGLang's flags plus its own --sim-* knobs.
+SIMULATOR_MODULE = "tracegen.simulator"
 
 _FLAG_NAME = re.compile(r"--[a-z0-9][a-z0-9-]*")
 # Paths and Hugging Face repo ids: no spaces, no shell metacharacters, no `..` components.
@@ -115,6 +117,23 @@ def check_sglang_flags(flags: Any) -> None:
                 _check_flag_value(f"sglang_flags[{flag}]", item)
         else:
             _check_flag_value(f"sglang_flags[{flag}]", value)
+
+
+def flag_args(flags: dict[str, FlagValue]) -> list[str]:
+    """The flags as argv, in name order: one fleet description gives one argv (and config hash) however it
+    was stored; an XCom on PostgreSQL (JSONB) hands the flags back in another order than the fleet file's,
+    and a changed hash would restart healthy servers (a model reload on a GPU)."""
+    argv: list[str] = []
+    for flag, value in sorted(flags.items()):
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list | tuple):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _positive_int(value: Any) -> int | None:
@@ -227,6 +246,9 @@ class FleetSpec:
                 f"sglang_flags[{BATCH_FLAG}]: {batch!r} must be a positive integer, the requests each server "
                 "decodes at once (tracegen sizes chunks from it)"
             )
+        refusal = self._launch_refusal()
+        if refusal is not None:
+            raise FleetSpecError(f"sglang_flags: {refusal}")
 
         if not isinstance(self.env, dict):
             raise FleetSpecError(f"env: {self.env!r} must be a mapping of name to value")
@@ -244,12 +266,44 @@ class FleetSpec:
             if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= 86400:
                 raise FleetSpecError(f"{name}: {value!r} must be a number of seconds in {low}..86400")
 
+    def _server_argv(self) -> list[str]:
+        """The launch argv after `-m MODULE` of the first server, less the API key's --config (what the
+        launched program's parser reads; command.launch_argv builds the real one for every server)."""
+        host = self.hosts[0]
+        served = ["--served-model-name", self.served_model_name] if self.served_model_name else []
+        return ["--model-path", self.model_path, *served, "--host", self.bind_host,
+                "--port", str(host.port(host.gpus[0])), *flag_args(self.sglang_flags)]  # fmt: skip
+
+    def _launch_refusal(self) -> str | None:
+        """Why the launched program would not start with these flags, in its own words, or None.
+
+        SGLang is judged by its own parser and start-up checks (the pinned release's, from
+        tracegen.sglang.launch_flags); the stand-in by its parser, which is SGLang's plus --sim-* knobs. Any
+        other launch module is taken for SGLang under another entry point, so a fleet file that validates
+        here launches real SGLang."""
+        if self.launch_module == SIMULATOR_MODULE:
+            from tracegen.simulator.cli import launch_refusal as stand_in_refusal
+
+            refusal = stand_in_refusal(self._server_argv())
+            return (
+                None if refusal is None else f"the stand-in ({SIMULATOR_MODULE}) would not start: {refusal}"
+            )
+        from tracegen.sglang.launch_flags import launch_refusal, sglang_version
+
+        refusal = launch_refusal(self._server_argv())
+        return None if refusal is None else f"SGLang {sglang_version()} would not start: {refusal}"
+
     @property
     def max_running_requests(self) -> int | None:
-        """Requests each server decodes at once, when the flags set it; without the flag SGLang sizes its
-        batch from KV memory at start-up."""
-        batch = self.sglang_flags.get(BATCH_FLAG)
-        return None if batch is None or batch is False else _positive_int(batch)
+        """Requests each server decodes at once, as SGLang resolves it at start-up: --max-running-requests
+        when set; without it, the cap SGLang puts on speculative decoding (48 with EAGLE, EAGLE3, NEXTN, ...);
+        otherwise None, and SGLang sizes the batch from KV-cache memory once the model is loaded."""
+        from tracegen.sglang.launch_flags import parse, resolved_max_running_requests
+
+        # SGLang's parser reads the flags (spellings, abbreviations, the stand-in's knobs left aside).
+        argv = flag_args({f: v for f, v in self.sglang_flags.items() if not f.startswith("--sim-")})
+        args = parse(["--model-path", self.model_path, *argv])
+        return resolved_max_running_requests(args["max_running_requests"], args["speculative_algorithm"])
 
     @property
     def model_name(self) -> str:

@@ -13,20 +13,28 @@ from tracegen.store.ledger import Ledger
 
 # Rows the continuous gate judges: enough for a tight interval, few enough to read in any chunk task.
 CONTINUOUS_GATE_SAMPLE = 20_000
+# The modes in which a closed gate holds chunks back: 'stop' fails them, 'ask' leaves their rows for the
+# reviewer's question after the fan-out.
+HOLDING_MODES = ("stop", "ask")
+
+
+def continuous_sample(spec: RunSpec) -> list[int]:
+    """The fixed random sample of the dataset the continuous gate judges.
+
+    Judged over the current rows of a sample of the dataset, not just this run's rows: after a pivot this
+    run's own rows are mostly the long tail regenerated from a lower cap, which says little about the cap
+    on its own. A sample keeps a chunk task's memory independent of dataset size."""
+    n_rows = spec.dataset.n_rows
+    return plan.pilot_sample(n_rows, min(n_rows, CONTINUOUS_GATE_SAMPLE), spec.config.pilot_seed + 1)
 
 
 def continuous_gate(spec: RunSpec, ledger: Ledger) -> str | None:
     """Why a chunk must not start (the running truncation rate is over the threshold with confidence),
     or None. Catches a bad cap even when the pilot was skipped."""
     config = spec.config
-    if config.gate_mode != "stop":
+    if config.gate_mode not in HOLDING_MODES:
         return None
-    # Judged over the current rows of a fixed random sample of the dataset, not just this run's rows:
-    # after a pivot this run's own rows are mostly the long tail regenerated from a lower cap, which says
-    # little about the cap on its own. A sample keeps a chunk task's memory independent of dataset size.
-    n_rows = spec.dataset.n_rows
-    sample = plan.pilot_sample(n_rows, min(n_rows, CONTINUOUS_GATE_SAMPLE), config.pilot_seed + 1)
-    truncated, judged = gate_counts(ledger.plan_frame(sample), config.max_tokens)
+    truncated, judged = gate_counts(ledger.plan_frame(continuous_sample(spec)), config.max_tokens)
     decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens)
     return decision.reason if decision.verdict == gate.STOP else None
 
@@ -45,7 +53,7 @@ class PilotGateWatch:
 
     def __init__(self, spec: RunSpec, ledger: Ledger) -> None:
         self.spec, self.ledger = spec, ledger
-        self._settled = spec.config.gate_mode != "stop"
+        self._settled = spec.config.gate_mode not in HOLDING_MODES
         self.closed: str | None = None  # why the gate stopped the run, once it has
 
     def __call__(self, truncated: int = 0, judged: int = 0) -> str | None:

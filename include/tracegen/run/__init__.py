@@ -4,3 +4,5 @@ stored beside the data (`records`), and what the scheduled rerun finds left of i
 # runs/<run_id>/ in the output root: the run's record, and the pilot audit's report (its verdict is the gate's).
 RUN_FILE = "run.json"
 PILOT_REPORT = "pilot-report.json"
+# The question a gate put to the reviewer (gate_mode=ask); the answer goes into the run's record.
+QUESTION_FILE = "question.json"

@@ -10,15 +10,15 @@ import json
 import logging
 from typing import Any
 
-from tracegen.run import PILOT_REPORT, RUN_FILE
+from tracegen.run import PILOT_REPORT, QUESTION_FILE, RUN_FILE
 from tracegen.run.spec import RunSpec, RunSpecError
 from tracegen.store.ledger import Ledger
 from tracegen.store.storage import StorageKeyError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PILOT_REPORT", "RUN_FILE", "gate_verdict", "latest_run", "pilot_report", "read_run_record",
-           "stopped_at_gate", "write_run_record"]
+__all__ = ["PILOT_REPORT", "QUESTION_FILE", "RUN_FILE", "gate_verdict", "latest_run", "pilot_report",
+           "read_run_record", "stopped_at_gate", "write_run_record"]
 
 
 def write_run_record(ledger: Ledger, spec: RunSpec) -> str:
@@ -70,9 +70,16 @@ def gate_verdict(report: dict[str, Any] | None) -> tuple[str | None, str | None]
     return verdict.get("verdict"), verdict.get("reason")
 
 
-def stopped_at_gate(ledger: Ledger, run_id: str) -> bool:
-    """Did the pilot gate stop this run (a stop verdict under gate_mode=stop)?"""
-    report = pilot_report(ledger, run_id)
-    verdict, _ = gate_verdict(report)
-    mode = (report or {}).get("run", {}).get("config", {}).get("gate_mode")
-    return verdict == "stop" and mode == "stop"
+def stopped_at_gate(ledger: Ledger, spec: RunSpec) -> bool:
+    """Is this run held at its gate: stopped by it (gate_mode=stop), stopped by the reviewer or by an
+    unanswered question, or still waiting for an answer (gate_mode=ask)? Its rows left are then not
+    work for anyone but the reviewer."""
+    if spec.decisions:
+        return not spec.decisions[-1].continues
+    try:
+        ledger.get_run_file(spec.run_id, QUESTION_FILE)
+        return True  # asked, not answered yet
+    except StorageKeyError:
+        pass
+    verdict, _ = gate_verdict(pilot_report(ledger, spec.run_id))
+    return verdict == "stop" and spec.config.gate_mode in ("stop", "ask")

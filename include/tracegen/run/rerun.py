@@ -37,14 +37,15 @@ class RerunWork:
 def unfinished_work(output_uri: str, aws_conn_id: str = "aws_default") -> list[RerunWork]:
     """Chunks of the newest run of `output_uri` that still hold failed or never-committed rows.
 
-    A run the gate stopped is not finished by the scheduler: finishing it would spend the GPU-days
-    the gate exists to save. Its operator triggers a new run with a better cap instead.
+    A run held at its gate (stopped, or waiting for the reviewer's answer) is not finished by the
+    scheduler: finishing it would spend the GPU-days the gate exists to save. A run the reviewer let go
+    on is finished at the cap they chose (its record holds it).
     """
     ledger = open_ledger(output_uri, aws_conn_id)
     spec = latest_run(ledger, aws_conn_id)
     if spec is None:
         return []
-    if stopped_at_gate(ledger, spec.run_id):
+    if stopped_at_gate(ledger, spec):
         log.info("%s: newest run %s stopped at the gate; nothing to rerun", output_uri, spec.run_id)
         return []
     # Parts lost or cut short since they were committed: retire them, so their rows are work again and this

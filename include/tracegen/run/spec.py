@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from tracegen.audit.review import CURRENT, CapDecision
 from tracegen.config import ConfigError, RunConfig
 from tracegen.plan import ChunkLayout
 
@@ -72,6 +73,8 @@ class RunSpec:
     dataset: DatasetIdentity
     layout: ChunkLayout
     teardown: bool = False  # stop the servers when the run ends
+    # The reviewer's answers to the gate's questions (gate_mode=ask), oldest first; `config` is as decided.
+    decisions: tuple[CapDecision, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +86,7 @@ class RunSpec:
             "dataset": vars(self.dataset).copy(),
             "layout": self.layout.to_json(),
             "teardown": self.teardown,
+            "decisions": [d.to_json() for d in self.decisions],
         }
 
     @classmethod
@@ -107,11 +111,25 @@ class RunSpec:
                                         _str(dataset["fingerprint"], "dataset.fingerprint"), int(dataset["n_rows"])),
                 layout=ChunkLayout.from_json(doc["layout"]),
                 teardown=bool(doc.get("teardown", False)),
+                decisions=tuple(CapDecision.from_json(d) for d in doc.get("decisions") or ()),
             )
         except KeyError as exc:
             raise RunSpecError(f"{where}: missing field {exc}") from None
         except (ConfigError, TypeError, ValueError) as exc:
             raise RunSpecError(f"{where}: {exc}") from None
+
+    def decided(self, decision: CapDecision) -> RunSpec:
+        """The same run as a reviewer's answer leaves it: at the chosen cap, with the decision recorded.
+
+        Nobody is asked twice in one run, so the gate is settled by the answer: accepting the truncation
+        turns it into a warning; a new cap keeps it, but as 'stop' (a drift past the chosen cap fails the
+        chunks it would hold back instead of leaving them for a question that will not come)."""
+        decisions = (*self.decisions, decision)
+        if not decision.continues:
+            return replace(self, decisions=decisions)
+        mode = "warn" if decision.kind == CURRENT else "stop"
+        return replace(self, config=replace(self.config, max_tokens=decision.cap, gate_mode=mode),
+                       decisions=decisions)
 
     def rebased(self, output_uri: str, aws_conn_id: str) -> RunSpec:
         """The same run read from the root it is found in, through the caller's connection.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -124,19 +125,27 @@ def decide(obs: Observation, policy: TunePolicy = TunePolicy()) -> int:
 # ---- applying the policy to live servers ---------------------------------------------------------
 
 
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """SGLang's Prometheus text → {metric name: value} for unlabelled-or-single-series gauges and counters.
+    """SGLang's Prometheus text → {metric name: value} for its gauges and counters.
 
     Series of one name are summed over their labels (one server reports one model; a dp-size > 1 server
-    reports one series per data-parallel rank, whose running requests add up).
+    reports one series per data-parallel rank, whose running requests add up). With
+    --enable-priority-scheduling SGLang reports each gauge twice over: the total under priority="" and one
+    series per priority beside it; only the totals count, or the tuner would see every request twice.
     """
     values: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
         name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].strip()
+        name, _, labels = name_part.partition("{")
+        name = name.strip()
         if not name or name.endswith(("_bucket", "_sum", "_count")):
+            continue
+        if labels and dict(_LABEL.findall(labels)).get("priority", "") != "":
             continue
         try:
             values[name] = values.get(name, 0.0) + float(value)
@@ -189,11 +198,20 @@ class Autotuner:
         )
 
     async def _max_running(self, server: ServerState) -> int | None:
+        """The server's batch size: --max-running-requests as its start-up resolved it (null when SGLang
+        sizes the batch from KV memory), else the size its scheduler settled on, per data-parallel rank."""
         try:
             info = (await server.probe_http.get("/server_info", timeout=10.0)).json()
         except (httpx.HTTPError, ValueError):
             return None
-        value = info.get("max_running_requests") if isinstance(info, dict) else None
+        if not isinstance(info, dict):
+            return None
+        value = info.get("max_running_requests")
+        states = info.get("internal_states")
+        if value is None and isinstance(states, list) and states and isinstance(states[0], dict):
+            per_rank = [s.get("effective_max_running_requests_per_dp") for s in states if isinstance(s, dict)]
+            if all(type(v) is int for v in per_rank):
+                value = sum(per_rank)
         return value if type(value) is int and value >= 1 else None
 
     async def _loop(self, server: ServerState) -> None:

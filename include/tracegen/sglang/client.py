@@ -1,4 +1,6 @@
-"""Async client that turns one dataset row into one `GeneratedRow` via SGLang's `/v1/chat/completions`.
+"""Async client that turns one dataset row into one `GeneratedRow` via SGLang's `/v1/chat/completions`,
+and sends the requests that continue a truncated row (`/generate` from its token ids, then SGLang's
+reasoning and tool-call split of the whole text: `tracegen.generate.extend` puts them together).
 
 The chunk engine calls `SGLangClient.complete()` once per row, with up to `client.capacity` calls in
 flight. Every call ends in exactly one of:
@@ -8,6 +10,8 @@ flight. Every call ends in exactly one of:
   used up the retry budget; a later run retries the row;
 - `FatalClientError` raised: the configuration is wrong (401, no server reachable for a long time) and
   every further row would fail the same way.
+Every other request goes through the same routing, deadlines and retries and ends in an `Outcome`: a
+value, a rejection or a failure.
 Routing, quarantine and probes live in `tracegen.sglang.routing`; failure kinds and backoff in `tracegen.sglang.retry`.
 """
 
@@ -16,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
-from typing import Any
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import httpx
 
@@ -31,10 +37,68 @@ from tracegen.sglang.retry import (
 )
 from tracegen.sglang.routing import ServerEndpoint, ServerPool, ServerState
 from tracegen.sglang.settings import ClientConfig, Sampling
-from tracegen.sglang.wire import Completion, MalformedResponse, build_body, error_message, parse_completion
-from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow
+from tracegen.sglang.wire import (
+    GENERATE_PATH,
+    PARSE_FUNCTION_CALL_PATH,
+    PATH,
+    SEPARATE_REASONING_PATH,
+    SERVER_INFO_PATH,
+    Completion,
+    Generated,
+    MalformedResponse,
+    ServerParsers,
+    build_body,
+    build_generate_body,
+    build_parse_function_call_body,
+    build_separate_reasoning_body,
+    error_message,
+    parse_completion,
+    parse_function_calls,
+    parse_generate,
+    parse_separate_reasoning,
+    parse_server_parsers,
+)
+from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow, pack_token_ids
 
-__all__ = ["ClientConfig", "FatalClientError", "Sampling", "SGLangClient", "ServerEndpoint"]
+__all__ = ["ClientConfig", "FatalClientError", "Outcome", "Sampling", "SGLangClient", "ServerEndpoint"]
+
+T = TypeVar("T")
+
+
+class _Aborted(Exception):
+    """SGLang answered 200 with finish_reason `abort`: not a result, so the request is tried again."""
+
+
+@dataclass(slots=True)
+class Outcome(Generic[T]):
+    """How one request ended, retries included: a `value`, or `rejected` (the server refused the request
+    itself, permanent), or `failed` (the retry budget ran out)."""
+
+    value: T | None = None
+    rejected: str | None = None
+    failed: str | None = None
+    attempt: int = 0
+    server: str = ""
+    latency_s: float = 0.0
+
+
+def _chat_result(raw: bytes) -> Completion:
+    completion = parse_completion(raw)
+    if completion.finish_reason == "abort":
+        raise _Aborted
+    return completion
+
+
+def _generate_result(raw: bytes) -> Generated:
+    generated = parse_generate(raw)
+    if generated.finish_reason == "abort":
+        raise _Aborted
+    return generated
+
+
+def _call_id() -> str:
+    # The chat route's tool-call ids: "call_" + 24 hex digits, fresh per call.
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 async def _send(transport: httpx.AsyncHTTPTransport, request: httpx.Request) -> tuple[int, bytes]:
@@ -58,6 +122,8 @@ class SGLangClient:
         # Autotune hook: started on first use (it needs the running loop); listeners hear capacity changes.
         self._tuner: Any = None
         self._capacity_listeners: list[Any] = []
+        self._parsers: ServerParsers | None = None
+        self._parsers_lock = asyncio.Lock()
 
     async def __aenter__(self) -> SGLangClient:
         self._start_tuner()
@@ -133,14 +199,89 @@ class SGLangClient:
             seed=sampling.seed,
             tools=tools,
             extra=extra_body,
+            # What a truncated row is continued from, and what a drafter trainer reads without re-tokenising.
+            return_token_ids=True,
         )
         self._pool.probe_model = model
+        out = await self._call("POST", PATH, body, _chat_result)
 
         def row(status: str, **fields: Any) -> GeneratedRow:
             # The fields every outcome of this call shares; the outcome adds its own.
             return GeneratedRow(index=index, status=status, max_tokens=sampling.max_tokens, run_id=run_id,
-                                chunk=chunk, category=category, **fields)
+                                chunk=chunk, category=category, attempt=out.attempt, **fields)
 
+        if out.failed is not None:
+            return row(FAILED, server="", error=out.failed)
+        if out.rejected is not None:
+            return row(REJECTED, server=out.server, error=out.rejected)
+        result = out.value
+        assert result is not None
+        ids = result.prompt_token_ids, result.response_token_ids
+        return row(
+            OK,
+            server=out.server,
+            id=result.id,
+            content=result.content,
+            reasoning_content=result.reasoning_content,
+            tool_calls=result.tool_calls,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            reasoning_tokens=result.reasoning_tokens,
+            latency_s=out.latency_s,
+            # Both or neither: a continuation needs the prompt and the response.
+            prompt_token_ids=pack_token_ids(ids[0]) if None not in ids else None,
+            response_token_ids=pack_token_ids(ids[1]) if None not in ids else None,
+        )
+
+    async def generate(
+        self, input_ids: list[int], *, max_new_tokens: int, sampling: Sampling, require_reasoning: bool = False
+    ) -> Outcome[Generated]:
+        """`/generate` continuing `input_ids` (a prompt's ids + the response so far) by up to
+        `max_new_tokens`, with the row's sampling params (`require_reasoning`: the response so far ends
+        inside its thinking)."""
+        body = build_generate_body(input_ids, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
+                                   top_p=sampling.top_p, seed=sampling.seed, require_reasoning=require_reasoning)
+        return await self._call("POST", GENERATE_PATH, body, _generate_result)
+
+    async def separate_reasoning(self, text: str, parser: str) -> Outcome[tuple[str, str]]:
+        """SGLang's (reasoning, answer) split of raw model output, the chat route's own."""
+        body = build_separate_reasoning_body(text, parser)
+        return await self._call("POST", SEPARATE_REASONING_PATH, body, parse_separate_reasoning,
+                                generation=False)
+
+    async def parse_function_call(
+        self, text: str, tools: list[dict[str, Any]], parser: str
+    ) -> Outcome[tuple[str, list[dict[str, Any]]]]:
+        """SGLang's (answer, tool calls) split of an answer, the chat route's own."""
+        body = build_parse_function_call_body(text, tools, parser)
+        return await self._call("POST", PARSE_FUNCTION_CALL_PATH, body,
+                                lambda raw: parse_function_calls(raw, _call_id), generation=False)
+
+    async def server_parsers(self) -> Outcome[ServerParsers]:
+        """The reasoning and tool-call parsers the servers run (one fleet, one launch: asked once)."""
+        async with self._parsers_lock:
+            if self._parsers is not None:
+                return Outcome(self._parsers)
+            out = await self._call("GET", SERVER_INFO_PATH, None, parse_server_parsers, generation=False)
+            self._parsers = out.value
+            return out
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        parse: Callable[[bytes], T],
+        *,
+        generation: bool = True,
+    ) -> Outcome[T]:
+        """One request with the client's routing, deadlines and retries. `generation`: a request that runs
+        the model, whose success is the progress signal behind wedge detection (a wedged server still
+        answers the tokenizer-side parsing routes, so those must not vouch for it)."""
+        if self._fatal is not None:
+            raise self._fatal
+        self._start_tuner()
         pool = self._pool
         last_error = ""
         previous: ServerState | None = None
@@ -154,26 +295,14 @@ class SGLangClient:
             attempt += 1
             started = time.monotonic()
             try:
-                result = await self._attempt(server, http, body, started)
+                result = await self._attempt(server, http, method, path, body, parse, started, generation)
             except TransientError as exc:
                 last_error = f"{server.url}: {exc}"
             else:
-                if isinstance(result, str):
-                    return row(REJECTED, attempt=attempt, server=server.name, error=result)
-                return row(
-                    OK,
-                    attempt=attempt,
-                    server=server.name,
-                    id=result.id,
-                    content=result.content,
-                    reasoning_content=result.reasoning_content,
-                    tool_calls=result.tool_calls,
-                    finish_reason=result.finish_reason,
-                    prompt_tokens=result.prompt_tokens,
-                    completion_tokens=result.completion_tokens,
-                    reasoning_tokens=result.reasoning_tokens,
-                    latency_s=time.monotonic() - started,
-                )
+                if isinstance(result, _Rejected):
+                    return Outcome(rejected=result.message, attempt=attempt, server=server.name)
+                latency = time.monotonic() - started
+                return Outcome(result, attempt=attempt, server=server.name, latency_s=latency)
             finally:
                 pool.release(server, http)
             previous = server
@@ -181,16 +310,26 @@ class SGLangClient:
                 await asyncio.sleep(
                     backoff_delay(attempt, self.config.backoff_base_s, self.config.backoff_max_s, self._rng)
                 )
-        return row(FAILED, attempt=attempt, server="", error=f"{attempt} attempts failed; last: {last_error}")
+        return Outcome(failed=f"{attempt} attempts failed; last: {last_error}", attempt=attempt)
 
     async def _attempt(
-        self, server: ServerState, http: httpx.AsyncHTTPTransport, body: bytes, started: float
-    ) -> Completion | str:
-        """One HTTP attempt. Returns a Completion (ok) or a str (rejected: the server's message);
+        self,
+        server: ServerState,
+        http: httpx.AsyncHTTPTransport,
+        method: str,
+        path: str,
+        body: bytes | None,
+        parse: Callable[[bytes], T],
+        started: float,
+        generation: bool,
+    ) -> T | _Rejected:
+        """One HTTP attempt. Returns the parsed body (ok) or a `_Rejected` (the server's message);
         raises TransientError (retry) or FatalClientError (stop)."""
         pool = self._pool
+        # The chat URL is built once per server: it is on the hot path of every row.
+        url = server.chat_url if path == PATH else httpx.URL(server.url + path)
         request = httpx.Request(
-            "POST", server.chat_url, headers=server.headers, content=body, extensions=server.extensions
+            method, url, headers=server.headers, content=body, extensions=server.extensions
         )
         task = asyncio.create_task(_send(http, request))
         server.tasks.add(task)
@@ -222,16 +361,17 @@ class SGLangClient:
         status, raw = response
         if status == 200:
             try:
-                completion = parse_completion(raw)
+                result = parse(raw)
             except MalformedResponse as exc:
                 reason = f"malformed response: {exc}"
                 pool.record_failure(server, reason)
                 raise TransientError(reason) from None
-            if completion.finish_reason == "abort":
+            except _Aborted:
                 pool.record_failure(server, "finish_reason abort")
-                raise TransientError("finish_reason abort (the server aborted the request)")
-            pool.record_success(server)
-            return completion
+                raise TransientError("finish_reason abort (the server aborted the request)") from None
+            if generation:
+                pool.record_success(server)
+            return result
 
         message = error_message(raw, status)
         kind = classify_status(status)
@@ -246,4 +386,9 @@ class SGLangClient:
         # REJECTED: the request itself is wrong for this server (context overflow): never retried. The
         # server answered, so it is alive.
         server.consecutive_failures = 0
-        return f"HTTP {status}: {message}"
+        return _Rejected(f"HTTP {status}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Rejected:
+    message: str

@@ -1,5 +1,11 @@
-"""The wire format of SGLang's OpenAI-compatible `POST /v1/chat/completions` (non-streaming):
-building the request body and validating the response into a small typed result.
+"""The wire format of the SGLang routes the client uses, non-streaming: building each request body and
+validating each response into a small typed result.
+
+- `POST /v1/chat/completions`: a row's completion, with the prompt's and the response's token ids;
+- `POST /generate` with `input_ids`: the continuation of a truncated row from its exact tokens;
+- `POST /separate_reasoning`, `POST /parse_function_call`: SGLang's own split of raw text into thinking,
+  answer and tool calls, as the chat route does it;
+- `GET /server_info`: which reasoning and tool-call parsers the server runs.
 
 A server that answers 200 with a body we cannot trust (not JSON, missing fields, wrong types) is a
 server fault: `parse_completion` raises `MalformedResponse` naming what is wrong, and the client
@@ -15,6 +21,10 @@ from typing import Any
 from tracegen.store.records import FINISH_REASONS
 
 PATH = "/v1/chat/completions"
+GENERATE_PATH = "/generate"
+SEPARATE_REASONING_PATH = "/separate_reasoning"
+PARSE_FUNCTION_CALL_PATH = "/parse_function_call"
+SERVER_INFO_PATH = "/server_info"
 # What SGLang reports; `abort` is not a completion (the client retries it), the rest are.
 SERVER_FINISH_REASONS = frozenset({*FINISH_REASONS, "abort"})
 
@@ -35,6 +45,29 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    # With `return_token_ids`: what the server generated from (the templated prompt) and generated.
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
+
+
+@dataclass(slots=True)
+class Generated:
+    """One `/generate` response: the new tokens only."""
+
+    text: str
+    output_ids: list[int] | None
+    finish_reason: str  # "stop" | "length" | "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServerParsers:
+    """The parsers a server was launched with (None: without one)."""
+
+    reasoning: str | None
+    tool_call: str | None
 
 
 def build_body(
@@ -47,6 +80,7 @@ def build_body(
     seed: int | None,
     tools: list[dict[str, Any]] | None = None,
     extra: dict[str, Any] | None = None,
+    return_token_ids: bool = False,
 ) -> bytes:
     """The JSON request body, encoded once per row (retries resend the same bytes)."""
     body: dict[str, Any] = {
@@ -61,12 +95,48 @@ def build_body(
         body["seed"] = seed
     if tools:
         body["tools"] = tools
+    if return_token_ids:
+        body["return_token_ids"] = True
     if extra:
         body.update(extra)
+    return _encode(body)
+
+
+def _encode(body: dict[str, Any]) -> bytes:
     try:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     except (TypeError, ValueError) as exc:
         raise ValueError(f"request body is not JSON-serialisable: {exc}") from exc
+
+
+def build_generate_body(
+    input_ids: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+    require_reasoning: bool = False,
+) -> bytes:
+    """`/generate` continuing `input_ids` (prompt ids + the response so far) by up to `max_new_tokens`,
+    with the sampling params of the chat request that produced the response. `require_reasoning`: the
+    response so far ends inside its thinking, so the server counts the new tokens up to the end of the
+    thinking as reasoning tokens (it counts only thinking a response opens itself otherwise)."""
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
+    if seed is not None:
+        params["sampling_seed"] = seed
+    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params, "stream": False}
+    if require_reasoning:
+        body["require_reasoning"] = True
+    return _encode(body)
+
+
+def build_separate_reasoning_body(text: str, parser: str) -> bytes:
+    return _encode({"text": text, "reasoning_parser": parser})
+
+
+def build_parse_function_call_body(text: str, tools: list[dict[str, Any]], parser: str) -> bytes:
+    return _encode({"text": text, "tools": tools, "tool_call_parser": parser})
 
 
 def _int_field(usage: dict[str, Any], key: str, *, required: bool) -> int:
@@ -86,8 +156,7 @@ def _opt_str(message: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def parse_completion(raw: bytes) -> Completion:
-    """Validate a 200 body from /v1/chat/completions; raise MalformedResponse saying what is wrong."""
+def _object(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -95,6 +164,22 @@ def parse_completion(raw: bytes) -> Completion:
         raise MalformedResponse(f"body is not JSON ({exc}); starts with {snippet!r}") from None
     if not isinstance(data, dict):
         raise MalformedResponse(f"body is a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def _token_ids(container: dict[str, Any], key: str, where: str) -> list[int] | None:
+    ids = container.get(key)
+    if ids is None:
+        return None
+    # bool is an int subclass: a list of `true` is not token ids.
+    if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < 1 << 32 for i in ids):
+        raise MalformedResponse(f"{where}{key} must be a list of token ids, got {ids!r:.120}")
+    return ids
+
+
+def parse_completion(raw: bytes) -> Completion:
+    """Validate a 200 body from /v1/chat/completions; raise MalformedResponse saying what is wrong."""
+    data = _object(raw)
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise MalformedResponse(f"'choices' must be a non-empty list of objects, got {choices!r:.120}")
@@ -134,7 +219,78 @@ def parse_completion(raw: bytes) -> Completion:
         prompt_tokens=_int_field(usage, "prompt_tokens", required=True),
         completion_tokens=_int_field(usage, "completion_tokens", required=True),
         reasoning_tokens=reasoning_tokens or 0,
+        prompt_token_ids=_token_ids(choice, "prompt_token_ids", "choices[0]."),
+        response_token_ids=_token_ids(choice, "response_token_ids", "choices[0]."),
     )
+
+
+def parse_generate(raw: bytes) -> Generated:
+    """Validate a 200 body from /generate (one non-streamed request)."""
+    data = _object(raw)
+    text, meta = data.get("text"), data.get("meta_info")
+    if not isinstance(text, str):
+        raise MalformedResponse(f"'text' must be a string, got {text!r:.120}")
+    if not isinstance(meta, dict):
+        raise MalformedResponse(f"'meta_info' must be an object, got {meta!r:.120}")
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else None
+    if kind not in ("stop", "length", "abort"):
+        raise MalformedResponse(
+            f"meta_info.finish_reason must be a stop, length or abort object, got {finish!r:.120}"
+        )
+    if kind == "abort":
+        return Generated(text, None, "abort", 0, 0, 0)
+    return Generated(
+        text=text,
+        output_ids=_token_ids(data, "output_ids", ""),
+        finish_reason=kind,
+        prompt_tokens=_int_field(meta, "prompt_tokens", required=True),
+        completion_tokens=_int_field(meta, "completion_tokens", required=True),
+        reasoning_tokens=_int_field(meta, "reasoning_tokens", required=False),
+    )
+
+
+def parse_separate_reasoning(raw: bytes) -> tuple[str, str]:
+    """(reasoning_text, text) from /separate_reasoning."""
+    data = _object(raw)
+    reasoning, text = data.get("reasoning_text"), data.get("text")
+    if not isinstance(reasoning, str) or not isinstance(text, str):
+        raise MalformedResponse(
+            f"separate_reasoning must answer reasoning_text and text strings, got {data!r:.160}"
+        )
+    return reasoning, text
+
+
+def parse_function_calls(raw: bytes, new_id: Any) -> tuple[str, list[dict[str, Any]]]:
+    """(normal_text, tool_calls) from /parse_function_call, the calls in the chat route's shape; `new_id()`
+    names each call as the chat route does for every parser but the Kimi ones (a fresh id per call)."""
+    data = _object(raw)
+    normal, calls = data.get("normal_text"), data.get("calls")
+    if not isinstance(normal, str) or not isinstance(calls, list):
+        raise MalformedResponse(f"parse_function_call must answer normal_text and calls, got {data!r:.160}")
+    out = []
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("parameters"), str):
+            raise MalformedResponse(f"calls[{i}] must hold a parameters string, got {call!r:.120}")
+        # `index` is the call's ordinal, as the chat route numbers them (`tool_index` is the tool's
+        # position in the request, not the call's).
+        out.append({
+            "id": new_id(), "index": i, "type": "function",
+            "function": {"name": call.get("name"), "arguments": call["parameters"]},
+        })  # fmt: skip
+    return normal, out
+
+
+def parse_server_parsers(raw: bytes) -> ServerParsers:
+    """The reasoning and tool-call parsers a /server_info body reports."""
+    data = _object(raw)
+    found = []
+    for key in ("reasoning_parser", "tool_call_parser"):
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise MalformedResponse(f"server_info.{key} must be a string or null, got {value!r:.80}")
+        found.append(value or None)
+    return ServerParsers(*found)
 
 
 def error_message(raw: bytes, status: int) -> str:

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import shlex
 import signal
 import sys
@@ -41,6 +42,12 @@ READY_LINE = "The server is fired up and ready to roll!"
 _FRESH_SAMPLES = random.SystemRandom()
 # Paths reachable without the API key (SGLang: prefix match).
 _AUTH_EXEMPT = ("/health", "/ready", "/metrics")
+# SGLang's ADMIN_OPTIONAL endpoints among the stand-in's: with --admin-api-key only that key opens them.
+_ADMIN_OPTIONAL = frozenset({"/abort_request"})
+# Routes SGLang guards with validate_json_request: any other Content-Type is a 400.
+_JSON_ONLY = frozenset({"/v1/chat/completions"})
+# SGLang's scheduler-side metric labels for one server (no pipeline, tensor or expert parallelism).
+_SCHEDULER_LABELS = {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
 
 
 @dataclass
@@ -56,6 +63,8 @@ class State:
     draining: bool = False
     hung: int = 0
     active: int = 0  # generation handlers running (hung ones excluded)
+    # Priorities seen since start: SGLang keeps reporting each one's series, at 0 when it has no request.
+    known_priorities: set[str] = field(default_factory=set)
 
     @property
     def args(self) -> dict[str, Any]:
@@ -77,30 +86,66 @@ def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, text=json.dumps(body), content_type="application/json")
 
 
-def _error(request: web.Request, message: str, status: int) -> web.Response:
+def _error(request: web.Request, message: str, status: int, error_type: str | None = None) -> web.Response:
     """SGLang's error shape: nested on the native /generate route, flat on OpenAI routes."""
     if request.path.startswith("/generate"):
         return _json(p.native_error(message), status)
-    return _json(p.openai_error(message, status, p.ERROR_TYPES.get(status, "InternalServerError")), status)
+    kind = error_type or p.ERROR_TYPES.get(status, "InternalServerError")
+    return _json(p.openai_error(message, status, kind), status)
 
 
 # -- middlewares ------------------------------------------------------------------------------------
+def _bearer_is(header: str | None, key: str) -> bool:
+    """SGLang's check: exactly "<scheme> <token>" split at the first space, scheme `bearer` in any case,
+    the token equal to the key as sent (so "Bearer  key", two spaces, is refused)."""
+    if not header:
+        return False
+    parts = header.split(" ", 1)
+    return len(parts) == 2 and parts[0].lower() == "bearer" and secrets.compare_digest(parts[1], key)
+
+
+def auth_allows(
+    method: str, path: str, header: str | None, api_key: str | None, admin_key: str | None
+) -> bool:
+    """SGLang's `decide_request_auth` for the stand-in's endpoints (the normal and admin-optional levels)."""
+    if method == "OPTIONS" or path.startswith(_AUTH_EXEMPT):
+        return True
+    if path in _ADMIN_OPTIONAL and admin_key:
+        return _bearer_is(header, admin_key)
+    if api_key:
+        return _bearer_is(header, api_key)
+    return True
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    key = request.app[STATE].args["api_key"]
-    if key and not request.path.startswith(_AUTH_EXEMPT):
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or token.strip() != key:
-            return _json({"error": "Unauthorized"}, 401)
+    a = request.app[STATE].args
+    header = request.headers.get("Authorization")
+    if not auth_allows(request.method, request.path, header, a["api_key"], a["admin_api_key"]):
+        return _json({"error": "Unauthorized"}, 401)
     return await handler(request)
+
+
+def _refuse_unless_json(request: web.Request) -> None:
+    """SGLang's validate_json_request: a FastAPI validation error, so its "Bad Request" 400."""
+    media_type = request.headers.get("Content-Type", "").lower().split(";", 1)[0]
+    if media_type != "application/json":
+        error = {
+            "loc": ["header", "content-type"],
+            "msg": "Unsupported Media Type: Only 'application/json' is allowed",
+            "type": "value_error",
+        }
+        raise p.BadRequest(f"1 validation error:\n  {error} {[error]}")
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
+        if request.method == "POST" and request.path in _JSON_ONLY:
+            _refuse_unless_json(request)
         return await handler(request)
     except p.BadRequest as exc:
-        return _error(request, str(exc), 400)
+        return _error(request, str(exc), 400, exc.error_type)
     except web.HTTPNotFound:
         return _json({"detail": "Not Found"}, 404)
     except web.HTTPMethodNotAllowed:
@@ -127,10 +172,14 @@ async def model_info(request: web.Request) -> web.Response:
     arch = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
         model_type, "LlamaForCausalLM"
     )
+    # SGLang 0.5.23's /model_info keys, in its order (a text-only model, not disaggregated).
     return _json({
         "model_path": a["model_path"], "served_model_name": a["served_model_name"],
-        "tokenizer_path": a["tokenizer_path"], "is_generation": True, "preferred_sampling_params": None,
-        "weight_version": a["weight_version"] or "default", "reasoning_parser": a["reasoning_parser"],
+        "tokenizer_path": a["tokenizer_path"], "is_generation": True,
+        "preferred_sampling_params": a["preferred_sampling_params"], "weight_version": a["weight_version"],
+        "load_format": a["load_format"], "reasoning_parser": a["reasoning_parser"],
+        "tool_call_parser": a["tool_call_parser"], "disaggregation_mode": a["disaggregation_mode"],
+        "has_image_understanding": False, "has_audio_understanding": False,
         "model_type": model_type, "architectures": [arch],
     })  # fmt: skip
 
@@ -163,17 +212,27 @@ def _gen_throughput(state: State) -> float:
     return len(e.running) * e.rate() * state.batcher.time_scale
 
 
+def kv_capacity(settings: SimSettings) -> int:
+    """Tokens the simulated KV cache holds (`max_total_num_tokens`): --max-total-tokens, else a full
+    context for every running request (the stand-in never runs out of KV memory)."""
+    return settings.args["max_total_tokens"] or settings.max_running * settings.context_length
+
+
 async def server_info(request: web.Request) -> web.Response:
+    """SGLang's resolved server args (`context_length` is the flag: null without it), then what its
+    scheduler reports at start-up and per data-parallel rank."""
     state = request.app[STATE]
     a = state.args
     info = dict(a)
     info["launch_command"] = shlex.join([sys.executable, "-m", "tracegen.simulator", *state.settings.argv])
-    info["max_total_num_tokens"] = a["max_total_tokens"] or a["max_running_requests"] * 4096
-    info["max_req_input_len"] = a["max_req_input_len"]
+    info["max_total_num_tokens"] = kv_capacity(state.settings)
+    # SGLang's scheduler: one token short of the context (or of the KV cache), less 5 reserved.
+    info["max_req_input_len"] = min(state.settings.context_length - 1, info["max_total_num_tokens"] - 1) - 5
     occ = occupancy(state)
     info["internal_states"] = [{
         "last_gen_throughput": round(_gen_throughput(state), 3),
         "avg_spec_accept_length": state.settings.accept_length if a["speculative_algorithm"] else None,
+        "effective_max_running_requests_per_dp": state.settings.max_running,
         "num_running_reqs": occ["num_running_reqs"], "num_queue_reqs": occ["num_queue_reqs"],
     }]  # fmt: skip
     info["version"] = p.SGLANG_VERSION
@@ -195,8 +254,22 @@ async def models(request: web.Request) -> web.Response:
     name = state.args["served_model_name"]
     return _json({"object": "list", "data": [{
         "id": name, "object": "model", "created": int(state.started_wall), "owned_by": "sglang",
-        "root": name, "parent": None, "max_model_len": state.args["context_length"],
+        "root": name, "parent": None, "max_model_len": state.settings.context_length,
     }]})  # fmt: skip
+
+
+def _priority(state: State, requested: int | None) -> str:
+    """A request's priority label: its own, else --default-priority-value ("None" without either)."""
+    return str(requested if requested is not None else state.args["default_priority_value"])
+
+
+def _by_priority(state: State, jobs: Any) -> dict[str, int]:
+    """Requests per priority label, every priority seen so far included (at 0 when it has none now)."""
+    counts = dict.fromkeys(state.known_priorities, 0)
+    for job in jobs:
+        priority = job.meta.get("priority", "None")
+        counts[priority] = counts.get(priority, 0) + 1
+    return counts
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
@@ -204,6 +277,18 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     occ = occupancy(state)
     e = state.batcher.engine
     m = state.metrics
+    scheduler = {"model_name": state.args["served_model_name"], **_SCHEDULER_LABELS}
+    tokenizer = {
+        "model_name": state.args["served_model_name"],
+        "engine_type": _SCHEDULER_LABELS["engine_type"],
+    }
+    breakdown: dict[str, dict[str, int]] = {}
+    if state.args["enable_priority_scheduling"]:
+        # SGLang: the totals under priority="", one series per priority beside them.
+        scheduler["priority"] = tokenizer["priority"] = ""
+        breakdown = {"num_running_reqs": _by_priority(state, e.running.values()),
+                     "num_queue_reqs": _by_priority(state, e.waiting)}  # fmt: skip
+        state.known_priorities.update(*breakdown.values())
     gauges = {
         "num_running_reqs": occ["num_running_reqs"],
         "num_queue_reqs": occ["num_queue_reqs"],
@@ -223,7 +308,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
         "occupancy": occ["occupancy"],
         "generated_tokens_total": occ["tokens_generated"],
     }
-    body = prom.render(state.args["served_model_name"], m, gauges, counters, sim)
+    body = prom.render(scheduler, tokenizer, m, gauges, counters, sim, breakdown)
     return web.Response(text=body, content_type="text/plain", charset="utf-8")
 
 
@@ -284,8 +369,9 @@ async def _apply_fault(request: web.Request, state: State) -> tuple[str, web.Str
     return fault, None
 
 
-def _admit(state: State, plan: p.Plan, rid: str, fault: str) -> Job:
+def _admit(state: State, plan: p.Plan, rid: str, fault: str, priority: int | None = None) -> Job:
     job = Job(rid=rid, target=plan.target)
+    job.meta["priority"] = _priority(state, priority)
     if fault == fault_kinds.ABORT:
         job.target = int(plan.target * state.injector.abort_fraction())
         job.aborted = True
@@ -379,29 +465,35 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     rid = req.rid or p.new_id()
     parser = _reasoning_parser(state, req.separate_reasoning)
     count_reasoning = bool(state.args["reasoning_parser"])
+    # SGLang parses tool calls out of the text only with --tool-call-parser (and tool_choice not "none").
+    parse_tools = bool(state.args["tool_call_parser"] and req.tools and req.tool_choice != "none")
     state.active += 1
     try:
         try:
-            job = _admit(state, plan, rid, fault)
+            job = _admit(state, plan, rid, fault, req.priority)
         except _QueueFullResponse:
             return _error(request, "The request queue is full.", 503)
         model = req.model if req.model is not None else state.args["served_model_name"]
         if req.stream:
             return await _stream_chat(
-                request, state, req, plan, job, n_prompt, model, parser, count_reasoning
+                request, state, req, plan, job, n_prompt, model, parser, count_reasoning, parse_tools
             )
         await _wait(job, state)
         _record(state, job, n_prompt)
         n = job.tokens
-        finish = "abort" if job.aborted else plan.finish
+        finish = _finish(job, plan, parse_tools)
         reasoning_text, content = p.chat_texts(plan, n, parser, req.enable_thinking)
+        if plan.finish == "tool_calls" and finish == "stop":
+            content += p.tool_call_text(plan)
         r_tokens = p.split(plan, n)[0] if count_reasoning else 0
+        # SGLang's ChatMessage leaves `tool_calls` out when there are none.
         message: dict[str, Any] = {
             "role": "assistant",
             "content": content,
             "reasoning_content": reasoning_text or None,
-            "tool_calls": p.tool_calls(plan) if finish == "tool_calls" else None,
         }
+        if finish == "tool_calls":
+            message["tool_calls"] = p.tool_calls(plan)
         choice: dict[str, Any] = {
             "index": 0, "message": message, "logprobs": None, "finish_reason": finish,
             "matched_stop": p.EOS_TOKEN_ID if finish == "stop" else None,
@@ -417,6 +509,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         })  # fmt: skip
     finally:
         state.active -= 1
+
+
+def _finish(job: Job, plan: p.Plan, parse_tools: bool) -> str:
+    """The finish reason SGLang reports: a tool call is one only when its parser found it."""
+    if job.aborted:
+        return "abort"
+    if plan.finish == "tool_calls" and not parse_tools:
+        return "stop"
+    return plan.finish
 
 
 async def _sse(resp: web.StreamResponse, payload: Any) -> None:
@@ -447,6 +548,7 @@ async def _stream_chat(
     model: str,
     parser: str | None,
     count_reasoning: bool,
+    parse_tools: bool,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
@@ -481,10 +583,12 @@ async def _stream_chat(
         state.batcher.abort(job.rid, "Abort: client disconnected")
         raise
     _record(state, job, n_prompt)
-    finish = "abort" if job.aborted else plan.finish
+    finish = _finish(job, plan, parse_tools)
     final_delta: dict[str, Any] = {}
     if finish == "tool_calls":
         final_delta["tool_calls"] = p.tool_calls(plan)
+    elif plan.finish == "tool_calls" and finish == "stop":
+        final_delta["content"] = p.tool_call_text(plan)
     await _sse(resp, chunk(final_delta, finish))
     if req.include_usage:
         r_tokens = p.split(plan, job.tokens)[0] if count_reasoning else 0
@@ -653,7 +757,7 @@ async def serve(settings: SimSettings) -> int:
     step = StepModel(
         a["sim_step_base_ms"] / 1000.0, a["sim_step_per_req_ms"] / 1000.0, settings.accept_length
     )
-    engine = BatchEngine(a["max_running_requests"], step, a["max_queued_requests"])
+    engine = BatchEngine(settings.max_running, step, a["max_queued_requests"])
     state = State(
         settings=settings,
         batcher=AsyncBatcher(engine, a["sim_time_scale"]),

@@ -1,8 +1,12 @@
 """Command-line flags of the stand-in: `sglang.launch_server`'s flags plus `--sim-*` knobs.
 
-Provisioning launches the stand-in with exactly the argv it would give SGLang, so every SGLang flag
-the pipeline may pass is accepted (GPU-only ones are recorded in /server_info and otherwise
-ignored), and an unknown flag exits with code 2 and argparse's message, as SGLang does.
+Provisioning launches the stand-in with exactly the argv it would give SGLang, so the stand-in's parser is
+SGLang's: every flag of the pinned SGLang release, with its spellings, value types and choices, comes from
+the table in `tracegen.sglang.launch_flags` (checked against SGLang's own parser by the tests), and SGLang's
+start-up checks after parsing are the same function. A flag SGLang refuses (unknown, ambiguous, a value
+outside its choices) exits with code 2 and argparse's message, as SGLang does; a flag SGLang accepts is
+accepted even when the stand-in has no use for it (GPU-only ones are recorded in /server_info and
+otherwise ignored). The flags the stand-in models are listed in docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -10,77 +14,35 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
+from tracegen.sglang.launch_flags import add_sglang_flags, resolved_max_running_requests, startup_refusal
 from tracegen.simulator.faults import FaultConfig
 from tracegen.simulator.lengths import LAWS, LengthModel, build_model
 
-DEFAULT_CONTEXT_LENGTH = 40960  # Qwen3's config.json value
+DEFAULT_MAX_MODEL_LEN = 40960  # Qwen3's config.json value
+# The batch the stand-in decodes when SGLang would size it from KV-cache memory (no flag, no speculative cap).
 DEFAULT_MAX_RUNNING = 256
 DEFAULT_SPEC_ACCEPT_LENGTH = 3.0  # typical EAGLE/MTP accept length on chat traffic
-SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "LOOKAHEAD")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
-# SGLang flags that only matter on a GPU: (flag, type or "bool"). Accepted, stored, ignored.
-_IGNORED_VALUE_FLAGS: tuple[tuple[str, Any], ...] = (
-    ("--tokenizer-path", str), ("--tokenizer-mode", str), ("--load-format", str), ("--revision", str),
-    ("--dtype", str), ("--kv-cache-dtype", str), ("--quantization", str), ("--attention-backend", str),
-    ("--prefill-attention-backend", str), ("--decode-attention-backend", str), ("--sampling-backend", str),
-    ("--grammar-backend", str), ("--mm-attention-backend", str), ("--moe-runner-backend", str),
-    ("--mem-fraction-static", float), ("--chunked-prefill-size", int), ("--max-prefill-tokens", int),
-    ("--max-total-tokens", int), ("--schedule-policy", str), ("--schedule-conservativeness", float),
-    ("--cuda-graph-max-bs", int), ("--torch-compile-max-bs", int), ("--base-gpu-id", int),
-    ("--gpu-id-step", int), ("--pp-size", int), ("--ep-size", int), ("--nnodes", int), ("--node-rank", int),
-    ("--dist-init-addr", str), ("--random-seed", int), ("--watchdog-timeout", float), ("--log-level-http", str),
-    ("--tool-call-parser", str), ("--chat-template", str), ("--stream-interval", int), ("--device", str),
-    ("--download-dir", str), ("--weight-version", str), ("--speculative-draft-model-path", str),
-    ("--speculative-draft-model-revision", str), ("--speculative-num-steps", int),
-    ("--speculative-eagle-topk", int), ("--speculative-num-draft-tokens", int),
-    ("--speculative-accept-threshold-single", float), ("--speculative-accept-threshold-acc", float),
-    ("--speculative-token-map", str), ("--speculative-draft-load-format", str),
-    ("--speculative-attention-mode", str), ("--file-storage-path", str), ("--json-model-override-args", str),
-    ("--preferred-sampling-params", str), ("--tokenizer-worker-num", int), ("--decode-log-interval", int),
-)  # fmt: skip
-_IGNORED_BOOL_FLAGS = (
-    "--trust-remote-code", "--disable-cuda-graph", "--disable-radix-cache", "--enable-torch-compile",
-    "--enable-mixed-chunk", "--enable-dp-attention", "--disable-overlap-schedule", "--show-time-cost",
-    "--enable-cache-report", "--allow-auto-truncate", "--enable-dp-lm-head", "--skip-tokenizer-init",
-    "--disable-cuda-graph-padding", "--enable-nan-detection", "--enable-p2p-check", "--log-requests",
-    "--enable-memory-saver", "--disable-custom-all-reduce", "--disable-shared-experts-fusion",
-    "--enable-two-batch-overlap", "--enable-request-time-stats-logging",
-)  # fmt: skip
+
+class LaunchRefused(Exception):
+    """The argv the stand-in would not start with; the message is the one it prints."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises instead of exiting, so fleet validation can ask the same parser; `parse_args` exits."""
+
+    def error(self, message: str) -> NoReturn:
+        raise LaunchRefused(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m tracegen.simulator",
         description="SGLang stand-in: speaks sglang.launch_server's HTTP protocol without a GPU.",
     )
-    g = p.add_argument_group("SGLang flags the stand-in honours")
-    g.add_argument("--model-path", "--model", dest="model_path", required=True)
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=30000)
-    g.add_argument("--api-key", default=None)
-    g.add_argument("--served-model-name", default=None)
-    g.add_argument("--context-length", type=int, default=None)
-    g.add_argument("--reasoning-parser", default=None)
-    g.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
-    g.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
-    g.add_argument("--max-running-requests", type=int, default=None)
-    g.add_argument("--max-queued-requests", type=int, default=None)
-    g.add_argument("--speculative-algorithm", default=None)
-    g.add_argument("--enable-metrics", action="store_true")
-    g.add_argument("--log-level", default="info", choices=LOG_LEVELS)
-    g.add_argument("--skip-server-warmup", action="store_true")
-    g.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None)
-    # With it a request's seed (default 42) fixes its sample; without it every request samples afresh.
-    g.add_argument("--enable-deterministic-inference", action="store_true")
-
-    ig = p.add_argument_group("SGLang flags accepted and ignored (GPU-only)")
-    for flag, kind in _IGNORED_VALUE_FLAGS:
-        ig.add_argument(flag, type=kind, default=None)
-    for flag in _IGNORED_BOOL_FLAGS:
-        ig.add_argument(flag, action="store_true")
+    add_sglang_flags(p.add_argument_group("SGLang's launch flags (sglang.srt.server_args)"))
 
     s = p.add_argument_group("stand-in only (--sim-*)")
     s.add_argument(
@@ -90,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulated seconds per wall second (1000: a simulated hour in 3.6 s)",
     )
     s.add_argument("--sim-seed", type=int, default=0, help="seed of the per-prompt difficulty")
+    s.add_argument(
+        "--sim-max-model-len",
+        type=int,
+        default=DEFAULT_MAX_MODEL_LEN,
+        help="the model's own context length (its config.json), used and reported as max_model_len "
+        "when --context-length is not given",
+    )
     s.add_argument(
         "--sim-length-model",
         default="seed",
@@ -189,7 +158,16 @@ class SimSettings:
 
     @property
     def context_length(self) -> int:
-        return self.args["context_length"]
+        """The context the server enforces: --context-length, else the model's own (--sim-max-model-len)."""
+        given = self.args["context_length"]
+        return given if given is not None else self.args["sim_max_model_len"]
+
+    @property
+    def max_running(self) -> int:
+        """The batch the engine decodes: --max-running-requests as SGLang resolves it, else what KV-cache
+        memory would allow (the stand-in's DEFAULT_MAX_RUNNING)."""
+        resolved = self.args["max_running_requests"]
+        return resolved if resolved is not None else DEFAULT_MAX_RUNNING
 
     @property
     def served_model_name(self) -> str:
@@ -198,44 +176,93 @@ class SimSettings:
 
 def _check(parser: argparse.ArgumentParser, ok: bool, message: str) -> None:
     if not ok:
-        parser.error(message)  # exits 2 with usage, like argparse's own errors
+        parser.error(message)
+
+
+def _config_keys(action: argparse.Action) -> set[str]:
+    return {action.dest} | {o[2:].replace("-", "_") for o in action.option_strings if o.startswith("--")}
 
 
 def _with_config_file(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """SGLang's `--config FILE.yaml`: each key becomes `--key value`, placed before the command line's
-    own flags (which win). The fleet hands the API key over this way, out of the world-readable argv."""
+    """SGLang's `--config FILE.yaml` (ConfigArgumentMerger): each key becomes `--key value`, placed before
+    the command line's own flags (which win). The fleet hands the API key over this way, out of the
+    world-readable argv."""
     if "--config" not in argv:
         return argv
     at = argv.index("--config")
-    _check(parser, argv.count("--config") == 1 and at + 1 < len(argv), "--config takes exactly one file")
+    _check(parser, argv.count("--config") == 1, "Multiple config files specified! Only one allowed.")
+    _check(parser, at + 1 < len(argv), "No config file specified after --config flag!")
     path = argv[at + 1]
-    _check(parser, path.endswith((".yaml", ".yml")), f"--config {path}: must be a .yaml or .yml file")
+    _check(parser, path.lower().endswith((".yaml", ".yml")), f"Config file must be YAML format, got: {path}")
     import yaml
 
     try:
         with open(path) as fh:
-            data = yaml.safe_load(fh) or {}
+            data = yaml.safe_load(fh)
     except (OSError, yaml.YAMLError) as exc:
         parser.error(f"--config {path}: {exc}")
-    _check(parser, isinstance(data, dict), f"--config {path}: must hold a mapping at its root")
-    switches = {s for a in parser._actions if a.nargs == 0 and a.const is True for s in a.option_strings}
+    data = {} if data is None else data
+    _check(parser, isinstance(data, dict), "Config file must contain a dictionary at root level")
+    switches = {
+        k for a in parser._actions if isinstance(a, argparse._StoreTrueAction) for k in _config_keys(a)
+    }
+    one_value = [
+        a
+        for a in parser._actions
+        if isinstance(a, argparse._StoreTrueAction | argparse._StoreAction) or a.nargs is None
+    ]
+    unsupported = {
+        k
+        for a in parser._actions
+        if a.option_strings and a not in one_value and "--config" not in a.option_strings
+        for k in _config_keys(a)
+    }
+    unsupported -= {k for a in one_value for k in _config_keys(a)}
     from_file: list[str] = []
     for key, value in data.items():
         flag = f"--{key}"
-        if isinstance(value, bool) and flag in switches:
-            from_file += [flag] if value else []
+        _check(parser, str(key).replace("-", "_") not in unsupported, f"Unsupported config option '{key}'")
+        if isinstance(value, bool):
+            if str(key).replace("-", "_") in switches:
+                from_file += [flag] if value else []
+            else:
+                from_file += [flag, str(value).lower()]
         elif isinstance(value, list):
             from_file += [flag, *(str(v) for v in value)] if value else []
+        elif isinstance(value, dict):
+            import json
+
+            from_file += [flag, json.dumps(value)]
         else:
-            from_file += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
+            from_file += [flag, str(value)]
     return from_file + argv[:at] + argv[at + 2 :]
 
 
 def parse_args(argv: Sequence[str]) -> SimSettings:
-    """Parse and validate argv; on any error prints argparse's message and exits with code 2."""
+    """Parse and validate argv; on any error prints argparse's message and exits with code 2, as SGLang's
+    parser does."""
     parser = build_parser()
-    ns = parser.parse_args(_with_config_file(parser, list(argv)))
-    a = vars(ns)
+    try:
+        return _settings(parser, argv)
+    except LaunchRefused as exc:
+        argparse.ArgumentParser.error(parser, str(exc))
+
+
+def launch_refusal(argv: Sequence[str]) -> str | None:
+    """Why the stand-in would not start with `argv`, or None: what fleet validation asks before launching."""
+    try:
+        _settings(build_parser(), argv)
+    except LaunchRefused as exc:
+        return str(exc)
+    return None
+
+
+def _settings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SimSettings:
+    a = vars(parser.parse_args(_with_config_file(parser, list(argv))))
+    # Not required by SGLang's parser, but its start-up fails without a model to load.
+    _check(parser, a["model_path"] is not None, "the following arguments are required: --model-path")
+    refusal = startup_refusal(a)
+    _check(parser, refusal is None, str(refusal))
     if a["served_model_name"] is None:
         a["served_model_name"] = a["model_path"]
     _check(
@@ -245,16 +272,23 @@ def parse_args(argv: Sequence[str]) -> SimSettings:
     )
     if a["tokenizer_path"] is None:
         a["tokenizer_path"] = a["model_path"]
-    if a["context_length"] is None:
-        a["context_length"] = DEFAULT_CONTEXT_LENGTH
-    if a["max_running_requests"] is None:
-        a["max_running_requests"] = DEFAULT_MAX_RUNNING
     _check(parser, 0 <= a["port"] <= 65535, f"--port must be in 0..65535, got {a['port']}")
-    _check(parser, a["context_length"] >= 2, f"--context-length must be >= 2, got {a['context_length']}")
     _check(
         parser,
-        a["max_running_requests"] >= 1,
+        a["context_length"] is None or a["context_length"] >= 2,
+        f"--context-length must be >= 2, got {a['context_length']}",
+    )
+    _check(
+        parser, a["sim_max_model_len"] >= 2, f"--sim-max-model-len must be >= 2, got {a['sim_max_model_len']}"
+    )
+    _check(
+        parser,
+        a["max_running_requests"] is None or a["max_running_requests"] >= 1,
         f"--max-running-requests must be >= 1, got {a['max_running_requests']}",
+    )
+    # As /server_info reports it: the flag, or the cap SGLang's start-up sets for speculative decoding.
+    a["max_running_requests"] = resolved_max_running_requests(
+        a["max_running_requests"], a["speculative_algorithm"]
     )
     _check(
         parser,
@@ -273,14 +307,8 @@ def parse_args(argv: Sequence[str]) -> SimSettings:
         a["sim_stream_interval_ms"] > 0,
         f"--sim-stream-interval-ms must be > 0, got {a['sim_stream_interval_ms']}",
     )
-    algo = a["speculative_algorithm"]
-    _check(
-        parser,
-        algo is None or algo.upper() in SPECULATIVE_ALGORITHMS,
-        f"--speculative-algorithm {algo!r} is not one of {', '.join(SPECULATIVE_ALGORITHMS)}",
-    )
     accept = 1.0
-    if algo is not None:
+    if a["speculative_algorithm"] is not None:
         accept = a["sim_accept_length"] if a["sim_accept_length"] is not None else DEFAULT_SPEC_ACCEPT_LENGTH
     _check(parser, accept >= 1, f"--sim-accept-length must be >= 1, got {accept}")
     a["sim_accept_length"] = accept
@@ -318,8 +346,6 @@ def parse_args(argv: Sequence[str]) -> SimSettings:
         )  # fmt: skip
     except ValueError as exc:
         parser.error(f"fault flags: {exc}")
-    # SGLang reports the input limit as context minus one generated token.
-    a["max_req_input_len"] = a["context_length"] - 1
     return SimSettings(
         args=a, argv=tuple(argv), length_model=length_model, faults=faults, accept_length=accept
     )

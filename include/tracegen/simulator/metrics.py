@@ -59,24 +59,37 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{key}="{_escape(str(value))}"' for key, value in labels.items())
+
+
 def render(
-    model_name: str,
+    scheduler_labels: dict[str, str],
+    tokenizer_labels: dict[str, str],
     metrics: Metrics,
     gauges: dict[str, float],
     counters: dict[str, float],
     sim: dict[str, float],
+    by_priority: dict[str, dict[str, int]] | None = None,
 ) -> str:
-    """The /metrics body. `gauges`/`counters` use SGLang names without the `sglang:` prefix."""
-    labels = f'model_name="{_escape(model_name)}"'
+    """The /metrics body, labelled as SGLang labels it: `gauges` (and the queue-time histogram) are the
+    scheduler's, `counters` and the latency histograms the tokenizer manager's; names are SGLang's without
+    the `sglang:` prefix. With priority scheduling the labels carry priority="" (the totals), and
+    `by_priority` adds a series per priority for the gauges it names."""
+    scheduler, tokenizer = _labels(scheduler_labels), _labels(tokenizer_labels)
     lines: list[str] = []
     for name, value in gauges.items():
-        lines += [f"# TYPE sglang:{name} gauge", f"sglang:{name}{{{labels}}} {value}"]
+        lines += [f"# TYPE sglang:{name} gauge", f"sglang:{name}{{{scheduler}}} {value}"]
+        for priority, count in sorted((by_priority or {}).get(name, {}).items()):
+            labels = _labels({**scheduler_labels, "priority": priority})
+            lines.append(f"sglang:{name}{{{labels}}} {count}")
     for name, value in counters.items():
-        lines += [f"# TYPE sglang:{name} counter", f"sglang:{name}{{{labels}}} {value}"]
-    lines += metrics.ttft.render("sglang:time_to_first_token_seconds", labels)
-    lines += metrics.e2e.render("sglang:e2e_request_latency_seconds", labels)
-    lines += metrics.queue_time.render("sglang:queue_time_seconds", labels)
+        lines += [f"# TYPE sglang:{name} counter", f"sglang:{name}{{{tokenizer}}} {value}"]
+    lines += metrics.ttft.render("sglang:time_to_first_token_seconds", tokenizer)
+    lines += metrics.e2e.render("sglang:e2e_request_latency_seconds", tokenizer)
+    lines += metrics.queue_time.render("sglang:queue_time_seconds", scheduler)
+    model = _labels({"model_name": scheduler_labels.get("model_name", "")})
     for name, value in sim.items():
         kind = "counter" if name.endswith("_total") else "gauge"
-        lines += [f"# TYPE tracegen_sim:{name} {kind}", f"tracegen_sim:{name}{{{labels}}} {value}"]
+        lines += [f"# TYPE tracegen_sim:{name} {kind}", f"tracegen_sim:{name}{{{model}}} {value}"]
     return "\n".join(lines) + "\n"

@@ -17,6 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tracegen.dataset.request_rules import (
+    MEDIA_PART_TYPES,
+    as_sglang_reads,
+    check_message,
+    check_tool,
+    check_tool_parameters,
+)
+from tracegen.sglang.launch_flags import sglang_version
 from tracegen.simulator.lengths import Drawn, Sample
 from tracegen.simulator.reasoning import chat_parser, separate_reasoning
 from tracegen.simulator.text import words
@@ -24,13 +32,30 @@ from tracegen.simulator.tokens import EOS_TOKEN_ID, ResponseIds
 
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "\n</think>\n\n"
-SGLANG_VERSION = "0.5.23"
+SGLANG_VERSION = sglang_version()  # the release whose protocol and flags the stand-in mirrors
 DEFAULT_SAMPLING_SEED = 42  # SGLang's seed for a request without one, in deterministic mode
 _INT64 = (-(2**63), 2**63 - 1)
 
 
 class BadRequest(ValueError):
-    """The request is malformed: HTTP 400 with this message."""
+    """HTTP 400 with this message, for a body SGLang's request model refuses (FastAPI's validation, which
+    SGLang answers with error type "Bad Request")."""
+
+    error_type = "Bad Request"
+
+
+class RequestRefused(BadRequest):
+    """HTTP 400 from SGLang's chat handler itself: its request checks (tool schemas, tool_choice) and the
+    context-length check; error type "BadRequestError"."""
+
+    error_type = "BadRequestError"
+
+
+class ConversionRefused(BadRequest):
+    """HTTP 400 for a ValueError while SGLang converts the request (e.g. token ids asked for on a stream);
+    error type "BadRequest"."""
+
+    error_type = "BadRequest"
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -92,7 +117,7 @@ def _rid(body: Mapping[str, Any]) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # as SGLang's models keep them (a user message's `name` dropped)
     tools: list[dict[str, Any]] | None
     max_tokens: int | None
     stream: bool
@@ -105,25 +130,70 @@ class ChatRequest:
     seed: int | None = None
     return_prompt_token_ids: bool = False
     return_token_ids: bool = False
+    tool_choice: str | dict[str, Any] = "none"
+    priority: int | None = None
+
+
+def _tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:
+    """SGLang's tool_choice: "auto" when tools are given and it is not, else "none"; a named function must
+    be among the tools, and "required" needs some."""
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in ("auto", "required", "none"):
+            raise BadRequest(f"tool_choice must be 'auto', 'required', 'none' or a function, got {choice!r}")
+        if choice == "required" and not tools:
+            raise RequestRefused("Tools cannot be empty if tool choice is set to required.")
+        return choice
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not isinstance(fn, dict) or not _optional_str(fn.get("name")):
+        raise BadRequest("tool_choice must be 'auto', 'required', 'none' or {'function': {'name': ...}}")
+    if not tools:
+        raise RequestRefused("Tools cannot be empty if tool choice is set to a specific tool.")
+    if not any(t["function"]["name"] == fn.get("name") for t in tools):
+        raise RequestRefused(f"Tool '{fn.get('name')}' not found in tools list.")
+    return choice
+
+
+def _optional_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list of {role, content} objects")
+    if not isinstance(messages, list):
+        raise BadRequest("messages must be a list of {role, content} objects")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise BadRequest(f"messages[{i}] must be an object, got {type(m).__name__}")
-        if not isinstance(m.get("role"), str):
-            raise BadRequest(f"messages[{i}].role must be a string")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
-        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
-            raise BadRequest(f"messages[{i}].content parts must be objects")
+        try:
+            check_message(m, f"messages[{i}]")
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
     tools = body.get("tools")
-    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+    if tools is not None and not isinstance(tools, list):
         raise BadRequest("tools must be a list of objects")
+    try:
+        for i, tool in enumerate(tools or []):
+            check_tool(tool, f"tools[{i}]")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    # The chat handler's own checks, in its order, after the request model accepted the body.
+    if not messages:
+        raise RequestRefused("Messages cannot be empty.")
+    # The stand-in serves a text model, which SGLang refuses media for.
+    media = next((part["type"] for m in messages if isinstance(m.get("content"), list)
+                  for part in m["content"] if part["type"] in MEDIA_PART_TYPES), None)  # fmt: skip
+    if media is not None:
+        raise RequestRefused(f"Model only supports text input; received unsupported content type '{media}'.")
+    tool_choice = _tool_choice(body, tools)
+    try:
+        for i, tool in enumerate(tools or []):
+            check_tool_parameters(tool, f"Tool {i}")
+    except ValueError as exc:
+        raise RequestRefused(str(exc)) from None
+    priority = body.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise BadRequest(f"priority must be an integer, got {json.dumps(priority)[:80]}")
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
@@ -137,12 +207,12 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     return_prompt_token_ids = _bool(body, "return_prompt_token_ids", False)
     return_token_ids = _bool(body, "return_token_ids", False)
     if stream and return_prompt_token_ids:  # verbatim from SGLang's serving_chat
-        raise BadRequest(
+        raise ConversionRefused(
             "return_prompt_token_ids is not supported with streaming. "
             "Please set stream=false when using return_prompt_token_ids=true."
         )
     if stream and return_token_ids:
-        raise BadRequest(
+        raise ConversionRefused(
             "return_token_ids is not supported with streaming on /v1/chat/completions. "
             "Please set stream=false when using return_token_ids=true."
         )
@@ -159,7 +229,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     # assistant message is just more prompt: continue rows by token ids through /generate instead.
     _bool(body, "continue_final_message", False)
     return ChatRequest(
-        messages=messages,
+        messages=[as_sglang_reads(m) for m in messages],
         tools=tools or None,
         max_tokens=max_tokens,
         stream=stream,
@@ -172,6 +242,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         seed=seed,
         return_prompt_token_ids=return_prompt_token_ids,
         return_token_ids=return_token_ids,
+        tool_choice=tool_choice,
+        priority=priority,
     )
 
 
@@ -238,12 +310,12 @@ def context_overflow(input_tokens: int, max_new_tokens: int, context_length: int
 def check_context(input_tokens: int, max_new_tokens: int | None, context_length: int) -> None:
     # SGLang: the input alone must be shorter than the context; input + max_new_tokens may equal it.
     if input_tokens >= context_length:
-        raise BadRequest(input_too_long(input_tokens, context_length))
+        raise RequestRefused(input_too_long(input_tokens, context_length))
     if max_new_tokens is not None and input_tokens + max_new_tokens > context_length:
-        raise BadRequest(context_overflow(input_tokens, max_new_tokens, context_length))
+        raise RequestRefused(context_overflow(input_tokens, max_new_tokens, context_length))
 
 
-def openai_error(message: str, status: int, kind: str = "BadRequest") -> dict[str, Any]:
+def openai_error(message: str, status: int, kind: str = "BadRequestError") -> dict[str, Any]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
 
 
@@ -251,7 +323,8 @@ def native_error(message: str) -> dict[str, Any]:
     return {"error": {"message": message}}
 
 
-ERROR_TYPES = {400: "BadRequest", 404: "NotFound", 500: "InternalServerError", 503: "ServiceUnavailable"}
+# Error types of SGLang's own OpenAI-route errors by status (its create_error_response callers).
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFound", 500: "InternalServerError", 503: "ServiceUnavailable"}
 
 
 def new_id() -> str:
@@ -343,13 +416,25 @@ def chat_texts(plan: Plan, n: int, parser: str | None, thinking: bool) -> tuple[
     return separate_reasoning(raw, chat_parser(parser), force=thinking)
 
 
+def _tool_arguments(plan: Plan) -> dict[str, Any]:
+    return {"query": words(plan.sample.key, 7, 3)}
+
+
 def tool_calls(plan: Plan) -> list[dict[str, Any]]:
+    """The call as SGLang's tool-call parser reports it (only with --tool-call-parser)."""
     return [{
         "id": f"call_{plan.sample.key:016x}",
         "index": 0,
         "type": "function",
-        "function": {"name": plan.tool_name, "arguments": json.dumps({"query": words(plan.sample.key, 7, 3)})},
+        "function": {"name": plan.tool_name, "arguments": json.dumps(_tool_arguments(plan))},
     }]  # fmt: skip
+
+
+def tool_call_text(plan: Plan) -> str:
+    """The call as the model writes it (Qwen's format), which is all a client gets without a tool-call
+    parser: SGLang then leaves it in `content` and the request finishes with `stop`."""
+    call = json.dumps({"name": plan.tool_name, "arguments": _tool_arguments(plan)})
+    return f"\n\n<tool_call>\n{call}\n</tool_call>"
 
 
 def output_ids(plan: Plan, n: int) -> list[int]:
@@ -361,16 +446,16 @@ def output_ids(plan: Plan, n: int) -> list[int]:
 
 
 def usage(prompt_tokens: int, completion: int, reasoning: int) -> dict[str, Any]:
-    out: dict[str, Any] = {
+    """SGLang's UsageInfo as it serializes it: every field present, the OpenAI-style details null unless
+    there are reasoning tokens."""
+    return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
         "reasoning_tokens": reasoning,
+        "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning > 0 else None,
     }
-    if reasoning > 0:
-        out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
-    return out
 
 
 def finish_reason_native(finish: str, cap: int, abort_message: str | None) -> dict[str, Any]:

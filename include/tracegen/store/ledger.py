@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from tracegen.store.records import FAILED, LEDGER_COLUMNS, PLAN_COLUMNS, GeneratedRow
+from tracegen.store.records import FAILED, LEDGER_COLUMNS, LEDGER_DEFAULTS, PLAN_COLUMNS, GeneratedRow
 from tracegen.store.storage import LocalStorage, Storage, StorageKeyError, open_storage
 
 SCHEMA = 1
@@ -58,8 +58,9 @@ DATASET_FILE = "dataset.json"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+\-]{0,199}")
 _ENTRY_RE = re.compile(r"ledger/(?P<run>[^/]+)/c(?P<chunk>\d{5,})-(?P<segment>[^/]+)\.json")
 
-_INT_COLS = ("index", "prompt_tokens", "completion_tokens", "reasoning_tokens", "max_tokens", "chunk", "attempt")
-_STR_COLS = ("status", "finish_reason", "run_id", "server", "category", "error", "part")
+_INT_COLS = ("index", "prompt_tokens", "completion_tokens", "reasoning_tokens", "max_tokens", "chunk", "attempt",
+             "prefix_tokens")
+_STR_COLS = ("status", "finish_reason", "run_id", "server", "category", "error", "part", "pivot")
 
 
 # Planner and audit reads fold the ledger into a Parquet snapshot once this many entries are not in one
@@ -158,6 +159,8 @@ def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
     """Same dtypes whether the frame came from entries or from a Parquet snapshot."""
     out = {}
     for c in FRAME_COLUMNS:
+        if c not in frame.columns and c in LEDGER_DEFAULTS:  # a snapshot from before the column existed
+            frame = frame.assign(**{c: LEDGER_DEFAULTS[c]})
         s = frame[c]
         if c in _INT_COLS:
             out[c] = s.astype(np.int64)
@@ -357,15 +360,17 @@ class Ledger:
         return frame, used, len(todo)
 
     def plan_frame(self, indices: np.ndarray | Sequence[int]) -> pd.DataFrame:
-        """Only what planning needs (index, status, finish_reason, max_tokens) for the rows of `indices`.
+        """Only what planning needs (index, status, finish_reason, max_tokens, and the part holding the
+        row, where a truncated row is continued from) for the rows of `indices`.
 
         A chunk task resumes from this instead of `frame()`: its memory then follows the chunk, not the
         dataset (the full frame of a 1M-row ledger costs hundreds of MiB per task). Entries are parsed a
         batch at a time and filtered as they are read; the snapshot is read with a column and range filter.
         """
         wanted = np.unique(np.asarray(indices, dtype=np.int64))
+        columns = [*PLAN_COLUMNS, "part"]
         if wanted.size == 0:
-            return pd.DataFrame({c: pd.Series(dtype=empty_frame()[c].dtype) for c in PLAN_COLUMNS})
+            return pd.DataFrame({c: pd.Series(dtype=empty_frame()[c].dtype) for c in columns})
         lo, hi = int(wanted[0]), int(wanted[-1])
         parts: list[pd.DataFrame] = []
         covered: set[str] = set()
@@ -380,8 +385,7 @@ class Ledger:
                 covered = set(snap["entries"])
                 stale = covered & retired  # retired after this snapshot was taken: their rows no longer count
                 table = pq.read_table(
-                    io.BytesIO(raw), columns=[*PLAN_COLUMNS, *(["part"] if stale else [])],
-                    filters=[("index", ">=", lo), ("index", "<=", hi)],
+                    io.BytesIO(raw), columns=columns, filters=[("index", ">=", lo), ("index", "<=", hi)],
                 )
                 del raw
                 frame = table.to_pandas()
@@ -389,11 +393,11 @@ class Ledger:
                 if stale:
                     keep_rows &= ~frame["part"].isin({_part_for_entry(k) for k in stale}).to_numpy()
                     covered -= stale
-                parts.append(frame.loc[keep_rows, list(PLAN_COLUMNS)])
+                parts.append(frame.loc[keep_rows, columns])
         todo = [k for k in self._committed_entries() if k not in covered and k not in retired]
         for start in range(0, len(todo), _PLAN_BATCH):
             batch = todo[start : start + _PLAN_BATCH]
-            cols: dict[str, list[Any]] = {c: [] for c in PLAN_COLUMNS}
+            cols: dict[str, list[Any]] = {c: [] for c in columns}
             for key, raw in zip(batch, self._get_many(batch), strict=True):
                 where = self.storage.uri_for(key)
                 entry = _parse_entry(raw, where)
@@ -405,8 +409,9 @@ class Ledger:
                 for c in PLAN_COLUMNS:
                     column = entry["columns"][c]
                     cols[c].extend(column[i] for i in keep)
+                cols["part"].extend([entry["part"]] * len(keep))
             parts.append(pd.DataFrame(cols))
-        frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(PLAN_COLUMNS))
+        frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
         return frame.reset_index(drop=True).astype({"index": np.int64, "max_tokens": np.int64})
 
     def frame(self, compact_over: int | None = None) -> pd.DataFrame:
@@ -665,6 +670,10 @@ def _parse_entry(raw: bytes, where: str) -> dict[str, Any]:
     ):
         raise LedgerError(f"entry {where}: part_size {size!r} / part_sha256 {digest!r} are not a size and a sha256")
     cols = entry["columns"]
+    if isinstance(cols, dict):
+        for c, default in LEDGER_DEFAULTS.items():  # an entry from before the column existed
+            if c not in cols:
+                cols[c] = [default] * entry["n_rows"]
     if not isinstance(cols, dict) or any(c not in cols for c in LEDGER_COLUMNS):
         raise LedgerError(f"entry {where}: columns must hold all of {LEDGER_COLUMNS}")
     bad = [c for c in LEDGER_COLUMNS if not isinstance(cols[c], list)]

@@ -1,13 +1,18 @@
 """The shapes that cross module boundaries: one generated row, and its ledger summary.
 
-A *part* holds full rows (text included); its *ledger entry* holds only the small per-row
-summary below. Audits, status, planning and resume read ledger entries only.
+A *part* holds full rows (text and token ids included); its *ledger entry* holds only the small
+per-row summary below. Audits, status, planning and resume read ledger entries only.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 # Row status values.
 OK = "ok"  # the server returned a completion (finish_reason says whether it was cut)
@@ -20,6 +25,12 @@ STATUSES = (OK, FAILED, REJECTED, INVALID)
 # reports `abort`, which is not a completion and never reaches the ledger: the client retries it.
 COMPLETE = ("stop", "tool_calls")
 FINISH_REASONS = (*COMPLETE, "length")
+
+# How a row replaced a committed row truncated under a lower cap (its `pivot`; None: a first generation).
+EXTENDED = "extended"  # continued from the truncated row's token prefix (truncated_policy=extend)
+REGENERATED = "regenerated"  # generated again from scratch (truncated_policy=regenerate)
+FALLBACK_REGENERATED = "fallback-regenerated"  # extend asked for, but the truncated row had no token ids
+PIVOT_ACTIONS = (EXTENDED, REGENERATED, FALLBACK_REGENERATED)
 
 # Columns of the ledger, in order. Every ledger entry stores these for each of its rows.
 LEDGER_COLUMNS = (
@@ -38,14 +49,45 @@ LEDGER_COLUMNS = (
     "latency_s",  # float: wall time of the successful request
     "category",  # str | None: dataset metadata (source/category) for breakdowns
     "error",  # str | None: last error message for failed/rejected/invalid rows
+    "pivot",  # str | None: one of PIVOT_ACTIONS when the row replaced a row truncated under a lower cap
+    "prefix_tokens",  # int: tokens reused from the truncated row it extends (0 unless `extended`)
 )
+# Columns added after the first ledger entries were written, with the value those older entries (and
+# snapshots) mean: they hold no pivot rows.
+LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0}
 # The columns "done" is decided from (tracegen.plan), read without the rest by planning and resume.
 PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")
 
 
+def pack_token_ids(ids: Sequence[int]) -> str:
+    """Token ids as base64 of little-endian uint32: one string, 5.3 characters an id (JSON takes about 7
+    for a real vocabulary's ids, and a list per id to parse)."""
+    arr = np.asarray(ids, dtype=np.int64)
+    if arr.size and (arr.min() < 0 or arr.max() >= 1 << 32):
+        raise ValueError(f"token ids must be in [0, 2**32), got one of {int(arr.min())}..{int(arr.max())}")
+    return base64.b64encode(arr.astype("<u4").tobytes()).decode("ascii")
+
+
+def unpack_token_ids(packed: str) -> list[int]:
+    """The ids `pack_token_ids` packed."""
+    try:
+        raw = base64.b64decode(packed, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"packed token ids are not base64: {exc}") from None
+    if len(raw) % 4:
+        raise ValueError(f"packed token ids hold {len(raw)} bytes, not a multiple of 4")
+    return np.frombuffer(raw, dtype="<u4").astype(np.int64).tolist()
+
+
 @dataclass(slots=True)
 class GeneratedRow:
-    """One row of a part: the full output for one dataset index."""
+    """One row of a part: the full output for one dataset index.
+
+    `prompt_token_ids` / `response_token_ids` are what the server generated from and generated, packed
+    (`pack_token_ids`; None when the server did not return them): a row truncated under a lower cap is
+    continued from them (truncated_policy=extend). `provenance` says which committed row this one
+    replaced and how (see `tracegen.generate.extend`); None for a first generation.
+    """
 
     index: int
     status: str
@@ -66,6 +108,9 @@ class GeneratedRow:
     category: str | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    prompt_token_ids: str | None = None
+    response_token_ids: str | None = None
+    provenance: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -78,6 +123,24 @@ class GeneratedRow:
         # SGLang puts everything in reasoning_content and leaves content "" when the cap
         # falls before </think>.
         return self.finish_reason == "length" and not self.content and bool(self.reasoning_content)
+
+    @property
+    def pivot(self) -> str | None:
+        return self.provenance.get("action") if self.provenance else None
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Tokens of this row that an earlier, truncated row already generated (0 unless extended)."""
+        return int(self.provenance.get("tokens_before", 0)) if self.pivot == EXTENDED else 0
+
+    @property
+    def new_tokens(self) -> int:
+        """Completion tokens this row's own requests generated."""
+        return self.completion_tokens - self.prefix_tokens
+
+    @property
+    def has_token_ids(self) -> bool:
+        return self.prompt_token_ids is not None and self.response_token_ids is not None
 
     def ledger_values(self) -> dict[str, Any]:
         """This row's summary, keyed by LEDGER_COLUMNS."""
@@ -97,6 +160,8 @@ class GeneratedRow:
             "latency_s": round(self.latency_s, 4),
             "category": self.category,
             "error": self.error,
+            "pivot": self.pivot,
+            "prefix_tokens": self.prefix_tokens,
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -189,7 +189,7 @@ def test_fleet_validate_accepts_a_good_file(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("over", "needle"),
     [
-        ({"sglang_flags": {"--cuda-graph-bs": [8, "--host=0.0.0.0"]}}, "sglang_flags[--cuda-graph-bs]"),
+        ({"sglang_flags": {"--cuda-graph-bs-decode": [8, "--host=0.0.0.0"]}}, "sglang_flags[--cuda-graph-bs-decode]"),
         ({"sglang_flags": {"--hos": "0.0.0.0"}}, "--hos abbreviates --host"),
         ({"bind_host": "0.0.0.0"}, "bind_host"),
         ({"hosts": [{"conn_id": "gpu_a", "gpus": [0, 0]}]}, "hosts[gpu_a].gpus"),

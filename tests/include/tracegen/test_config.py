@@ -11,7 +11,18 @@ def test_defaults_match_the_seed_story():
     config = RunConfig(**BASE)
     assert config.max_tokens == 4096
     assert config.pilot_size == 1500
-    assert config.truncated_policy == "regenerate"
+    # The pivot continues rows truncated under a lower cap from their tokens unless told otherwise.
+    assert config.truncated_policy == "extend"
+
+
+def test_truncated_policies_are_one_rule_shared_by_the_form():
+    from tracegen.config import TRUNCATED_POLICIES, rule_of
+
+    rule = rule_of("truncated_policy")
+    assert TRUNCATED_POLICIES == ("extend", "regenerate", "keep") and rule.schema()["enum"] == list(TRUNCATED_POLICIES)
+    assert "'extend'" in rule.description and "'regenerate'" in rule.description and "'keep'" in rule.description
+    for policy in TRUNCATED_POLICIES:
+        assert RunConfig(**BASE, truncated_policy=policy).truncated_policy == policy
 
 
 @pytest.mark.parametrize(

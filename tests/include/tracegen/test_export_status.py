@@ -165,3 +165,55 @@ def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
     work = unfinished_work(str(out))
     assert [(w.work.start, w.work.remaining) for w in work] == [(0, 7)]  # 0-4 lost, 7 failed, 9 never sent
     assert dataset_status(str(out))["done"] == 3
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_status_report_and_export_say_what_the_extend_pivot_did(tmp_path, fmt):
+    """Run A (4096) cut index 1; run C (8192, extend) continued it from its tokens: 4096 reused, 1000 new."""
+    from tracegen.audit.run_report import audit_and_report
+    from tracegen.run.records import read_run_record
+    from tracegen.store.records import pack_token_ids
+
+    dataset = write_dataset(tmp_path / "prompts.jsonl", 3)
+    out = tmp_path / "out"
+    prepare(make_config(dataset, out, max_tokens=4096), "run-a")
+    ledger = open_ledger(make_config(dataset, out))
+    prompt_ids = pack_token_ids([1, 2, 3])
+    rows = [_row(0, "run-a", 4096), _row(1, "run-a", 4096, finish="length", tokens=4096), _row(2, "run-a", 4096)]
+    for r in rows:
+        r.prompt_token_ids, r.response_token_ids = prompt_ids, pack_token_ids(range(r.completion_tokens))
+    ledger.commit(rows, "run-a", 0, "seg-a")
+    prepare(make_config(dataset, out, max_tokens=8192), "run-c")
+    whole = _row(1, "run-c", 8192, tokens=5096)
+    whole.prompt_token_ids, whole.response_token_ids = prompt_ids, pack_token_ids(range(5096))
+    whole.provenance = {"action": "extended", "policy": "extend", "tokens_before": 4096, "tokens_after": 5096,
+                        "new_tokens": 1000, "supersedes": {"part": "parts/run-a/c00000-seg-a.jsonl.gz", "index": 1,
+                                                           "max_tokens": 4096}}
+    ledger.commit([whole], "run-c", 0, "seg-c")
+
+    s = dataset_status(str(out))
+    assert s["truncated_policy"] == "extend" and (s["done"], s["left"]) == (3, 0)
+    assert s["pivot"]["extended"] == 1 and s["pivot"]["extended_new_tokens"] == 1000
+    assert s["pivot"]["tokens_saved"] == 4096 and s["pivot"]["tokens_spent"] == 1000
+    runs = {r["run_id"]: r for r in s["runs"]}
+    assert runs["run-c"]["extended"] == 1 and runs["run-a"]["extended"] == 0
+    text = format_status(s)
+    assert "pivot:       1 rows extended from their tokens (1 now finish), 1,000 new tokens spent, 4,096 saved" in text
+    assert "extended 1" in text
+
+    report = audit_and_report(read_run_record(ledger, "run-c"), name="report")
+    doc = json.loads(Path(report.json_uri.removeprefix("file://")).read_text())
+    assert doc["audit"]["pivot"]["extended"] == 1 and "pivot: 1 rows extended" in doc["summary"]
+    assert "The pivot" in Path(report.html_uri.removeprefix("file://")).read_text()
+
+    dest = tmp_path / f"export-{fmt}"
+    export_dataset(str(out), str(dest), fmt=fmt, with_token_ids=True)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    got = {r["index"]: r for shard in manifest["shards"] for r in _shard_rows(dest, shard, fmt)}
+    assert manifest["extended_rows"] == 1 and manifest["with_token_ids"] is True
+    assert got[1]["extended"] and not got[0]["extended"] and got[1]["run_id"] == "run-c"
+    assert list(got[1]["prompt_token_ids"]) == [1, 2, 3] and list(got[1]["response_token_ids"]) == list(range(5096))
+    plain = tmp_path / f"plain-{fmt}"
+    export_dataset(str(out), str(plain), fmt=fmt)
+    first = _shard_rows(plain, json.loads((plain / "manifest.json").read_text())["shards"][0], fmt)[0]
+    assert "response_token_ids" not in first  # ids only when asked for: they double the export's size

@@ -18,6 +18,7 @@ from tracegen.plan import (
     pilot_sample,
     remaining,
     remaining_per_chunk,
+    superseded_rows,
 )
 from tracegen.store.ledger import Ledger, empty_frame, rows_to_frame
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED, GeneratedRow
@@ -103,6 +104,23 @@ def test_done_semantics_per_status() -> None:
     assert done_mask(f, 8, 2048, "regenerate").tolist() == [1, 1, 1, 0, 1, 0, 0, 0]
     assert done_mask(f, 8, 8192, "regenerate").tolist() == [1, 1, 0, 0, 1, 1, 1, 0]
     assert done_mask(f, 8, 8192, "keep").tolist() == [1, 1, 1, 0, 1, 1, 1, 0]
+    # extend: a row truncated under a lower cap is not done (it is continued), like regenerate.
+    for cap in (2048, 4096, 8192):
+        assert done_mask(f, 8, cap, "extend").tolist() == done_mask(f, 8, cap, "regenerate").tolist()
+
+
+def test_superseded_rows_are_the_highest_truncation_below_the_cap() -> None:
+    f = rows_to_frame([r(0, finish="length", cap=4096)], part="p1")
+    f = pd.concat([f, rows_to_frame([r(0, finish="length", cap=8192), r(1, finish="length", cap=4096),
+                                     r(2, finish="stop", cap=4096), r(3, status=FAILED, cap=4096)], part="p2")],
+                  ignore_index=True)
+    got = superseded_rows(f, np.array([0, 1, 2, 3]), 16384)
+    assert got.to_dict("list") == {"index": [0, 1], "max_tokens": [8192, 4096], "part": ["p2", "p2"]}
+    # Under 8192 the 8192 cut is done, so index 0 continues from its 4096 cut.
+    assert superseded_rows(f, np.array([0, 1]), 8192).to_dict("list") == {
+        "index": [0, 1], "max_tokens": [4096, 4096], "part": ["p1", "p2"]}
+    assert superseded_rows(f, np.array([], dtype=np.int64), 8192).empty
+    assert superseded_rows(empty_frame(), np.array([0]), 8192).empty
 
 
 def test_known_long_are_the_todo_rows_once_cut_off_by_a_cap() -> None:

@@ -8,18 +8,28 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracegen.audit.stats import AuditResult, audit, censoring_arrays, current_mask, gate_counts
+from tracegen.audit.stats import (
+    AuditResult,
+    audit,
+    censoring_arrays,
+    current_mask,
+    gate_counts,
+    pivot_summary,
+    pivot_text,
+)
 from tracegen.store.records import LEDGER_COLUMNS, GeneratedRow
 
 
 def row(index, status="ok", finish="stop", tokens=100, cap=4096, *, reasoning=None, cut=False, run="r1", chunk=0,
-        server="http://127.0.0.1:30000", latency=1.0, category=None, error=None, prompt=500, at="2026-05-01T00:00:00"):
+        server="http://127.0.0.1:30000", latency=1.0, category=None, error=None, prompt=500, at="2026-05-01T00:00:00",
+        pivot=None, prefix=0):
     values = {
         "index": index, "status": status, "finish_reason": finish if status == "ok" else None,
         "prompt_tokens": prompt, "completion_tokens": tokens if status == "ok" else 0,
         "reasoning_tokens": (tokens // 2 if reasoning is None else reasoning) if status == "ok" else 0,
         "cut_in_reasoning": cut, "max_tokens": cap, "run_id": run, "chunk": chunk, "attempt": 1,
         "server": server, "latency_s": latency, "category": category, "error": error,
+        "pivot": pivot, "prefix_tokens": prefix,
     }
     assert set(values) == set(LEDGER_COLUMNS)
     return values | {"part": f"parts/{run}/c{chunk:05d}", "committed_at": at}
@@ -188,3 +198,30 @@ def test_empty_ledger_and_bad_input():
         audit(frame([row(0, status="weird")]), 4096)
     with pytest.raises(TypeError, match="DataFrame"):
         audit([row(0)], 4096)
+
+
+def test_pivot_figures_count_new_tokens_and_the_prefixes_not_paid_again():
+    rows = [
+        row(0, finish="length", tokens=4096, cap=4096, run="r1"),
+        row(0, finish="stop", tokens=6000, cap=8192, run="r2", pivot="extended", prefix=4096),
+        row(1, finish="length", tokens=4096, cap=4096, run="r1"),
+        row(1, finish="length", tokens=8192, cap=8192, run="r2", pivot="extended", prefix=4096),
+        row(2, finish="length", tokens=4096, cap=4096, run="r1"),
+        row(2, finish="stop", tokens=3000, cap=8192, run="r2", pivot="fallback-regenerated"),
+        row(3, finish="length", tokens=4096, cap=4096, run="r1"),
+        row(3, status="failed", cap=8192, run="r2"),  # a failed extension is no pivot row
+        row(4, finish="stop", tokens=700, cap=8192, run="r2"),  # a first generation
+    ]
+    p = pivot_summary(frame(rows))
+    assert p == {"extended": 2, "extended_finished": 1, "extended_new_tokens": (6000 - 4096) + (8192 - 4096),
+                 "regenerated": 0, "fallback_regenerated": 1, "regenerated_tokens": 3000,
+                 "tokens_spent": 1904 + 4096 + 3000, "tokens_saved": 2 * 4096}
+    assert pivot_summary(frame(rows), run_id="r1")["extended"] == 0
+    r = audit(frame(rows), 8192, run_id="r2")
+    assert r.pivot == p
+    text = pivot_text(p)
+    assert "2 rows extended" in text and "8,192 saved" in text and "1 rows regenerated because they had no token ids" in text
+    # Frames from before the pivot columns existed hold no pivot rows.
+    old = frame(rows).drop(columns=["pivot", "prefix_tokens"])
+    assert pivot_summary(old)["extended"] == 0 and pivot_text(pivot_summary(old)) is None
+    assert audit(old, 8192).pivot["extended"] == 0

@@ -232,7 +232,7 @@ BAD_LINES: list[tuple[bytes, str]] = [
     (b'[1, 2, 3]', "row must be a JSON object, got list"),
     (b'{"messages": [{"role": "user", "content": "x"}], "tools": {"a": 1}}', "'tools' must be a list"),
     (b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', "tools[0] needs"),
-    (b'{"messages": [{"role": "user", "content": [{"text": "no type"}]}]}', "content[0] must be an object"),
+    (b'{"messages": [{"role": "user", "content": [{"text": "no type"}]}]}', "content[0].type None is not one of"),
     (b'{"messages": [{"role": "user", "content": "x"}], "id": 3.5}', "id must be a string or an integer"),
     (b'{"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": null, '
      b'"tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, '

@@ -32,7 +32,8 @@ def test_launch_argv_is_exact():
                 "--mem-fraction-static": 0.85,
                 "--enable-metrics": True,
                 "--disable-radix-cache": False,
-                "--cuda-graph-bs": [1, 2, 4],
+                # SGLang 0.5.23 has no --cuda-graph-bs (it is ambiguous there): batch sizes are per phase.
+                "--cuda-graph-bs-decode": [1, 2, 4],
                 "--reasoning-parser": "qwen3",
             },
         }
@@ -43,7 +44,7 @@ def test_launch_argv_is_exact():
         "--model-path", "Qwen/Qwen3-30B-A3B",
         "--served-model-name", "qwen3",
         "--host", "127.0.0.1", "--port", "30003",
-        "--cuda-graph-bs", "1", "2", "4",
+        "--cuda-graph-bs-decode", "1", "2", "4",
         "--enable-metrics",
         "--mem-fraction-static", "0.85",
         "--reasoning-parser", "qwen3",
@@ -84,10 +85,11 @@ def test_flag_order_in_the_description_does_not_change_argv_or_hash():
     assert config_hash(launch_argv(a, h, 0), env) == config_hash(launch_argv(b, h, 0), env)
 
 
+# Free-text flags of SGLang (a flag with choices would not validate with such a value).
 INJECTIONS = {
-    "--speculative-algorithm": "EAGLE3; touch {canary}",
-    "--reasoning-parser": "$(touch {canary})",
-    "--tool-call-parser": "`touch {canary}`",
+    "--speculative-draft-model-path": "EAGLE3; touch {canary}",
+    "--tokenizer-path": "$(touch {canary})",
+    "--completion-template": "`touch {canary}`",
     "--chat-template": "x' ; touch {canary} ; echo '",
     "--download-dir": "a b && touch {canary} | cat > {canary} &",
 }
@@ -117,17 +119,25 @@ def test_launch_argv_refuses_values_that_would_parse_as_flags():
         {
             "hosts": [{"conn_id": "a", "gpus": [0]}],
             "model_path": "m",
-            "sglang_flags": {"--cuda-graph-bs": [8, 16], "--random-seed": "-1", "--x": [-2, "-0.5"]},
+            "sglang_flags": {
+                "--cuda-graph-bs-decode": [8, 16],
+                "--random-seed": "-1",
+                "--bucket-e2e-request-latency": [-2, "-0.5"],
+            },
         }
     )
     host = spec.hosts[0]
     argv = launch_argv(spec, host, 0, api_key="k")
     # Negative numbers are values to argparse; every flag the fleet manages appears once.
-    assert argv[-8:] == ["--cuda-graph-bs", "8", "16", "--random-seed", "-1", "--x", "-2", "-0.5"]
+    assert argv[-8:] == [
+        "--bucket-e2e-request-latency", "-2", "-0.5", "--cuda-graph-bs-decode", "8", "16", "--random-seed", "-1"
+    ]  # fmt: skip
     assert [argv.count(flag) for flag in ("--model-path", "--host", "--port", "--config")] == [1, 1, 1, 1]
     # The flags mapping is a plain dict: a change after validation must still not reach a host.
-    spec.sglang_flags["--cuda-graph-bs"] = [8, "--host=0.0.0.0", "--model-path=attacker/model"]
-    with pytest.raises(FleetSpecError, match=r"sglang_flags\[--cuda-graph-bs\]: '--host=0.0.0.0' looks like a flag"):
+    spec.sglang_flags["--cuda-graph-bs-decode"] = [8, "--host=0.0.0.0", "--model-path=attacker/model"]
+    with pytest.raises(
+        FleetSpecError, match=r"sglang_flags\[--cuda-graph-bs-decode\]: '--host=0.0.0.0' looks like a flag"
+    ):
         launch_argv(spec, host, 0)
     spec.sglang_flags.clear()
     spec.sglang_flags["--hos"] = "0.0.0.0"

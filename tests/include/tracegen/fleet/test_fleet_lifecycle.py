@@ -2,40 +2,16 @@
 
 import json
 import os
-import socket
 import stat
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import is_alive, live_group_members
+from fleet_helpers import free_base_port, is_alive, live_group_members
 
 from tracegen.fleet import FleetConnection, FleetError, FleetSpec, provision, status, teardown
 from tracegen.fleet.server import model_matches
-
-
-def free_base_port(gpus: list[int]) -> int:
-    """A base port whose base+gpu ports are all free right now."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base + max(gpus) > 65000:
-            continue
-        try:
-            socks = []
-            for gpu in gpus:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + gpu))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 def sim_spec(tmp_path, conn_id: str, gpus=(0, 1), **over) -> FleetSpec:

@@ -57,8 +57,8 @@ def test_from_json_roundtrip():
         ({"sglang_flags": {"--api": "k"}}, "--api abbreviates --api-key"),
         # Values that argparse would read as flags of their own.
         (
-            {"sglang_flags": {"--cuda-graph-bs": [8, "--host=0.0.0.0", "--model-path=attacker/model"]}},
-            "sglang_flags[--cuda-graph-bs]: '--host=0.0.0.0' looks like a flag",
+            {"sglang_flags": {"--cuda-graph-bs-decode": [8, "--host=0.0.0.0", "--model-path=attacker/model"]}},
+            "sglang_flags[--cuda-graph-bs-decode]: '--host=0.0.0.0' looks like a flag",
         ),
         ({"sglang_flags": {"--reasoning-parser": "--port"}}, "sglang_flags[--reasoning-parser]: '--port'"),
         ({"sglang_flags": {"--chat-template": "-x"}}, "looks like a flag"),

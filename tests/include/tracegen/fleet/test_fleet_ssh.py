@@ -5,15 +5,20 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
+import httpx
 import pytest
-from fleet_helpers import is_alive, live_group_members, probe_spec, wait_for
+from fixtures import sglang_reference as sglang_ref
+from fleet_helpers import free_base_port, is_alive, live_group_members, probe_spec, wait_for
 
 from tracegen.fleet import (
     FleetConnection,
     FleetError,
+    FleetSpec,
+    FleetSpecError,
     LocalTransport,
     SSHTransport,
     launch_argv,
@@ -21,6 +26,9 @@ from tracegen.fleet import (
     teardown,
 )
 from tracegen.fleet import server as fleet_server
+from tracegen.fleet.command import server_config, server_paths
+from tracegen.fleet.server import served_context_length
+from tracegen.run.spec import FleetRef
 
 
 def _other_host_key(tmp_path) -> str:
@@ -80,10 +88,10 @@ def test_host_key_extra_is_accepted(sshd):
 
 def test_injection_over_ssh_runs_nothing_and_argv_arrives_verbatim(sshd, tmp_path, stray_groups):
     canary = tmp_path / "CANARY"
-    flags = {
-        "--speculative-algorithm": f"EAGLE3; touch {canary}",
-        "--reasoning-parser": f"$(touch {canary})",
-        "--tool-call-parser": f"`touch {canary}`",
+    flags = {  # free-text flags of SGLang: a flag with choices would not validate with such a value
+        "--speculative-draft-model-path": f"EAGLE3; touch {canary}",
+        "--tokenizer-path": f"$(touch {canary})",
+        "--completion-template": f"`touch {canary}`",
         "--chat-template": f"'\"; touch {canary}; echo \"'",
     }
     spec = probe_spec(tmp_path, conn_id=sshd.conn_id, sglang_flags=flags)
@@ -118,11 +126,14 @@ def test_health_timeout_reports_the_remote_log_tail_and_teardown_leaves_nothing(
 
 
 def test_server_that_dies_at_start_fails_fast_with_its_log(sshd, tmp_path):
-    # The stand-in rejects an unknown flag like SGLang does (argparse, exit 2).
+    # The stand-in rejects an unknown flag like SGLang does (argparse, exit 2). Validation refuses it first;
+    # added after validation it stands for any start-up failure validation cannot foresee.
+    with pytest.raises(FleetSpecError, match="unrecognized arguments: --no-such-flag"):
+        probe_spec(tmp_path, launch_module="tracegen.simulator", sglang_flags={"--no-such-flag": 1})
     spec = probe_spec(
-        tmp_path, conn_id=sshd.conn_id, launch_module="tracegen.simulator", env={},
-        sglang_flags={"--no-such-flag": 1}, health_timeout_s=60,
+        tmp_path, conn_id=sshd.conn_id, launch_module="tracegen.simulator", env={}, health_timeout_s=60,
     )  # fmt: skip
+    spec.sglang_flags["--no-such-flag"] = 1
     with pytest.raises(FleetError) as info:
         provision(spec)
     message = str(info.value)
@@ -229,3 +240,85 @@ def test_a_script_that_times_out_is_stopped_with_its_process_group(sshd, tmp_pat
     assert wait_for(lambda: not is_alive(child), timeout=5), f"{info.value}: its child {child} still runs"
     # The lock it held is free again for the next provisioner of the slot.
     assert subprocess.run(["flock", "-w", "2", str(lock), "true"]).returncode == 0
+
+
+def _seed_fleet(conn_id: str, base_port: int, work_dir: str, **over) -> dict:
+    """The seed's kind of fleet: an EAGLE3 draft model, reasoning and tool-call parsers, an API key from a
+    connection, a static memory fraction, a context length and CUDA-graph batch sizes."""
+    return {
+        "hosts": [{"conn_id": conn_id, "gpus": [0, 1], "base_port": base_port}],
+        "model_path": "Qwen/Qwen3-30B-A3B",
+        "served_model_name": "qwen3-30b-a3b",
+        "api_key_conn_id": "seed_sglang_key",
+        "work_dir": work_dir,
+        "sglang_flags": {
+            "--speculative-algorithm": "EAGLE3",
+            "--speculative-draft-model-path": "Tengyunw/qwen3_30b_moe_eagle3",
+            "--speculative-num-steps": 3,
+            "--speculative-eagle-topk": 1,
+            "--speculative-num-draft-tokens": 4,
+            "--reasoning-parser": "qwen3",
+            "--tool-call-parser": "qwen25",
+            "--mem-fraction-static": 0.85,
+            "--context-length": 40960,
+            "--cuda-graph-bs-decode": [1, 2, 4, 8, 16, 32, 48],
+            "--enable-metrics": True,
+        },
+        **over,
+    }
+
+
+def test_the_seed_fleet_validates_launches_over_ssh_and_sglang_starts_with_its_argv(
+    sshd, tmp_path, monkeypatch, stray_groups
+):
+    key = "seed-key-7f3a"
+    monkeypatch.setenv("AIRFLOW_CONN_SEED_SGLANG_KEY", json.dumps({"conn_type": "generic", "password": key}))
+    base_port = free_base_port([0, 1])
+    work_dir = str(tmp_path / "fleet")
+
+    # On a GPU host: validates, and SGLang's own parser starts from the exact argv of every server.
+    real = FleetSpec.from_dict(_seed_fleet(sshd.conn_id, base_port, work_dir, python="/opt/sglang/bin/python"))
+    assert real.launch_module == "sglang.launch_server" and real.max_running_requests == 48
+    assert FleetRef.of(real, "seed.json").slots == 96  # SGLang's speculative cap, per server
+    monkeypatch.chdir(tmp_path)
+    for host, gpu in real.servers():
+        argv = launch_argv(real, host, gpu, api_key=key)[3:]
+        (tmp_path / server_paths(real, host, gpu).config_file).write_text(server_config(key))
+        assert sglang_ref.launch_refusal(argv) is None
+        args = sglang_ref.prepare_server_args(argv)
+        assert (args.api_key, args.port, args.speculative_algorithm) == (key, host.port(gpu), "EAGLE3")
+        assert args.context_length == 40960 and args.cuda_graph_bs_decode == [1, 2, 4, 8, 16, 32, 48]
+        assert (args.reasoning_parser, args.tool_call_parser, args.mem_fraction_static) == ("qwen3", "qwen25", 0.85)
+
+    # The same fleet on the stand-in, over SSH: it starts with SGLang's argv (plus --sim-* knobs) and reports
+    # what SGLang reports.
+    sim_flags = {"--sim-time-scale": 1000, "--sim-length-model": "short", "--sim-tool-call-rate": 1.0}
+    seed = _seed_fleet(sshd.conn_id, base_port, work_dir, python=sys.executable, launch_module="tracegen.simulator")
+    spec = FleetSpec.from_dict({**seed, "sglang_flags": {**seed["sglang_flags"], **sim_flags}})
+    host = spec.hosts[0]
+    stand_in_argv = launch_argv(spec, host, 0, api_key=key)[3:]
+    for flag, value in sim_flags.items():
+        at = stand_in_argv.index(flag)
+        assert stand_in_argv[at + 1] == str(value)
+        del stand_in_argv[at : at + 2]
+    assert stand_in_argv == launch_argv(real, host, 0, api_key=key)[3:]
+    with FleetConnection(spec) as fleet:
+        try:
+            handles = provision(spec, fleet)
+            stray_groups.extend(h.pgid for h in handles)
+            headers = fleet.headers()
+            for handle in handles:
+                assert served_context_length(handle.url, headers, spec.model_name) == 40960
+                info = httpx.get(f"{handle.url}/server_info", headers=headers, timeout=10).json()
+                assert info["max_running_requests"] == 48 and info["cuda_graph_bs_decode"] == [1, 2, 4, 8, 16, 32, 48]
+                assert info["api_key"] == key and info["tool_call_parser"] == "qwen25"
+                assert httpx.get(f"{handle.url}/v1/models", timeout=10).status_code == 401
+                tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
+                body = httpx.post(f"{handle.url}/v1/chat/completions", headers=headers, timeout=30, json={
+                    "messages": [{"role": "user", "content": "fix the failing test"}], "tools": tools,
+                    "max_tokens": 4096}).json()  # fmt: skip
+                assert body["choices"][0]["finish_reason"] in ("tool_calls", "length")
+                assert sglang_ref.as_sglang_serializes("ChatCompletionResponse", body) == body
+        finally:
+            results = teardown(spec, fleet)
+    assert {r.result for r in results} <= {"stopped", "killed"}

@@ -27,9 +27,11 @@ from engine_support.helpers import (
 
 from tracegen.export import export_dataset
 from tracegen.generate.engine import ChunkInterrupted, InvalidRowError
+from tracegen.plan import best_rows
 from tracegen.simulator.lengths import CALIBRATIONS, draw
+from tracegen.status import dataset_status, format_status
 from tracegen.store.ledger import Ledger
-from tracegen.store.records import FAILED, INVALID, OK, REJECTED
+from tracegen.store.records import FAILED, INVALID, OK, REJECTED, GeneratedRow, unpack_token_ids
 from tracegen.store.storage import S3Storage, StorageError
 
 FAST = dict(sim_time_scale=2000, sim_length_model="short", log_level="warning", enable_metrics=True)
@@ -121,6 +123,153 @@ def test_pivot_with_keep_regenerates_nothing(tmp_path, sim_server):
     assert s8.generated == 0 and s8.already_done == n_rows
     f8 = assert_healthy(open_ledger(c8), n_rows, c8)
     assert len(f8) == n_rows
+
+
+GEN_TOKENS = "sglang:generation_tokens_total"
+# The stand-in splits thinking from answer as SGLang's qwen3 parser does, so /separate_reasoning is real.
+PIVOT_SIM = dict(sim_time_scale=20000, log_level="warning", enable_metrics=True, max_running_requests=128,
+                 reasoning_parser="qwen3")
+
+
+def _parts_rows(ledger: Ledger, run_id: str) -> dict[int, GeneratedRow]:
+    """Every row `run_id` committed, read from the parts, by index."""
+    out = {}
+    for key in ledger.entries():
+        if f"/{run_id}/" in key:
+            out.update({r.index: r for r in ledger.read_part(ledger.read_entry(key)["part"])})
+    return out
+
+
+def test_pivot_with_extend_sends_only_continuations_and_pays_only_the_new_tokens(tmp_path, sim_server):
+    sim = sim_server(**PIVOT_SIM)
+    n_rows = 240
+    dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    c4 = make_config(dataset, out, max_tokens=4096)
+    prepare(c4, "run-4096")
+    servers = endpoints(sim, in_flight=64)
+    run_engine(c4, "run-4096", servers, spool, range(n_rows))
+    ledger = open_ledger(c4)
+    first = _parts_rows(ledger, "run-4096")
+    truncated = {i for i, r in first.items() if r.finish_reason == "length"}
+    assert 20 <= len(truncated) <= 80, "the seed calibration should truncate ~18% at 4096"
+    assert all(r.has_token_ids for r in first.values()), "every row keeps what a continuation needs"
+
+    c8 = make_config(dataset, out, max_tokens=8192)  # the default policy: extend
+    assert c8.truncated_policy == "extend"
+    prepare(c8, "run-8192")
+    sent, tokens = metric(sim.url, REQS), metric(sim.url, GEN_TOKENS)
+    s8 = run_engine(c8, "run-8192", servers, spool, range(n_rows))
+    sent, tokens = metric(sim.url, REQS) - sent, metric(sim.url, GEN_TOKENS) - tokens
+    f8 = assert_healthy(ledger, n_rows, c8)
+    ext = _parts_rows(ledger, "run-8192")
+    assert set(ext) == truncated and s8.generated == s8.extended == len(truncated) and s8.already_done == n_rows - len(truncated)
+    # One generation request per truncated row (a continuation), and only the tokens past 4096 paid for.
+    new_tokens = sum(r.completion_tokens - 4096 for r in ext.values())
+    assert sent == len(truncated) and tokens == new_tokens == s8.completion_tokens
+    assert s8.prefix_tokens_reused == 4096 * len(truncated)
+    for i, row in ext.items():
+        cut = first[i]
+        assert row.status == OK and row.max_tokens == 8192 and row.pivot == "extended"
+        # The same sample, finished: the new response starts with the truncated one's exact tokens.
+        ids = unpack_token_ids(row.response_token_ids)
+        assert ids[:4096] == unpack_token_ids(cut.response_token_ids) and len(ids) == row.completion_tokens
+        assert row.prompt_token_ids == cut.prompt_token_ids and row.prompt_tokens == cut.prompt_tokens
+        assert 4096 < row.completion_tokens <= 8192 and (row.finish_reason == "length") == (row.completion_tokens == 8192)
+        # Seamless text: the truncated row's thinking (and answer, if it had begun) carry on unchanged.
+        assert row.reasoning_content.startswith(cut.reasoning_content)
+        assert (row.content or "").startswith(cut.content or "")
+        assert row.provenance["supersedes"]["index"] == i and row.provenance["supersedes"]["max_tokens"] == 4096
+        assert row.provenance["supersedes"]["part"] in set(f8.loc[f8["run_id"] == "run-4096", "part"])
+        assert (row.provenance["tokens_before"], row.provenance["tokens_after"]) == (4096, row.completion_tokens)
+    # The extended rows supersede their truncations; the ledger says what the pivot did.
+    best = best_rows(f8).set_index("index")
+    assert (best.loc[sorted(truncated), "run_id"] == "run-8192").all()
+    mine = f8[f8["run_id"] == "run-8192"]
+    assert (mine["pivot"] == "extended").all() and (mine["prefix_tokens"] == 4096).all()
+    assert "extended" in str(dataset_status(str(out))["pivot"]) and dataset_status(str(out))["pivot"]["tokens_saved"] == 4096 * len(truncated)
+    # A row cut inside its thinking went on thinking: some continuations close the thinking they were in.
+    in_thinking = [i for i in truncated if not first[i].content]
+    assert in_thinking and any(ext[i].content for i in in_thinking)
+
+
+def test_extend_pivot_equals_one_uninterrupted_run_row_for_row_and_in_the_export(tmp_path, sim_server):
+    # Deterministic inference: a prompt's sample is the same on every request, so the run at 8192 and the
+    # pivot 4096 -> 8192 must produce identical rows, and the export must hold one seamless completion.
+    sim = sim_server(**PIVOT_SIM, enable_deterministic_inference=True)
+    n_rows = 160
+    dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    servers = endpoints(sim, in_flight=64)
+    direct, pivot = tmp_path / "direct", tmp_path / "pivot"
+    c8 = make_config(dataset, direct, max_tokens=8192)
+    prepare(c8, "run-8192")
+    run_engine(c8, "run-8192", servers, tmp_path / "spool", range(n_rows))
+    c4 = make_config(dataset, pivot, max_tokens=4096)
+    prepare(c4, "run-4096")
+    run_engine(c4, "run-4096", servers, tmp_path / "spool", range(n_rows))
+    p8 = make_config(dataset, pivot, max_tokens=8192)
+    prepare(p8, "run-pivot")
+    s = run_engine(p8, "run-pivot", servers, tmp_path / "spool", range(n_rows))
+    assert s.extended > 10 and s.regenerated == 0
+
+    exports = {}
+    for name, root in (("direct", direct), ("pivot", pivot)):
+        dest = tmp_path / f"export-{name}"
+        export_dataset(str(root), str(dest), include_truncated=True, with_token_ids=True)
+        exports[name] = {r["index"]: r for r in _read_jsonl_export(dest)}
+    assert sorted(exports["direct"]) == sorted(exports["pivot"]) == list(range(n_rows))
+    extended = [i for i, r in exports["pivot"].items() if r["extended"]]
+    assert len(extended) == s.extended
+    for i in range(n_rows):
+        a, b = exports["direct"][i], exports["pivot"][i]
+        # Thinking, answer, finish, counts and token ids: exactly the uninterrupted generation's.
+        assert b["messages"][-1] == a["messages"][-1], f"row {i}"
+        for key in ("finish_reason", "completion_tokens", "reasoning_tokens", "prompt_tokens",
+                    "prompt_token_ids", "response_token_ids"):
+            assert b[key] == a[key], (i, key)
+        assert len(b["response_token_ids"]) == b["completion_tokens"]
+    manifest = json.loads((tmp_path / "export-pivot" / "manifest.json").read_text())
+    assert manifest["extended_rows"] == s.extended and manifest["with_token_ids"] is True
+
+
+def test_truncated_rows_without_token_ids_are_regenerated_and_say_so(tmp_path, sim_server, caplog):
+    sim = sim_server(**PIVOT_SIM)
+    n_rows = 200
+    dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    servers = endpoints(sim, in_flight=64)
+    c4 = make_config(dataset, tmp_path / "first", max_tokens=4096)
+    prepare(c4, "run-4096")
+    run_engine(c4, "run-4096", servers, tmp_path / "spool", range(n_rows))
+    first = _parts_rows(open_ledger(c4), "run-4096")
+    # The same rows in another root, the even ones as tracegen stored them before it kept token ids.
+    old = make_config(dataset, tmp_path / "old", max_tokens=4096)
+    prepare(old, "run-4096")
+    rows = [GeneratedRow.from_json({**r.to_json(), **({"prompt_token_ids": None, "response_token_ids": None}
+                                                      if i % 2 == 0 else {})}) for i, r in sorted(first.items())]
+    open_ledger(old).commit(rows, "run-4096", 0, "seg-old")
+    truncated = {i for i, r in first.items() if r.finish_reason == "length"}
+    bare = {i for i in truncated if i % 2 == 0}
+    assert bare and truncated - bare
+
+    c8 = make_config(dataset, tmp_path / "old", max_tokens=8192)
+    prepare(c8, "run-8192")
+    tokens = metric(sim.url, GEN_TOKENS)
+    with caplog.at_level(logging.WARNING, logger="tracegen.generate.extend"):
+        s8 = run_engine(c8, "run-8192", servers, tmp_path / "spool", range(n_rows))
+    ledger = open_ledger(c8)
+    assert_healthy(ledger, n_rows, c8)
+    new = _parts_rows(ledger, "run-8192")
+    assert set(new) == truncated and s8.extended == len(truncated - bare) and s8.regenerated == len(bare)
+    for i in bare:
+        assert new[i].pivot == "fallback-regenerated" and "no token ids" in new[i].provenance["reason"]
+        assert new[i].provenance["supersedes"]["index"] == i and new[i].has_token_ids  # it has them now
+    assert all(new[i].pivot == "extended" for i in truncated - bare)
+    # The regenerated rows paid all their tokens; the extended ones only their new ones.
+    spent = sum(new[i].completion_tokens for i in bare) + sum(new[i].completion_tokens - 4096 for i in truncated - bare)
+    assert metric(sim.url, GEN_TOKENS) - tokens == spent == s8.completion_tokens
+    assert any("cannot be extended" in m and "no token ids" in m for m in caplog.messages)
+    status = dataset_status(str(tmp_path / "old"))
+    assert status["pivot"]["fallback_regenerated"] == len(bare) and "had no token ids" in format_status(status)
 
 
 def _read_jsonl_export(dest) -> list[dict]:

@@ -21,11 +21,12 @@ from engine_support.helpers import (
     make_config,
     open_ledger,
     prepare,
+    run_engine,
     start_driver,
     write_dataset,
 )
 
-from tracegen.store.records import OK
+from tracegen.store.records import OK, unpack_token_ids
 
 # Slow enough (time scale 5, ~60-token completions) that one attempt generates only part of the chunk,
 # so most kills land mid-generation and mid-commit rather than after the chunk is done.
@@ -90,6 +91,64 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, sim_se
 def test_sigkill_soak(tmp_path, sim_server):
     stats = _kill_trials(tmp_path, sim_server, trials=120, n_rows=8000, seed=7)
     print(stats)
+
+
+def test_sigkill_during_extension_loses_and_duplicates_nothing_and_a_resume_extends_again(tmp_path, sim_server):
+    # The "short" model is the seed's at 1/40: cap 100 plays 4096 (18% cut), 200 plays 8192. The first run
+    # is fast; the pivot runs slowly on a second stand-in with the same seed and length flags, which
+    # finishes the samples the first one started (the ids name their sample), so kills land mid-extension.
+    fast = sim_server(sim_time_scale=2000, sim_length_model="short", max_running_requests=128, log_level="warning",
+                      reasoning_parser="qwen3")
+    slow = sim_server(**SLOW_SIM, reasoning_parser="qwen3")
+    n_rows = 1500
+    dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    first = make_config(dataset, out, max_tokens=100)
+    prepare(first, "run-100")
+    run_engine(first, "run-100", endpoints(fast, in_flight=64), spool, range(n_rows))
+    ledger = open_ledger(first)
+    cut = {r.index: r for key in ledger.entries() for r in ledger.read_part(ledger.read_entry(key)["part"])
+           if r.finish_reason == "length"}
+    assert len(cut) > 150
+
+    pivot = make_config(dataset, out, max_tokens=200, part_rows=5, part_seconds=0.1)
+    prepare(pivot, "run-200")
+    servers = endpoints(slow, in_flight=24)
+    rng = random.Random(20260316)
+    before = _entries_snapshot(ledger)
+    partial, committed = 0, []
+    for trial in range(8):
+        driver = start_driver(pivot, "run-200", servers, spool, 0, n_rows, tmp_path, tag=f"x{trial}")
+        driver.wait_ready()
+        time.sleep(rng.uniform(0.3, 1.5))
+        driver.kill(signal.SIGKILL)
+        driver.proc.wait(30)
+        after = _entries_snapshot(ledger)
+        lost = {k for k in before if k not in after or after[k] != before[k]}
+        assert not lost, f"trial {trial}: committed entries lost or changed: {sorted(lost)[:3]}"
+        frame = assert_healthy(ledger, n_rows, pivot)  # no index twice under one cap, parts match entries
+        extended = frame[frame["run_id"] == "run-200"]
+        assert set(extended["index"]) <= set(cut) and (extended["pivot"] == "extended").all()
+        partial += 0 < len(extended) < len(cut)
+        committed.append(len(extended))
+        before = after
+    print({"truncated": len(cut), "extended_after_each_kill": committed})
+    assert partial, "no kill landed while the extensions were half done: the test proved nothing"
+
+    driver = start_driver(pivot, "run-200", servers, spool, 0, n_rows, tmp_path, tag="resume")
+    rc, summary, err = driver.wait()
+    assert rc == 0, err
+    frame = assert_healthy(ledger, n_rows, pivot)
+    mine = frame[frame["run_id"] == "run-200"]
+    assert sorted(mine["index"]) == sorted(cut), "each truncated row extended exactly once"
+    assert (mine["pivot"] == "extended").all() and (mine["prefix_tokens"] == 100).all()
+    rows = {r.index: r for key in ledger.entries() if "/run-200/" in key
+            for r in ledger.read_part(ledger.read_entry(key)["part"])}
+    for i, row in rows.items():
+        # Every extension, before a kill or after the resume, started from the committed truncated row.
+        assert row.provenance["supersedes"]["max_tokens"] == 100 and row.provenance["tokens_before"] == 100
+        assert unpack_token_ids(row.response_token_ids)[:100] == unpack_token_ids(cut[i].response_token_ids)
+    assert not any(spool.rglob("*.jsonl"))
 
 
 def test_sigterm_commits_finished_rows_and_resume_finishes(tmp_path, sim_server):

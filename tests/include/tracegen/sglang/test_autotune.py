@@ -5,12 +5,20 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from tracegen.config import RunConfig
 from tracegen.generate.chunk import starting_in_flight
-from tracegen.sglang.autotune import InFlightLimit, Observation, TunePolicy, decide, parse_metrics
+from tracegen.sglang.autotune import (
+    Autotuner,
+    InFlightLimit,
+    Observation,
+    TunePolicy,
+    decide,
+    parse_metrics,
+)
 from tracegen.sglang.client import ClientConfig, Sampling, SGLangClient
 from tracegen.sglang.routing import ServerEndpoint
 
@@ -123,6 +131,48 @@ def test_parse_metrics_sums_series_and_skips_histograms_and_comments():
     assert m["sglang:num_running_reqs"] == 7
     assert m["sglang:num_queue_reqs"] == 2
     assert not any(k.endswith("_bucket") for k in m)
+
+
+def test_parse_metrics_reads_the_totals_of_a_priority_scheduling_server():
+    # SGLang with --enable-priority-scheduling: the total under priority="", one series per priority beside
+    # it. Summing them all would show twice the running and queued requests.
+    labels = 'model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+    text = (
+        f'sglang:num_running_reqs{{{labels},priority=""}} 48\n'
+        f'sglang:num_running_reqs{{{labels},priority="0"}} 40\n'
+        f'sglang:num_running_reqs{{{labels},priority="1"}} 8\n'
+        f'sglang:num_queue_reqs{{{labels},priority=""}} 5\n'
+        f'sglang:num_queue_reqs{{{labels},priority="None"}} 5\n'
+    )
+    m = parse_metrics(text)
+    assert (m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"]) == (48, 5)
+
+
+class _Reply:
+    def __init__(self, body: dict) -> None:
+        self.body = body
+
+    def json(self) -> dict:
+        return self.body
+
+
+@pytest.mark.parametrize(
+    ("info", "batch"),
+    [
+        ({"max_running_requests": 64, "internal_states": [{"effective_max_running_requests_per_dp": 64}]}, 64),
+        # SGLang without the flag: null, and the size its scheduler settled on per data-parallel rank.
+        ({"max_running_requests": None, "internal_states": [{"effective_max_running_requests_per_dp": 256},
+                                                            {"effective_max_running_requests_per_dp": 256}]}, 512),
+        ({"max_running_requests": None}, None),
+    ],
+)  # fmt: skip
+def test_the_batch_size_is_read_as_sglang_reports_it(info, batch):
+    async def get(path: str, timeout: float) -> _Reply:
+        assert path == "/server_info"
+        return _Reply(info)
+
+    server = SimpleNamespace(probe_http=SimpleNamespace(get=get))  # a ServerState's client, as far as read
+    assert asyncio.run(Autotuner._max_running(None, server)) == batch
 
 
 # ---- the resizable semaphore --------------------------------------------------------------------

@@ -122,7 +122,8 @@ def test_completion_fields_and_reasoning_split(sim_server) -> None:
 
 
 def test_tools_are_sent_and_tool_calls_kept(sim_server) -> None:
-    sim = sim_server(sim_tool_call_rate=1.0)
+    # SGLang reports tool calls only when started with a tool-call parser.
+    sim = sim_server(sim_tool_call_rate=1.0, tool_call_parser="qwen25")
     tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
 
     async def main() -> GeneratedRow:

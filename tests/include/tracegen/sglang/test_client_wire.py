@@ -17,7 +17,18 @@ from aiohttp import web
 
 from tracegen.sglang.client import ClientConfig, FatalClientError, Sampling, ServerEndpoint, SGLangClient
 from tracegen.sglang.retry import FATAL, REJECTED, TRANSIENT, backoff_delay, classify_status
-from tracegen.sglang.wire import MalformedResponse, build_body, error_message, parse_completion
+from tracegen.sglang.wire import (
+    MalformedResponse,
+    ServerParsers,
+    build_body,
+    build_generate_body,
+    error_message,
+    parse_completion,
+    parse_function_calls,
+    parse_generate,
+    parse_separate_reasoning,
+    parse_server_parsers,
+)
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 FAST = dict(backoff_base_s=0.01, backoff_max_s=0.02, probe_interval_s=0.05, probe_timeout_s=2.0, jitter_seed=1)
@@ -136,6 +147,65 @@ def test_build_body_includes_only_what_is_set() -> None:
     assert body["seed"] == 3 and body["tools"] == tools and body["chat_template_kwargs"] == {"enable_thinking": False}
     with pytest.raises(ValueError, match="JSON"):
         build_body([{"content": object()}], model="m", max_tokens=8, temperature=0, top_p=1, seed=None)
+
+
+def test_token_ids_are_asked_for_and_read_back() -> None:
+    body = json.loads(build_body(MESSAGES, model="m", max_tokens=8, temperature=0.6, top_p=0.95, seed=None,
+                                 return_token_ids=True))
+    assert body["return_token_ids"] is True and body["stream"] is False
+    choice = {**good_body()["choices"][0], "prompt_token_ids": [1, 2, 3], "response_token_ids": [9, 151645]}
+    c = parse_completion(json.dumps(good_body(choices=[choice])).encode())
+    assert (c.prompt_token_ids, c.response_token_ids) == ([1, 2, 3], [9, 151645])
+    assert parse_completion(json.dumps(good_body()).encode()).response_token_ids is None  # not asked, not there
+    for bad in ([1, "2"], [True], [-1], "1 2 3"):
+        broken = {**choice, "response_token_ids": bad}
+        with pytest.raises(MalformedResponse, match="response_token_ids"):
+            parse_completion(json.dumps(good_body(choices=[broken])).encode())
+
+
+def test_generate_body_and_response() -> None:
+    body = json.loads(build_generate_body([5, 6, 7], max_new_tokens=4096, temperature=0.6, top_p=0.95, seed=None))
+    assert body == {"input_ids": [5, 6, 7], "stream": False,
+                    "sampling_params": {"max_new_tokens": 4096, "temperature": 0.6, "top_p": 0.95}}
+    seeded = json.loads(build_generate_body([5], max_new_tokens=1, temperature=0, top_p=1, seed=3,
+                                            require_reasoning=True))
+    assert seeded["sampling_params"]["sampling_seed"] == 3 and seeded["require_reasoning"] is True
+    meta = {"finish_reason": {"type": "stop", "matched": 151645}, "prompt_tokens": 4100, "completion_tokens": 3,
+            "reasoning_tokens": 1}
+    g = parse_generate(json.dumps({"text": " end</think>ok", "output_ids": [1, 2, 151645], "meta_info": meta}).encode())
+    assert (g.text, g.output_ids, g.finish_reason, g.prompt_tokens, g.completion_tokens, g.reasoning_tokens) == (
+        " end</think>ok", [1, 2, 151645], "stop", 4100, 3, 1)
+    cut = {**meta, "finish_reason": {"type": "length", "length": 3}}
+    del cut["reasoning_tokens"]  # a server without a reasoning parser does not count thinking
+    g = parse_generate(json.dumps({"text": "x", "output_ids": [1, 2, 3], "meta_info": cut}).encode())
+    assert g.finish_reason == "length" and g.reasoning_tokens == 0
+    aborted = {"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "Abort request"}}}
+    assert parse_generate(json.dumps(aborted).encode()).finish_reason == "abort"
+    for bad, needle in [({"meta_info": meta}, "'text'"), ({"text": "x"}, "meta_info"),
+                        ({"text": "x", "meta_info": {**meta, "finish_reason": "stop"}}, "finish_reason"),
+                        ({"text": "x", "meta_info": {**meta, "completion_tokens": None}}, "completion_tokens"),
+                        ({"text": "x", "output_ids": "12", "meta_info": meta}, "output_ids")]:
+        with pytest.raises(MalformedResponse, match=needle):
+            parse_generate(json.dumps(bad).encode())
+
+
+def test_parser_routes_responses() -> None:
+    assert parse_separate_reasoning(b'{"reasoning_text": "r", "text": "t"}') == ("r", "t")
+    with pytest.raises(MalformedResponse, match="reasoning_text"):
+        parse_separate_reasoning(b'{"text": "t"}')
+    ids = iter(["call_a", "call_b"])
+    normal, calls = parse_function_calls(json.dumps({"normal_text": "n", "calls": [
+        {"tool_index": 3, "name": "run", "parameters": '{"cmd": "ls"}'}, {"name": "x", "parameters": "{}"}]}).encode(),
+        lambda: next(ids))  # indices are the calls' ordinals, as the chat route numbers them
+    assert normal == "n" and calls == [
+        {"id": "call_a", "index": 0, "type": "function", "function": {"name": "run", "arguments": '{"cmd": "ls"}'}},
+        {"id": "call_b", "index": 1, "type": "function", "function": {"name": "x", "arguments": "{}"}}]
+    with pytest.raises(MalformedResponse, match="parameters"):
+        parse_function_calls(b'{"normal_text": "", "calls": [{"name": "x"}]}', lambda: "id")
+    assert parse_server_parsers(b'{"reasoning_parser": "qwen3", "tool_call_parser": null}') == ServerParsers("qwen3", None)
+    assert parse_server_parsers(b'{"reasoning_parser": ""}') == ServerParsers(None, None)
+    with pytest.raises(MalformedResponse, match="tool_call_parser"):
+        parse_server_parsers(b'{"tool_call_parser": 3}')
 
 
 def test_classify_status() -> None:

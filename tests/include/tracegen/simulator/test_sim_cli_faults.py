@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tracegen.simulator.cli import DEFAULT_CONTEXT_LENGTH, parse_args
+from tracegen.simulator.cli import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_RUNNING, parse_args
 from tracegen.simulator.faults import ABORT, CRASH, DROP, ERROR, HANG, PASS, FaultConfig, FaultInjector
 
 
@@ -14,9 +14,11 @@ def test_defaults_resolve_like_sglang():
     a = s.args
     assert a["host"] == "127.0.0.1" and a["port"] == 30000
     assert a["served_model_name"] == "Qwen/Qwen3-8B" and a["tokenizer_path"] == "Qwen/Qwen3-8B"
-    assert (
-        a["context_length"] == DEFAULT_CONTEXT_LENGTH and a["max_req_input_len"] == DEFAULT_CONTEXT_LENGTH - 1
-    )
+    # As SGLang's /server_info: the flags as given (null context length, no running-request cap) while the
+    # server runs with the model's own context and a batch sized from "memory".
+    assert a["context_length"] is None and a["max_running_requests"] is None
+    assert s.context_length == DEFAULT_MAX_MODEL_LEN and s.max_running == DEFAULT_MAX_RUNNING
+    assert a["log_level"] == "info" and a["weight_version"] == "default" and a["load_format"] == "auto"
     assert s.accept_length == 1.0
 
 
@@ -38,7 +40,7 @@ def test_gpu_only_flags_are_accepted_and_recorded():
         "fp8_e5m2",
         "--attention-backend",
         "fa3",
-        "--cuda-graph-max-bs",
+        "--cuda-graph-max-bs-decode",
         "256",
         "--disable-cuda-graph",
         "--base-gpu-id",
@@ -74,10 +76,10 @@ def test_gpu_only_flags_are_accepted_and_recorded():
     [
         (["--model-path", "m", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         ([], "the following arguments are required: --model-path"),
-        (["--model-path", "m", "--served-model-name", "a:b"], "must not contain ':'"),
+        (["--model-path", "m", "--served-model-name", "a:b"], "cannot contain a colon"),
         (["--model-path", "m", "--sim-length-model", "weird"], "unknown length model"),
         (["--model-path", "m", "--sim-error-rate", "2"], "error_rate must be a number in [0, 1]"),
-        (["--model-path", "m", "--speculative-algorithm", "MAGIC"], "is not one of"),
+        (["--model-path", "m", "--speculative-algorithm", "MAGIC"], "Unknown speculative algorithm name: MAGIC"),
         (["--model-path", "m", "--sim-length-law", "cauchy"], "invalid choice: 'cauchy'"),
         (["--model-path", "m", "--sim-runaway-rate", "0.3"], "runaways alone pass any cap"),
         (["--model-path", "m", "--sim-length-model", "fixed:9", "--sim-length-law", "logt"], "no median"),

@@ -109,7 +109,8 @@ def test_server_info_is_flat_resolved_args(client, shared):
     legacy = client.get("/get_server_info").json()
     assert set(info) == set(legacy)
     assert info["model_path"] == "Qwen/Qwen3-30B-A3B" and info["port"] == shared.port
-    assert info["context_length"] == 4096 and info["max_req_input_len"] == 4095
+    # SGLang's scheduler: one token short of the context, less 5 reserved tokens.
+    assert info["context_length"] == 4096 and info["max_req_input_len"] == 4090
     assert info["reasoning_parser"] == "qwen3" and info["api_key"] == KEY
     assert (
         "tracegen.simulator" in info["launch_command"]
@@ -161,7 +162,7 @@ def test_chat_stop_shape_and_usage(client):
         choice["finish_reason"] == "stop" and choice["matched_stop"] == 151645 and choice["logprobs"] is None
     )
     msg = choice["message"]
-    assert msg["role"] == "assistant" and msg["tool_calls"] is None
+    assert msg["role"] == "assistant" and "tool_calls" not in msg
     assert msg["content"] and msg["reasoning_content"]
     # SGLang's qwen3 split of "<think>\n…\n</think>\n\n…"; the last answer token is the stop token.
     assert msg["reasoning_content"].startswith("\n") and msg["reasoning_content"].endswith("\n")
@@ -209,7 +210,7 @@ def test_thinking_off_has_no_reasoning(client):
     body = chat(client, m, max_tokens=1000, chat_template_kwargs={"enable_thinking": False}).json()
     msg = body["choices"][0]["message"]
     assert msg["reasoning_content"] is None and msg["content"]
-    assert body["usage"]["reasoning_tokens"] == 0 and "completion_tokens_details" not in body["usage"]
+    assert body["usage"]["reasoning_tokens"] == 0 and body["usage"]["completion_tokens_details"] is None
 
 
 def test_without_reasoning_parser_thinking_stays_inline(sim_server):
@@ -222,19 +223,38 @@ def test_without_reasoning_parser_thinking_stays_inline(sim_server):
         and msg["content"].startswith("<think>\n")
         and "\n</think>\n\n" in msg["content"]
     )
-    assert "completion_tokens_details" not in body["usage"]
+    assert body["usage"]["completion_tokens_details"] is None
 
 
-def test_tools_can_finish_with_tool_calls(client):
+def test_tools_can_finish_with_tool_calls(sim_server):
+    sim = sim_server(tool_call_parser="qwen25", sim_length_model="short")
     tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
     reasons = set()
-    for i in range(40):
-        body = chat(client, msgs(i), max_tokens=4000, tools=tools).json()
-        reasons.add(body["choices"][0]["finish_reason"])
-        if body["choices"][0]["finish_reason"] == "tool_calls":
-            (call,) = body["choices"][0]["message"]["tool_calls"]
-            assert call["function"]["name"] == "run_tests" and json.loads(call["function"]["arguments"])
+    with httpx.Client(base_url=sim.url, timeout=30) as c:
+        for i in range(40):
+            body = chat(c, msgs(i), max_tokens=4000, tools=tools).json()
+            reasons.add(body["choices"][0]["finish_reason"])
+            if body["choices"][0]["finish_reason"] == "tool_calls":
+                (call,) = body["choices"][0]["message"]["tool_calls"]
+                assert call["function"]["name"] == "run_tests" and json.loads(call["function"]["arguments"])
+            else:
+                assert "tool_calls" not in body["choices"][0]["message"]
+        # tool_choice "none": SGLang does not run the parser, the call stays in the text.
+        body = chat(c, msgs(0), max_tokens=4000, tools=tools, tool_choice="none").json()
+        assert body["choices"][0]["finish_reason"] != "tool_calls"
     assert "tool_calls" in reasons and "stop" in reasons
+
+
+def test_without_a_tool_call_parser_calls_stay_in_the_text(client):
+    """SGLang parses tool calls only when started with --tool-call-parser: otherwise the model's call is
+    part of `content` and the request finishes with `stop`."""
+    tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
+    contents = []
+    for i in range(40):
+        choice = chat(client, msgs(i), max_tokens=4000, tools=tools).json()["choices"][0]
+        assert choice["finish_reason"] in ("stop", "length") and "tool_calls" not in choice["message"]
+        contents.append(choice["message"]["content"])
+    assert any('<tool_call>\n{"name": "run_tests"' in c for c in contents)
 
 
 def test_streaming_matches_non_streaming(client):
@@ -278,8 +298,8 @@ def test_streaming_without_include_usage_has_no_usage(client):
     [
         (b"{not json", "Invalid JSON body"),
         (b"[1, 2]", "must be a JSON object"),
-        (b"{}", "messages must be a non-empty list"),
-        (json.dumps({"messages": "hi"}).encode(), "messages must be a non-empty list"),
+        (b"{}", "messages must be a list"),
+        (json.dumps({"messages": "hi"}).encode(), "messages must be a list"),
         (json.dumps({"messages": [{"content": "x"}]}).encode(), "messages[0].role must be a string"),
         (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), "messages[0].content"),
         (
@@ -304,9 +324,10 @@ def test_chat_bad_requests_are_flat_400(client, payload, fragment):
     r = client.post("/v1/chat/completions", content=payload, headers={"Content-Type": "application/json"})
     assert r.status_code == 400
     body = r.json()
+    # A body SGLang's request model refuses is FastAPI's validation error, answered as "Bad Request".
     assert (
         body["object"] == "error"
-        and body["type"] == "BadRequest"
+        and body["type"] == "Bad Request"
         and body["code"] == 400
         and body["param"] is None
     )
@@ -497,8 +518,9 @@ def test_capacity_running_capped_then_queued_and_metrics(sim_server):
     info, metrics = asyncio.run(scenario())
     assert info["sim_occupancy"]["num_running_reqs"] == 2 and info["sim_occupancy"]["num_queue_reqs"] == 3
     assert info["internal_states"][0]["num_queue_reqs"] == 3
-    assert 'sglang:num_running_reqs{model_name="sim/Qwen3-test"} 2' in metrics
-    assert 'sglang:num_queue_reqs{model_name="sim/Qwen3-test"} 3' in metrics
+    labels = 'model_name="sim/Qwen3-test",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+    assert f"sglang:num_running_reqs{{{labels}}} 2" in metrics
+    assert f"sglang:num_queue_reqs{{{labels}}} 3" in metrics
     occ = info["sim_occupancy"]
     assert occ["tokens_generated"] > 0 and 0 < occ["occupancy"] <= 1
 

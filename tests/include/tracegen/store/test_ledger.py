@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import re
 from pathlib import Path
@@ -20,7 +21,16 @@ from tracegen.store.ledger import (
     entry_key,
     part_key,
 )
-from tracegen.store.records import FAILED, INVALID, LEDGER_COLUMNS, OK, REJECTED, GeneratedRow
+from tracegen.store.records import (
+    FAILED,
+    INVALID,
+    LEDGER_COLUMNS,
+    OK,
+    REJECTED,
+    GeneratedRow,
+    pack_token_ids,
+    unpack_token_ids,
+)
 from tracegen.store.storage import LocalStorage, Storage, open_storage
 
 RUN = "manual__2026-11-29T19:22:10.576599+00:00"
@@ -249,8 +259,11 @@ def test_plan_frame_holds_only_the_asked_rows_and_agrees_with_frame(tmp_path: Pa
     ledger.commit([row(i, cap=8192, chunk=9, run="r2") for i in (0, 5, 120)], "r2", 9, "late")
     wanted = list(range(90, 130)) + [0, 5]
     lean = ledger.plan_frame(wanted)
-    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens"])
+    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens", "part"])
     assert set(lean["index"]) == set(wanted)
+    # The part of each row: where a truncated row is continued from.
+    assert set(lean.loc[lean["max_tokens"] == 8192, "part"]) == {part_key("r2", 9, "late")}
+    assert set(lean.loc[lean["index"] == 120, "part"]) == {part_key(RUN, 2, "s2"), part_key("r2", 9, "late")}
     assert len(lean) == len(wanted) + 2 + 1  # indices 0, 5 and 120 hold a 4096 and an 8192 row
     full = ledger.frame()
     for cap, policy in [(4096, "keep"), (8192, "regenerate"), (8192, "keep")]:
@@ -292,6 +305,48 @@ def test_entries_from_before_checksums_stay_readable_and_verifiable(tmp_path: Pa
     store.put(old.part, encode_part(rows))
     [damage] = ledger.verify_parts()
     assert damage.entry == old.entry and "row 1 (index 1) differs from its entry on ['completion_tokens']" in damage.problem
+
+
+def test_entries_snapshots_and_parts_from_before_the_pivot_columns_read_as_no_pivot(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path / "out")
+    ledger = Ledger(store)
+    old = ledger.commit([row(0), row(1, finish="length", tokens=4096)], RUN, 0, "seg-old")
+    # Written as the ledger wrote them before: no pivot columns in the entry, no token ids or provenance
+    # in the part's rows.
+    entry = json.loads(store.get(old.entry))
+    for c in ("pivot", "prefix_tokens"):
+        del entry["columns"][c]
+    rows = [{k: v for k, v in r.to_json().items() if k not in ("prompt_token_ids", "response_token_ids",
+                                                                  "provenance")} for r in ledger.read_part(old.part)]
+    data = gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0)
+    store.put(old.part, data)
+    entry.update(part_size=len(data), part_sha256=hashlib.sha256(data).hexdigest())
+    store.put(old.entry, json.dumps(entry).encode())
+    frame = ledger.frame()
+    assert frame["pivot"].isna().all() and (frame["prefix_tokens"] == 0).all()
+    assert ledger.check_invariants() == [] and ledger.verify_parts() == []
+    [_, cut] = ledger.read_part(old.part)
+    assert not cut.has_token_ids and cut.provenance is None and cut.pivot is None
+    # A snapshot from before the columns existed reads the same.
+    ledger.compact()
+    snap = ledger.latest_snapshot()
+    table = pd.read_parquet(io.BytesIO(store.get(snap["parquet"]))).drop(columns=["pivot", "prefix_tokens"])
+    buf = io.BytesIO()
+    table.to_parquet(buf, index=False)
+    store.put(snap["parquet"], buf.getvalue())
+    again = ledger.frame()
+    assert again["pivot"].isna().all() and (again["prefix_tokens"] == 0).all() and len(again) == 2
+
+
+def test_token_ids_pack_exactly_and_compactly() -> None:
+    ids = [0, 1, 151_645, 2**32 - 1, 7] * 100
+    assert unpack_token_ids(pack_token_ids(ids)) == ids and pack_token_ids([]) == ""
+    vocabulary = list(range(100_000, 151_936, 37))  # most of a real vocabulary's ids have six digits
+    assert len(pack_token_ids(vocabulary)) < 0.8 * len(json.dumps(vocabulary, separators=(",", ":")))
+    with pytest.raises(ValueError, match="token ids"):
+        pack_token_ids([2**32])
+    with pytest.raises(ValueError, match="not base64"):
+        unpack_token_ids("not base64!")
 
 
 def test_damaged_parts_are_named_and_retiring_them_makes_their_rows_work_again(store: Storage) -> None:

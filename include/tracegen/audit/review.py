@@ -1,0 +1,312 @@
+"""The gate's question to a reviewer, and the decision an answer makes: plain data, no Airflow.
+
+Under gate_mode=ask a run whose truncation is over the threshold (at the pilot, or drifting there
+mid-run) pauses at a question built here from the report JSON its audit wrote (`run_report`): the
+verdict, the cap table (truncation with its interval, tokens per row, ETA, GPU time) and where the report
+is. The options are fixed in kind (`RECOMMENDED`, `OTHER`, `CURRENT`, `STOP`) and labelled with this
+run's caps. An answer (one option, and for `OTHER` the cap typed in the form) becomes a `CapDecision`,
+or is refused with `AnswerRefused` saying what would be accepted: the run never continues at a cap the
+servers cannot serve.
+
+Stop is what an unanswered question resolves to; the recommended cap is listed first and marked, but a
+run only ever spends GPU time on a cap somebody chose.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RECOMMENDED, OTHER, CURRENT, STOP = "recommended", "other", "current", "stop"
+OPTION_KINDS = (RECOMMENDED, OTHER, CURRENT, STOP)
+PILOT, DRIFT = "pilot", "drift"  # what raised the question: the pilot gate, or the continuous gate mid-run
+CAP_FIELD = "cap"  # the form field of the `OTHER` option
+STOP_LABEL = "Stop the run"
+CAP_TABLE_KEYS = ("cap", "truncation", "truncation_low", "truncation_high", "expected_tokens_per_row",
+                  "eta_hours", "gpu_hours", "basis", "clipped_to_context")
+_VERDICT_KEYS = ("verdict", "reason", "action", "truncated", "total", "rate", "ci_low", "ci_high", "threshold",
+                 "confidence")
+
+
+class AnswerRefused(ValueError):
+    """An answer the run cannot act on; the message says why and what would be accepted."""
+
+
+@dataclass(frozen=True)
+class CapOption:
+    kind: str
+    label: str
+    cap: int | None = None  # the cap it continues at; None for OTHER (typed) and STOP
+
+
+@dataclass(frozen=True)
+class CapQuestion:
+    """What the reviewer is shown and may answer; small enough for an XCom."""
+
+    run_id: str
+    trigger: str  # PILOT or DRIFT
+    current_cap: int
+    recommended_cap: int | None
+    max_cap: int  # the highest cap a continuing run may take (below the servers' context length)
+    context_length: int | None
+    truncated_policy: str
+    verdict: dict[str, Any]
+    cap_rows: list[dict[str, Any]]
+    confidence: float
+    throughput: dict[str, Any] | None
+    report_uri: str  # where the report is stored
+    report_url: str | None  # the review page showing it, when the Airflow deployment has one
+    timeout_minutes: float
+    options: tuple[CapOption, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.options:
+            object.__setattr__(self, "options", _options(self))
+
+    @property
+    def labels(self) -> list[str]:
+        return [o.label for o in self.options]
+
+    def option_label(self, kind: str) -> str:
+        return next(o.label for o in self.options if o.kind == kind)
+
+    def option(self, label: str) -> CapOption:
+        for o in self.options:
+            if o.label == label:
+                return o
+        raise AnswerRefused(f"{label!r} is not one of this question's options: {self.labels}")
+
+    @property
+    def subject(self) -> str:
+        if self.trigger == PILOT:
+            return f"The pilot is over the truncation threshold at max_tokens={self.current_cap:,}: continue at which cap?"
+        return (f"The running truncation rate held chunks back at max_tokens={self.current_cap:,}: "
+                "continue at which cap?")
+
+    @property
+    def body(self) -> str:
+        return question_body(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CapQuestion:
+        fields_ = dict(doc)
+        fields_["options"] = tuple(CapOption(**o) for o in doc.get("options") or ())
+        return cls(**fields_)
+
+
+@dataclass(frozen=True)
+class CapDecision:
+    """What was decided, by whom and when, and the table they decided on; kept in the run's record."""
+
+    trigger: str
+    option: str  # the label chosen
+    kind: str
+    from_cap: int
+    cap: int | None  # the cap the run continues at; None: the run stops
+    responded_by: str | None  # None when the question timed out
+    responded_at: str  # ISO 8601, UTC
+    timed_out: bool
+    verdict: dict[str, Any]
+    cap_rows: list[dict[str, Any]]
+    report_uri: str
+
+    @property
+    def continues(self) -> bool:
+        return self.cap is not None
+
+    def summary(self) -> str:
+        if self.timed_out:
+            head = f"nobody answered by {self.responded_at}, so the default '{self.option}' was taken"
+        else:
+            head = f"{self.responded_by or 'unknown'} chose '{self.option}' at {self.responded_at}"
+        what = f"continue at max_tokens={self.cap:,}" if self.continues else "stop the run"
+        return f"{head}: {what} (the {self.trigger} gate, at max_tokens={self.from_cap:,})"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CapDecision:
+        decision = cls(**doc)
+        if decision.kind not in OPTION_KINDS or decision.trigger not in (PILOT, DRIFT):
+            raise ValueError(f"decision: kind {decision.kind!r} or trigger {decision.trigger!r} is unknown")
+        return decision
+
+
+def question_from_report(
+    report: dict[str, Any],
+    *,
+    run_id: str,
+    trigger: str,
+    max_cap: int,
+    context_length: int | None,
+    truncated_policy: str,
+    report_uri: str,
+    report_url: str | None,
+    timeout_minutes: float,
+) -> CapQuestion:
+    """The question for a run whose audit wrote `report` (report.json's dict, `audit.report`)."""
+    verdict = report.get("verdict") or {}
+    table = report.get("cap_table") or {}
+    current = int(report["audit"]["max_tokens"])
+    recommended = table.get("recommended_cap")
+    return CapQuestion(
+        run_id=run_id, trigger=trigger, current_cap=current,
+        recommended_cap=None if recommended is None else int(recommended), max_cap=max_cap,
+        context_length=context_length, truncated_policy=truncated_policy,
+        verdict={k: verdict.get(k) for k in _VERDICT_KEYS},
+        cap_rows=[{k: row.get(k) for k in CAP_TABLE_KEYS} for row in table.get("rows") or []],
+        confidence=float(table.get("confidence") or verdict.get("confidence") or 0.95),
+        throughput=table.get("throughput"), report_uri=report_uri, report_url=report_url,
+        timeout_minutes=timeout_minutes,
+    )
+
+
+def _options(q: CapQuestion) -> tuple[CapOption, ...]:
+    options = []
+    rec = q.recommended_cap
+    # Listed first: the cap the table says meets the threshold, when the servers can take it.
+    if rec is not None and rec != q.current_cap and rec <= q.max_cap:
+        options.append(CapOption(RECOMMENDED, f"Continue at {rec:,} tokens (recommended)", rec))
+    options.append(CapOption(OTHER, "Continue at the cap typed below"))
+    options.append(CapOption(CURRENT, f"Continue at {q.current_cap:,} tokens, accepting the truncation",
+                             q.current_cap))
+    options.append(CapOption(STOP, STOP_LABEL))
+    return tuple(options)
+
+
+def _md(text: Any) -> str:
+    """Text shown inside Markdown: characters Markdown would read as markup are escaped."""
+    out = str(text)
+    for ch in "\\`*_[]<>|#":
+        out = out.replace(ch, "\\" + ch)
+    return out
+
+
+def question_body(q: CapQuestion) -> str:
+    """The question's Markdown: verdict, cap table, options explained, the report's whereabouts."""
+    # The report's own number formats; imported here, as the report module loads the audit's pandas side,
+    # which the DAG file (parsing the reviewer's task) must not.
+    from tracegen.audit.report import _hours, _num, _pct
+
+    v = q.verdict
+    where = "the pilot" if q.trigger == PILOT else "the rows generated so far (the continuous gate's sample)"
+    head = (f"**Truncation is over the threshold in {where}.**" if v.get("verdict") == "stop" else
+            # A chunk's own rows closed its gate, yet the wider sample does not stop: the reviewer decides.
+            f"**Chunks were held back at this cap; the audit of {where} now says {v.get('verdict')}.**")
+    lines = [f"{head} {_md(v.get('reason') or '')}", ""]
+    rows = q.cap_rows
+    if rows:
+        has_time = q.throughput is not None
+        head = ["max_tokens", "predicted truncation", f"{round(q.confidence * 100)}% interval", "tokens/row"]
+        head += ["ETA", "GPU time"] if has_time else []
+        head += ["basis"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---:|" * (len(head) - 1) + "---|"]
+        for r in rows:
+            cap = int(r["cap"])
+            mark = (" (current)" if cap == q.current_cap else
+                    " (recommended)" if cap == q.recommended_cap else "")
+            beyond = " (over the context)" if cap > q.max_cap else ""
+            cells = [f"{cap:,}{mark}{beyond}", _pct(r.get("truncation")),
+                     f"{_pct(r.get('truncation_low'))}–{_pct(r.get('truncation_high'))}",
+                     _num(r.get("expected_tokens_per_row"))]
+            if has_time:
+                cells += [_hours(r.get("eta_hours")), _hours(r.get("gpu_hours"))]
+            cells.append("observed" if r.get("basis") == "observed" else "modelled")
+            if cap == q.recommended_cap:
+                cells = [f"**{c}**" for c in cells]
+            lines.append("| " + " | ".join(cells) + " |")
+        if has_time:
+            t = q.throughput or {}
+            lines += ["", f"ETA and GPU time: the {_num(t.get('rows_remaining'))} rows left, at "
+                          f"{_num(t.get('tokens_per_s_per_gpu'))} tokens/s per GPU (measured in the pilot) on "
+                          f"{_num(t.get('n_gpus'))} GPUs."]
+    else:
+        lines.append("No cap table: too few rows finished to fit their lengths; see the report.")
+    context = (f"the servers' context length is {q.context_length:,} tokens" if q.context_length
+               else "the servers did not report their context length")
+    redo = {"extend": "continued from their tokens to the new cap (only the new tokens are paid for)",
+            "regenerate": "generated again at the new cap",
+            "keep": "kept as they are (truncated_policy=keep)"}.get(q.truncated_policy, q.truncated_policy)
+    lines += ["", "**Options**", ""]
+    for o in q.options:
+        explain = {
+            RECOMMENDED: "the smallest cap in the table predicted to meet the threshold.",
+            OTHER: f"type a cap in the field below, from 1 to {q.max_cap:,} ({context}).",
+            CURRENT: "the run goes on at this cap and the gate stops asking.",
+            STOP: f"the run ends here; also what happens when nobody answers within "
+                  f"{_minutes(q.timeout_minutes)}.",
+        }[o.kind]
+        lines.append(f"- **{_md(o.label)}**: {explain}")
+    lines += ["", f"An answer the run cannot act on (no cap typed, a cap outside 1 to {q.max_cap:,}, or a cap typed "
+                  "with another option) is refused: the question opens again, and the task's log and its XCom "
+                  "`refused_answer` say why."]
+    lines += ["", f"Continuing, the same run goes on: finished rows are kept, rows truncated at "
+                  f"{q.current_cap:,} are {redo}, and the chunks not generated yet run at the chosen cap.", ""]
+    report = f"[Open the report]({q.report_url})" if q.report_url else "The report"
+    lines.append(f"{report} (stored at `{q.report_uri}`).")
+    return "\n".join(lines)
+
+
+def _minutes(minutes: float) -> str:
+    if minutes < 120:
+        return f"{minutes:g} minutes"
+    return f"{minutes / 60:g} hours"
+
+
+def decide(
+    question: CapQuestion,
+    chosen_options: list[str],
+    params_input: dict[str, Any] | None,
+    *,
+    responded_by: str | None,
+    responded_at: dt.datetime | str,
+    timed_out: bool = False,
+) -> CapDecision:
+    """The decision an answer makes; `AnswerRefused` when it cannot be acted on."""
+    if len(chosen_options) != 1:
+        raise AnswerRefused(f"choose exactly one option, got {list(chosen_options)}")
+    option = question.option(chosen_options[0])
+    typed = (params_input or {}).get(CAP_FIELD)
+    if typed in ("", None):
+        typed = None
+    if option.kind == OTHER:
+        if typed is None:
+            raise AnswerRefused(f"'{option.label}' needs a cap in the form's '{CAP_FIELD}' field "
+                                f"(1 to {question.max_cap:,})")
+        cap = check_cap(typed, question)
+    else:
+        if typed is not None:
+            raise AnswerRefused(f"a cap ({typed!r}) was typed but '{option.label}' was chosen; choose "
+                                f"'{question.option_label(OTHER)}' to continue at it, or clear the field")
+        cap = option.cap
+    when = responded_at.isoformat() if isinstance(responded_at, dt.datetime) else str(responded_at)
+    return CapDecision(
+        trigger=question.trigger, option=option.label, kind=option.kind, from_cap=question.current_cap, cap=cap,
+        responded_by=None if timed_out else responded_by, responded_at=when, timed_out=timed_out,
+        verdict=question.verdict, cap_rows=question.cap_rows, report_uri=question.report_uri,
+    )
+
+
+def check_cap(value: Any, question: CapQuestion) -> int:
+    """A typed cap as an int within [1, max_cap]; anything else is refused, saying what fits."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise AnswerRefused(f"cap {value!r} is not a whole number of tokens")
+    try:
+        number = float(value)
+    except ValueError:
+        raise AnswerRefused(f"cap {value!r} is not a whole number of tokens") from None
+    if number != number or not number.is_integer():
+        raise AnswerRefused(f"cap {value!r} is not a whole number of tokens")
+    cap = int(number)
+    if cap < 1:
+        raise AnswerRefused(f"cap {cap:,} is below 1 token")
+    if cap > question.max_cap:
+        why = (f"the servers' context length is {question.context_length:,} tokens (prompt + completion must "
+               f"fit)" if question.context_length else "that is the largest max_tokens a run accepts")
+        raise AnswerRefused(f"cap {cap:,} is too large: {why}; enter at most {question.max_cap:,}")
+    return cap

@@ -1,0 +1,274 @@
+"""The pivot without waste or bias: continue a row truncated under a lower cap from its exact tokens.
+
+A row cut at cap C' holds the prompt's and the response's token ids (`GeneratedRow.prompt_token_ids`,
+`response_token_ids`). Sending them back to `/generate` with `max_new_tokens = C - len(response ids)` and
+the sampling params the row was generated with (its run's) finishes the same sample, so the dataset has the lengths of one uninterrupted
+run at cap C and pays only for the tokens past C'. Regenerating instead pays the prefix again and keeps
+only the samples that happened to come out short the second time.
+
+The new row is the seamless whole: the raw text of the truncated row joined with the continuation, split
+into thinking, answer and tool calls by the server's own parsers (`/separate_reasoning`,
+`/parse_function_call`), exactly as the chat route splits an uninterrupted response. Its
+`completion_tokens` count the whole completion; its `provenance` names the row it extends and the
+tokens before and after. A truncated row stored without token ids (committed before tracegen stored
+them, or by a server that did not return them) cannot be continued: it is generated again instead, and
+its provenance and the log say so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
+from tracegen.run.records import read_run_record
+from tracegen.run.spec import RunSpecError
+from tracegen.sglang.client import Outcome, Sampling, SGLangClient
+from tracegen.sglang.wire import ServerParsers
+from tracegen.store.ledger import Ledger, LedgerError
+from tracegen.store.records import (
+    EXTENDED,
+    FAILED,
+    FALLBACK_REGENERATED,
+    OK,
+    REGENERATED,
+    REJECTED,
+    GeneratedRow,
+    pack_token_ids,
+    unpack_token_ids,
+)
+from tracegen.store.storage import StorageKeyError
+
+log = logging.getLogger(__name__)
+
+# Qwen3-style reasoning markup: the chat route hands back the text between these as reasoning_content.
+THINK_START = "<think>"
+THINK_END = "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """The committed row, truncated under a lower cap, that a new row of this run replaces."""
+
+    index: int
+    max_tokens: int
+    part: str
+
+    def ref(self) -> dict[str, Any]:
+        return {"part": self.part, "index": self.index, "max_tokens": self.max_tokens}
+
+
+def superseded_map(frame: pd.DataFrame) -> dict[int, Superseded]:
+    """`tracegen.plan.superseded_rows` keyed by index."""
+    return {
+        int(i): Superseded(int(i), int(c), str(p))
+        for i, c, p in zip(frame["index"], frame["max_tokens"], frame["part"], strict=True)
+    }
+
+
+@dataclass(slots=True)
+class Extension:
+    """A truncated row to continue; `prompt` is its dataset row when continuing needs it (the row has no
+    token ids and is generated again, or the server parses tool calls, which needs the row's tools).
+    `temperature` and `top_p` are those the row was sampled with: its continuation uses them too."""
+
+    source: GeneratedRow
+    superseded: Superseded
+    prompt: PromptRow | None
+    temperature: float
+    top_p: float
+
+
+def _source_sampling(ledger: Ledger, run_id: str, current: Sampling) -> tuple[float, float]:
+    """(temperature, top_p) of the run that generated a row, from its record; this run's when it has none."""
+    try:
+        config = read_run_record(ledger, run_id).config
+    except (StorageKeyError, RunSpecError) as exc:
+        log.warning("run %s has no readable record (%s): its truncated rows are continued with this run's "
+                    "temperature %g and top_p %g", run_id, exc, current.temperature, current.top_p)
+        return current.temperature, current.top_p
+    if (config.temperature, config.top_p) != (current.temperature, current.top_p):
+        log.warning("rows of run %s were sampled at temperature %g, top_p %g: they are continued with those "
+                    "(a continuation finishes the same sample), not this run's %g, %g", run_id,
+                    config.temperature, config.top_p, current.temperature, current.top_p)
+    return config.temperature, config.top_p
+
+
+def extension_jobs(
+    ledger: Ledger,
+    dataset: DatasetIndex,
+    superseded: dict[int, Superseded],
+    *,
+    sampling: Sampling,
+    need_prompts: bool,
+    aws_conn_id: str = "aws_default",
+) -> Iterator[Extension | InvalidRow]:
+    """The truncated rows of `superseded`, read from their parts one part at a time (memory holds one
+    part, not every truncated row of the chunk), in part then index order. `sampling`: this run's."""
+    params: dict[str, tuple[float, float]] = {}
+    by_part: dict[str, dict[int, Superseded]] = {}
+    for item in superseded.values():
+        by_part.setdefault(item.part, {})[item.index] = item
+    for part in sorted(by_part):
+        wanted = by_part[part]
+        rows = {
+            r.index: r for r in ledger.read_part(part)
+            if r.index in wanted and r.max_tokens == wanted[r.index].max_tokens and r.status == OK
+            and r.finish_reason == "length"
+        }  # fmt: skip
+        if len(rows) != len(wanted):
+            missing = sorted(set(wanted) - set(rows))[:5]
+            raise LedgerError(f"part {part} lacks truncated rows its ledger entry lists (indices {missing})")
+        bare = [i for i, r in rows.items() if not_extendable(r) is not None]
+        if bare:
+            log.warning(
+                "%d of %d truncated rows in %s cannot be extended (%s): generating them again instead",
+                len(bare), len(rows), part, not_extendable(rows[bare[0]]),
+            )
+        needed = sorted(rows) if need_prompts else sorted(bare)
+        prompts = {p.index: p for p in read_indices(dataset, needed, aws_conn_id=aws_conn_id)}
+        for index in sorted(rows):
+            prompt = prompts.get(index)
+            if isinstance(prompt, InvalidRow):
+                yield prompt
+                continue
+            source = rows[index]
+            if source.run_id not in params:
+                params[source.run_id] = _source_sampling(ledger, source.run_id, sampling)
+            yield Extension(source, wanted[index], prompt, *params[source.run_id])
+
+
+def not_extendable(row: GeneratedRow) -> str | None:
+    """Why a truncated row cannot be continued from its tokens (None: it can)."""
+    if not row.has_token_ids:
+        return ("it has no token ids (committed before tracegen stored them, or by a server that did not "
+                "return them)")
+    # base64 of uint32: 4 bytes a token, 3 bytes per 4 characters, less the padding.
+    packed = row.response_token_ids
+    n = len(packed) * 3 // 4 - (len(packed) - len(packed.rstrip("=")))
+    if n != 4 * row.completion_tokens:
+        return f"its {n // 4:,} response token ids do not match its {row.completion_tokens:,} completion tokens"
+    return None
+
+
+def raw_text(row: GeneratedRow) -> str:
+    """The raw model output a chat response was split from: `<think>` + reasoning_content, then
+    `</think>` + content once the answer had begun (thinking inline in content when the server split
+    nothing)."""
+    reasoning, content = row.reasoning_content, row.content or ""
+    if not reasoning:
+        return content
+    # The answer has begun when the server counted fewer thinking tokens than tokens (a parser that trims
+    # whitespace can leave content "" right after </think>).
+    answered = bool(content) or 0 < row.reasoning_tokens < row.completion_tokens
+    return THINK_START + reasoning + (THINK_END + content if answered else "")
+
+
+def regenerated_provenance(superseded: Superseded, policy: str, reason: str | None = None) -> dict[str, Any]:
+    action = FALLBACK_REGENERATED if reason else REGENERATED
+    out: dict[str, Any] = {"action": action, "policy": policy, "supersedes": superseded.ref()}
+    if reason:
+        out["reason"] = reason
+    return out
+
+
+async def extend_row(
+    client: SGLangClient,
+    job: Extension,
+    *,
+    sampling: Sampling,
+    model: str,
+    run_id: str,
+    chunk: int,
+) -> GeneratedRow:
+    """The row that continues `job.source` up to `sampling.max_tokens` (a failed or rejected row when a
+    request fails), or, for a source without token ids, the row generated again in its place."""
+    source, cap = job.source, sampling.max_tokens
+    started = time.monotonic()
+    reason = not_extendable(source)
+    if reason is not None:
+        assert job.prompt is not None  # extension_jobs reads the dataset row of every such row
+        log.debug("row %d: %s: generating it again under %d", source.index, reason, cap)
+        row = await client.complete(
+            source.index, job.prompt.messages, sampling=sampling, model=model, tools=job.prompt.tools,
+            run_id=run_id, chunk=chunk, category=source.category,
+        )
+        if row.status == OK:
+            row.provenance = regenerated_provenance(job.superseded, "extend", reason)
+        return row
+
+    prompt_ids = unpack_token_ids(source.prompt_token_ids)
+    response_ids = unpack_token_ids(source.response_token_ids)
+    where = f"continuing the row cut at {len(response_ids):,} tokens ({job.superseded.part})"
+
+    def row(status: str, out: Outcome[Any], **fields: Any) -> GeneratedRow:
+        return GeneratedRow(index=source.index, status=status, max_tokens=cap, run_id=run_id, chunk=chunk,
+                            id=source.id, category=source.category, attempt=out.attempt, **fields)
+
+    def not_ok(out: Outcome[Any], step: str) -> GeneratedRow:
+        # Only the generation can be refused for good (a context overflow, as chat would be under this
+        # cap); a parsing step that fails leaves the row failed, so a later run extends it again.
+        if out.rejected is not None and step == "/generate":
+            return row(REJECTED, out, server=out.server, error=f"{where}: {step}: {out.rejected}")
+        return row(FAILED, out, server="", error=f"{where}: {step}: {out.failed or out.rejected}")
+
+    parsers_out = await client.server_parsers()
+    if parsers_out.value is None:
+        return not_ok(parsers_out, "/server_info")
+    parsers: ServerParsers = parsers_out.value
+    same = Sampling(max_tokens=cap, temperature=job.temperature, top_p=job.top_p, seed=sampling.seed)
+    # A row cut inside its thinking continues its thinking: the server is told so, to count those tokens.
+    generated = await client.generate(prompt_ids + response_ids, max_new_tokens=cap - len(response_ids),
+                                      sampling=same, require_reasoning=source.cut_in_reasoning)
+    if generated.value is None:
+        return not_ok(generated, "/generate")
+    new = generated.value
+    whole = raw_text(source) + new.text
+    reasoning, content = "", whole
+    if parsers.reasoning:
+        split = await client.separate_reasoning(whole, parsers.reasoning)
+        if split.value is None:
+            # The new tokens are paid for and lost: rare (the parser runs on the server's CPU), and a later
+            # run continues the committed truncated row again.
+            return not_ok(split, "/separate_reasoning")
+        reasoning, content = split.value
+    finish, tool_calls = new.finish_reason, None
+    tools = job.prompt.tools if job.prompt is not None else None
+    if parsers.tool_call and tools:
+        calls = await client.parse_function_call(content, tools, parsers.tool_call)
+        if calls.value is None:
+            return not_ok(calls, "/parse_function_call")
+        if calls.value[1]:
+            content, tool_calls = calls.value
+            # As the chat route does: a parsed call turns a natural stop into `tool_calls`, never a cut.
+            finish = "tool_calls" if finish == "stop" else finish
+    total = len(response_ids) + new.completion_tokens
+    return row(
+        OK,
+        generated,
+        server=generated.server,
+        content=content,
+        reasoning_content=reasoning or None,
+        tool_calls=tool_calls,
+        finish_reason=finish,
+        prompt_tokens=source.prompt_tokens,
+        completion_tokens=total,
+        reasoning_tokens=source.reasoning_tokens + new.reasoning_tokens,
+        latency_s=time.monotonic() - started,
+        prompt_token_ids=source.prompt_token_ids,
+        response_token_ids=None if new.output_ids is None else pack_token_ids(response_ids + new.output_ids),
+        provenance={
+            "action": EXTENDED,
+            "policy": "extend",
+            "supersedes": job.superseded.ref(),
+            "tokens_before": len(response_ids),
+            "tokens_after": total,
+            "new_tokens": new.completion_tokens,
+            "sampling": {"temperature": job.temperature, "top_p": job.top_p},
+        },
+    )

@@ -1,0 +1,150 @@
+"""The gate's question in Airflow's Required Actions (gate_mode=ask): a human-in-the-loop task.
+
+What is asked, what the options mean and which answers can be acted on is `tracegen.audit.review`'s;
+this is the Airflow side. The task is skipped when no gate held the run back. Otherwise it poses the
+run's question (its options are labelled with the run's own caps, so they are set when it runs, not when
+the DAG is parsed), waits in AWAITING_INPUT until someone answers in the UI or through the REST API, or
+until the run's `gate_question_timeout_minutes` pass (then the default, stop, is taken), and returns the
+`CapDecision` as its XCom. An answer the run cannot act on (no cap typed for "another cap", a cap over the
+servers' context length) is refused: the reason goes to the task log and to the XCom `refused_answer`,
+and the same question is asked again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import HITLOperator
+
+from tracegen.audit.review import CAP_FIELD, STOP_LABEL
+from tracegen.config import rule_of
+
+REFUSED_KEY = "refused_answer"
+
+
+def _cap_param(max_cap: int) -> Any:
+    """The form's cap field. Its range is in the description and checked by the run, not the schema: the
+    UI clamps a number field to the schema's bounds when it loses focus, so 50000 typed as a typo for
+    5000 would go out as the largest cap without a word, where the run refuses it and says why."""
+    from airflow.sdk import Param
+
+    return Param(None, type=["null", "integer"], title="Another cap (max_tokens)",
+                 description=f"Only with 'Continue at the cap typed below': the cap to continue at, 1 to "
+                             f"{max_cap:,} (below the servers' context length).")
+
+
+class CapReviewOperator(HITLOperator):
+    """Asks the run's reviewer which cap to continue at, or whether to stop; skipped without a question."""
+
+    template_fields = (*HITLOperator.template_fields, "question")
+
+    def __init__(self, *, question: Any, **kwargs: Any) -> None:
+        # The DAG's trigger-form params are not this form's: the reviewer's form has the cap field only.
+        kwargs.pop("params", None)
+        # Parse-time placeholders: every run's question brings its own options (see `_pose`).
+        super().__init__(subject="tracegen: the truncation gate's question", options=[STOP_LABEL],
+                         defaults=[STOP_LABEL], params={CAP_FIELD: _cap_param(rule_of("max_tokens").high)},
+                         **kwargs)
+        self.question = question  # CapQuestion.to_json() from the question task, or None
+
+    def execute(self, context: Any) -> Any:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        if not self.question:
+            raise AirflowSkipException("nothing to ask: no gate held this run back")
+        self._pose()
+        self.log.info("asking: %s (answer in Required Actions; unanswered in %s, the run stops)",
+                      self.subject, self.response_timeout)
+        return super().execute(context)
+
+    def _pose(self):
+        """Set the HITL request from this run's question: subject, Markdown body, options, the cap field
+        bounded by the servers' context length, the timeout, and stop as the default."""
+        from airflow.sdk.definitions.param import ParamsDict
+
+        from tracegen.audit.review import STOP, CapQuestion
+
+        question = CapQuestion.from_json(self.question)
+        self.subject, self.body = question.subject, question.body
+        self.options = question.labels
+        self.defaults = [question.option_label(STOP)]
+        self.multiple = False
+        self.params = ParamsDict({CAP_FIELD: _cap_param(question.max_cap)})
+        self.response_timeout = dt.timedelta(minutes=question.timeout_minutes)
+        return question
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        from tracegen.audit.review import OTHER, AnswerRefused, decide
+
+        question = self._pose()
+        if "error" in event:
+            return super().execute_complete(context, event)  # raises: the wait itself went wrong
+        user = event.get("responded_by_user") or {}
+        who = user.get("name") or user.get("id")
+        try:
+            decision = decide(question, event["chosen_options"], event.get("params_input"), responded_by=who,
+                              responded_at=event["responded_at"], timed_out=bool(event.get("timedout")))
+        except AnswerRefused as exc:
+            self.log.error("answer by %s refused, asking again: %s", who, exc)
+            context["ti"].xcom_push(key=REFUSED_KEY, value={
+                "responded_by": who, "chosen_options": event["chosen_options"],
+                "params_input": event.get("params_input"), "refused": str(exc)})
+            # Writing the request again clears the refused response; the task waits for a new one.
+            return self.execute(context)
+        # The provider's own checks, on the answer as it is acted on (the cap as the integer decided).
+        typed = decision.cap if decision.kind == OTHER else None
+        super().execute_complete(context, {**event, "params_input": {CAP_FIELD: typed}})
+        self.log.info("decision: %s", decision.summary())
+        return decision.to_json()
+
+
+# ---- answering without an api-server ----------------------------------------------------------------
+# `airflow dags test` (which `make demo` runs) starts no api-server and no scheduler: a question parks
+# its task in AWAITING_INPUT and the test loop waits for a response recorded in the metadata DB. These
+# two read and answer it in this process, through the REST API's own handler, for a process configured
+# for that metadata DB (AIRFLOW_HOME, AIRFLOW__DATABASE__SQL_ALCHEMY_CONN).
+
+
+def awaiting_answers(dag_id: str) -> list[dict[str, Any]]:
+    """The questions of `dag_id`'s runs waiting for an answer: run id, task id, map index, subject, body,
+    options and defaults, oldest first."""
+    from airflow.models.hitl import HITLDetail
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    query = (select(TaskInstance, HITLDetail).join(HITLDetail, HITLDetail.ti_id == TaskInstance.id)
+             .where(TaskInstance.dag_id == dag_id, TaskInstance.state == TaskInstanceState.AWAITING_INPUT,
+                    HITLDetail.responded_at.is_(None))
+             .order_by(HITLDetail.created_at))
+    with create_session() as session:
+        return [{"run_id": ti.run_id, "task_id": ti.task_id, "map_index": ti.map_index, "subject": d.subject,
+                 "body": d.body, "options": list(d.options), "defaults": list(d.defaults or [])}
+                for ti, d in session.execute(query).all()]
+
+
+def answer_in_process(dag_id: str, run_id: str, task_id: str, option: str, params_input: dict[str, Any], *,
+                      user: str, map_index: int = -1) -> dict[str, Any]:
+    """Answer a question as `PATCH /api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/
+    {map_index}/hitlDetails` does: the same handler (its option checks, the resume of the waiting task),
+    called in this process as `user`. Returns the recorded response."""
+    import warnings
+
+    from airflow.utils.session import create_session
+
+    # The api-server's modules warn about its own test tooling on import; nothing here uses it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+        from airflow.api_fastapi.core_api.datamodels.hitl import UpdateHITLDetailPayload
+        from airflow.api_fastapi.core_api.routes.public.hitl import update_hitl_detail
+
+    with create_session() as session:
+        response = update_hitl_detail(
+            dag_id=dag_id, dag_run_id=run_id, task_id=task_id, map_index=map_index, session=session,
+            update_hitl_detail_payload=UpdateHITLDetailPayload(chosen_options=[option], params_input=params_input),
+            user=SimpleAuthManagerUser(username=user, role="admin"),
+        )
+        return response.model_dump(mode="json")

@@ -1,0 +1,113 @@
+"""A run's review under gate_mode=ask: whether to ask, the question, and the run an answer leaves.
+
+After the first fan-out (the chunks past a passing pilot gate, or none when the pilot gate closed) the
+run asks when a gate held it back: the pilot gate's stop verdict, or rows the continuous gate kept from
+being generated. The question (`tracegen.audit.review`) is built from the report JSON the audit wrote and
+stored as `runs/<run_id>/question.json`; the answer's `CapDecision` goes into the run's record
+(`run.json`), whose config then carries the chosen cap, and the chunks with work left at that cap (the
+pilot's truncated rows among them) are the second fan-out's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tracegen import plan
+from tracegen.audit import gate
+from tracegen.audit.review import DRIFT, PILOT, CapDecision, CapQuestion, question_from_report
+from tracegen.audit.run_report import audit_and_report
+from tracegen.config import rule_of
+from tracegen.run import QUESTION_FILE
+from tracegen.run.records import gate_verdict, pilot_report, write_run_record
+from tracegen.run.spec import RunSpec
+from tracegen.store.ledger import COMPACT_OVER, open_ledger
+from tracegen.store.records import FAILED
+
+log = logging.getLogger(__name__)
+
+GATE_REPORT = "gate-report"  # the audit a mid-run question is built from (the continuous gate's sample)
+
+
+def rows_held(spec: RunSpec, frame: pd.DataFrame) -> int:
+    """Rows not done at the run's cap on which no attempt failed: rows a closed gate kept from being
+    generated (a chunk that did not start, or stopped early). Failed rows are not counted: they are the
+    scheduled rerun's, whatever the gate says."""
+    config = spec.config
+    held = ~plan.done_mask(frame, spec.dataset.n_rows, config.max_tokens, config.truncated_policy)
+    if len(frame):
+        failed = frame["index"].to_numpy(np.int64)[(frame["status"] == FAILED).to_numpy(bool)]
+        held[failed] = False
+    return int(held.sum())
+
+
+def max_cap(context_length: int | None) -> int:
+    """The highest cap a continuing run may take: below the servers' context length, within the rule."""
+    high = rule_of("max_tokens").high
+    return min(high, context_length - 1) if context_length else high
+
+
+def ask(
+    spec: RunSpec,
+    *,
+    context_length: int | None,
+    drift_sample: Sequence[int],
+    tokens_per_s_per_gpu: float | None = None,
+    report_url: Callable[[str], str | None] | None = None,
+) -> CapQuestion | None:
+    """The question this run must put to its reviewer now, stored beside its record; None when there is
+    nothing to ask (gate_mode is not 'ask', or no gate held the run back).
+
+    `drift_sample`: the indices the continuous gate judges (`generate.gate_watch.continuous_sample`),
+    audited for the question when that gate held rows back. `report_url(file name)`: the review page
+    showing one of the run's report files, when there is one."""
+    config = spec.config
+    if config.gate_mode != "ask":
+        return None
+    ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    report = pilot_report(ledger, spec.run_id)
+    verdict, _ = gate_verdict(report)
+    if report is not None and verdict == gate.STOP:
+        trigger, name = PILOT, "pilot-report"
+    else:
+        held = rows_held(spec, ledger.frame(compact_over=COMPACT_OVER))
+        if not held:
+            return None
+        # The continuous gate closed mid-run: audit what it judged, for the table the reviewer decides on.
+        trigger, name = DRIFT, GATE_REPORT
+        log.info("the continuous gate held back %d rows; auditing its sample for the question", held)
+        audit_and_report(spec, name=name, indices=np.asarray(drift_sample, dtype=np.int64),
+                         tokens_per_s_per_gpu=tokens_per_s_per_gpu, context_length=context_length)
+        report = json.loads(ledger.get_run_file(spec.run_id, f"{name}.json"))
+    question = question_from_report(
+        report, run_id=spec.run_id, trigger=trigger, max_cap=max_cap(context_length),
+        context_length=context_length, truncated_policy=config.truncated_policy,
+        report_uri=ledger.storage.uri_for(f"runs/{spec.run_id}/{name}.html"),
+        report_url=report_url(f"{name}.html") if report_url else None,
+        timeout_minutes=config.gate_question_timeout_minutes,
+    )
+    ledger.put_run_file(spec.run_id, QUESTION_FILE, json.dumps(question.to_json(), indent=2).encode())
+    return question
+
+
+def apply(spec: RunSpec, decision: CapDecision) -> tuple[RunSpec, list[plan.ChunkWork]]:
+    """The run as the decision leaves it, stored as its record, and the chunks with work left at the
+    chosen cap (none when it stops): the rows the held chunks never generated, and the rows truncated
+    below the new cap, the pilot's among them (the run's truncated_policy says how they are redone)."""
+    config = spec.config
+    ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    decided = spec.decided(decision)
+    write_run_record(ledger, decided)
+    log.info("decision recorded in %s: %s", ledger.storage.uri_for(f"runs/{spec.run_id}/run.json"),
+             decision.summary())
+    if not decision.continues:
+        return decided, []
+    frame = ledger.frame(compact_over=COMPACT_OVER)
+    work = plan.chunks_with_work(frame, decided.dataset.n_rows, decided.layout, decided.config)
+    log.info("%d chunks with %d rows left at max_tokens=%d", len(work), sum(w.remaining for w in work),
+             decided.config.max_tokens)
+    return decided, work

@@ -1,0 +1,285 @@
+"""The gate asks (gate_mode=ask) on a real Airflow: the question in Required Actions, answered through the
+REST API and by a click in headless Chromium, refused when the run cannot act on it, and left unanswered.
+
+Every Airflow component runs as a real process (tests/e2e/airflow_cluster.py: PostgreSQL, Celery on
+Redis, api-server, scheduler), with the bundled simulated fleet (SGLang stand-ins) and the bundled
+prompts, whose length law truncates about 18% of rows at the seed's 4096. Each test triggers its own
+run into its own output root, named in `tracegen_output_roots` so the review pages serve its reports.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import urllib.parse
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError
+from plugins.cdp_browser import Browser
+
+from tracegen.config import SAMPLE_DATASET, safe_run_id
+from tracegen.status import dataset_status
+from tracegen.store.ledger import Ledger
+from tracegen.store.storage import open_storage
+
+GENERATE = "tracegen_generate"
+N_ROWS = 240
+CONF = {"max_tokens": 4096, "pilot_size": 120, "chunk_size": 50}
+ROOTS = ("out-rest", "out-ui", "out-timeout", "out-drift", "out-pass")
+SCREENSHOT_DIR = Path(__file__).resolve().parents[2] / ".state" / "test-screenshots"
+OTHER = "Continue at the cap typed below"
+STOP = "Stop the run"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("review-cluster")
+    # A faster stand-in clock: the runs are about the question, not about generation speed.
+    cluster = AirflowCluster(root, workers=1, worker_concurrency=4, extra_env={"TRACEGEN_SIM_TIME_SCALE": "200"})
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        cluster.stop()
+        pytest.fail(f"could not start the Airflow cluster: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def api(cluster: AirflowCluster) -> AirflowApi:
+    api = cluster.api()
+    api.set_variable("tracegen_output_roots", json.dumps([str(cluster.root / r) for r in ROOTS]))
+    api.wait_for_dag(GENERATE)
+    api.unpause(GENERATE)
+    return api
+
+
+@pytest.fixture(scope="module")
+def dataset(cluster: AirflowCluster) -> Path:
+    with gzip.open(SAMPLE_DATASET, "rt") as src:
+        lines = [next(src) for _ in range(N_ROWS)]
+    path = cluster.root / "prompts.jsonl"
+    path.write_text("".join(lines))
+    return path
+
+
+def _trigger(cluster: AirflowCluster, api: AirflowApi, dataset: Path, root: str, **conf) -> tuple[str, Path]:
+    output = cluster.root / root
+    run_id = api.trigger(GENERATE, {**CONF, "dataset_uri": str(dataset), "output_uri": str(output), **conf})
+    return run_id, output
+
+
+def _hitl_path(run_id: str) -> str:
+    return f"/dags/{GENERATE}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/review_cap/-1/hitlDetails"
+
+
+def _question(cluster: AirflowCluster, api: AirflowApi, run_id: str, timeout: float = 240) -> dict:
+    """The run's open question, once its task waits for an answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = {t["task_id"]: t["state"] for t in api.task_instances(GENERATE, run_id) if t["map_index"] == -1}
+        if states.get("review_cap") == "awaiting_input":
+            detail = api._call("GET", _hitl_path(run_id))
+            if not detail["response_received"]:
+                return detail
+        assert api.run(GENERATE, run_id)["state"] in ("queued", "running"), (
+            f"the run ended without asking: {api.describe(GENERATE, run_id)}\n{cluster.logs_summary()}")
+        time.sleep(1)
+    raise AssertionError(f"no question within {timeout:.0f} s: {api.describe(GENERATE, run_id)}")
+
+
+def _answer(api: AirflowApi, run_id: str, option: str, cap=None) -> dict:
+    return api._call("PATCH", _hitl_path(run_id), json={"chosen_options": [option], "params_input": {"cap": cap}})
+
+
+def _refusal(api: AirflowApi, run_id: str, timeout: float = 60) -> str:
+    """The reason the run gave for refusing the last answer, once the question is open again."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        detail = api._call("GET", _hitl_path(run_id))
+        if not detail["response_received"] and detail["task_instance"]["state"] == "awaiting_input":
+            response = api.client.get(f"/dags/{GENERATE}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+                                      "/taskInstances/review_cap/xcomEntries/refused_answer",
+                                      params={"deserialize": True})
+            if response.status_code == 200:
+                return response.json()["value"]["refused"]
+        time.sleep(1)
+    raise AssertionError(f"the question did not open again: {api._call('GET', _hitl_path(run_id))}")
+
+
+def _states(api: AirflowApi, run_id: str) -> dict[str, set[str]]:
+    states: dict[str, set[str]] = {}
+    for t in api.task_instances(GENERATE, run_id):
+        states.setdefault(t["task_id"], set()).add(t["state"])
+    return states
+
+
+def _record(output: Path, run_id: str) -> tuple[dict, dict]:
+    run_dir = output / "runs" / safe_run_id(run_id)
+    return json.loads((run_dir / "run.json").read_text()), json.loads((run_dir / "report.json").read_text())
+
+
+def _check_completed_at(output: Path, run_id: str, cap: int) -> dict:
+    """Every row done at the chosen cap in this one run, the decision in the record and the report, and
+    every row the pilot saw cut at 4096 continued from its tokens, not generated again."""
+    record, report = _record(output, run_id)
+    assert record["config"]["max_tokens"] == cap and record["config"]["gate_mode"] == "stop"
+    status = dataset_status(str(output))
+    assert (status["total"], status["done"], status["left"], status["max_tokens"]) == (N_ROWS, N_ROWS, 0, cap), status
+    ledger = Ledger(open_storage(str(output)))
+    assert ledger.check_invariants() == []
+    frame = ledger.frame()
+    assert set(frame["run_id"]) == {safe_run_id(run_id)}  # one run, no second trigger
+    cut = frame[(frame["max_tokens"] == 4096) & (frame["finish_reason"] == "length")]["index"]
+    assert len(cut) > 0
+    redone = frame[frame["index"].isin(cut) & (frame["max_tokens"] == cap)]
+    assert sorted(redone["index"]) == sorted(cut) and set(redone["pivot"]) == {"extended"}, redone["pivot"].tolist()
+    assert report["audit"]["max_tokens"] == cap and report["decisions"] == record["decisions"]
+    return record["decisions"][-1]
+
+
+@pytest.mark.timeout(600)
+def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_the_new_cap(
+    cluster: AirflowCluster, api: AirflowApi, dataset: Path
+) -> None:
+    run_id, output = _trigger(cluster, api, dataset, "out-rest")
+    detail = _question(cluster, api, run_id)
+    options = detail["options"]
+    assert options[0].endswith("(recommended)") and options[1:] == [
+        OTHER, "Continue at 4,096 tokens, accepting the truncation", STOP]
+    assert detail["defaults"] == [STOP] and detail["multiple"] is False
+    assert detail["subject"] == "The pilot is over the truncation threshold at max_tokens=4,096: continue at which cap?"
+    body = detail["body"]
+    assert "| max_tokens | predicted truncation | 95% interval | tokens/row | ETA | GPU time | basis |" in body
+    assert "| 4,096 (current) |" in body and "(recommended)** |" in body
+    assert "the servers' context length is 40,960 tokens" in body  # read by provision_fleet from the servers
+    # The link opens the pilot report on the review pages of this api-server.
+    link = body.split("[Open the report](", 1)[1].split(")", 1)[0]
+    assert link.startswith(f"{cluster.api_url}/tracegen/roots/") and link.endswith("/pilot-report.html")
+    page = httpx.get(link, headers=api.client.headers, timeout=30)
+    assert page.status_code == 200 and "Cap table" in page.text, page.text[:300]
+    # The other cap field, and stop as what an unanswered question takes.
+    assert detail["params"]["cap"]["schema"]["title"] == "Another cap (max_tokens)"
+
+    # A cap the servers cannot serve is refused with the reason, and the same question opens again.
+    _answer(api, run_id, OTHER, 50_000)
+    refused = _refusal(api, run_id)
+    assert refused == ("cap 50,000 is too large: the servers' context length is 40,960 tokens (prompt + "
+                       "completion must fit); enter at most 40,959"), refused
+    assert api.run(GENERATE, run_id)["state"] == "running"
+
+    response = _answer(api, run_id, OTHER, 9000)
+    assert response["responded_by"]["name"] == "admin"
+    assert api.wait_run(GENERATE, run_id, 300) == "success", f"{api.describe(GENERATE, run_id)}\n{cluster.logs_summary()}"
+    decision = _check_completed_at(output, run_id, 9000)
+    assert (decision["option"], decision["kind"], decision["cap"], decision["from_cap"]) == (OTHER, "other", 9000, 4096)
+    assert decision["responded_by"] == "admin" and not decision["timed_out"]
+    assert [r["cap"] for r in decision["cap_rows"]][:1] == [4096]  # the table they saw
+    states = _states(api, run_id)
+    assert states["generate_at_decided_cap"] == {"success"} and states["watcher"] == {"skipped"}, states
+    assert states["generate_chunk"] == {"skipped"}  # nothing started past the gate before the answer
+
+
+@pytest.mark.timeout(600)
+def test_chromium_shows_the_required_action_with_the_cap_table_and_a_click_resumes_the_run(
+    cluster: AirflowCluster, api: AirflowApi, dataset: Path
+) -> None:
+    run_id, output = _trigger(cluster, api, dataset, "out-ui")
+    detail = _question(cluster, api, run_id)
+    recommended = detail["options"][0]
+    cap = int(recommended.split()[2].replace(",", ""))
+    token = httpx.post(f"{cluster.api_url}/auth/token", json={"username": "admin", "password": cluster.password},
+                       timeout=30).json()["access_token"]
+    browser = Browser()
+    try:
+        browser.set_cookie(cluster.api_url + "/", "_token", token)
+        page = (f"{cluster.api_url}/dags/{GENERATE}/runs/{urllib.parse.quote(run_id, safe='')}/tasks/review_cap/"
+                "required_actions")
+        browser.goto(page)
+        button = f'[data-testid="hitl-option-{recommended}"]'
+        browser.wait_for(f"!!document.querySelector({json.dumps(button)})", 60)
+        text = browser.text()
+        assert "Truncation is over the threshold in the pilot." in text
+        # The cap table, rendered as a table, with the recommended row marked.
+        rows = browser.eval("[...document.querySelectorAll('main table tr, table tr')].map(r => r.innerText)")
+        assert any(r.startswith("max_tokens") for r in rows), rows
+        assert any(r.startswith(f"{cap:,} (recommended)") for r in rows), rows
+        assert any(r.startswith("4,096 (current)") for r in rows), rows
+        assert "Another cap (max_tokens)" in text and "Open the report" in text
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        browser.screenshot(SCREENSHOT_DIR / "required-action.png")
+
+        # "Another cap" with nothing typed: refused, and the question opens again.
+        browser.click(f'[data-testid="hitl-option-{OTHER}"]')
+        assert _refusal(api, run_id).startswith(f"'{OTHER}' needs a cap in the form's 'cap' field")
+        browser.goto(page)
+        browser.wait_for(f"(b => b && !b.disabled)(document.querySelector({json.dumps(button)}))", 60)
+
+        browser.click(button)
+        assert api.wait_run(GENERATE, run_id, 300) == "success", api.describe(GENERATE, run_id)
+        browser.goto(f"{cluster.api_url}/tracegen/runs/{urllib.parse.quote(run_id, safe='')}")
+        browser.wait_for("document.body.innerText.includes('DECISION')", 30)
+        assert "answered by admin" in browser.text()
+        browser.screenshot(SCREENSHOT_DIR / "report-with-decision.png")
+    finally:
+        browser.close()
+    decision = _check_completed_at(output, run_id, cap)
+    assert (decision["option"], decision["kind"], decision["responded_by"]) == (recommended, "recommended", "admin")
+
+
+@pytest.mark.timeout(400)
+def test_an_unanswered_question_stops_the_run(cluster: AirflowCluster, api: AirflowApi, dataset: Path) -> None:
+    run_id, output = _trigger(cluster, api, dataset, "out-timeout", gate_question_timeout_minutes=0.25)
+    _question(cluster, api, run_id)
+    assert api.wait_run(GENERATE, run_id, 180) == "failed"
+    states = _states(api, run_id)
+    assert states["review_cap"] == {"success"} and states["apply_decision"] == {"failed"}, states
+    assert states["generate_at_decided_cap"] == {"upstream_failed"} and states["watcher"] == {"failed"}, states
+    assert states["final_report"] == {"success"}
+    record, report = _record(output, run_id)
+    decision = record["decisions"][-1]
+    assert (decision["option"], decision["cap"], decision["timed_out"], decision["responded_by"]) == (
+        STOP, None, True, None)
+    assert record["config"]["max_tokens"] == 4096 and report["decisions"] == record["decisions"]
+    frame = Ledger(open_storage(str(output))).frame()
+    assert set(frame["max_tokens"]) == {4096} and len(frame) < N_ROWS  # nothing generated after the question
+
+
+@pytest.mark.timeout(400)
+def test_the_continuous_gate_asks_instead_of_failing_chunks(
+    cluster: AirflowCluster, api: AirflowApi, dataset: Path
+) -> None:
+    # No pilot: the continuous gate closes once the first chunks' rows show the truncation; the chunks
+    # after it are held (skipped, not failed), and the run asks about the rows they left.
+    run_id, output = _trigger(cluster, api, dataset, "out-drift", pilot_size=0)
+    detail = _question(cluster, api, run_id)
+    assert detail["subject"] == ("The running truncation rate held chunks back at max_tokens=4,096: continue at "
+                                 "which cap?")
+    assert "in the rows generated so far (the continuous gate's sample)" in detail["body"]
+    assert "/gate-report.html)" in detail["body"]
+    states = _states(api, run_id)
+    assert "skipped" in states["generate_chunk"] and "failed" not in states["generate_chunk"], states
+    _answer(api, run_id, "Continue at 4,096 tokens, accepting the truncation")
+    assert api.wait_run(GENERATE, run_id, 300) == "success", api.describe(GENERATE, run_id)
+    record, report = _record(output, run_id)
+    assert record["decisions"][-1]["trigger"] == "drift" and record["config"]["gate_mode"] == "warn"
+    assert dataset_status(str(output))["left"] == 0 and report["decisions"] == record["decisions"]
+
+
+@pytest.mark.timeout(300)
+def test_a_run_the_gate_passes_asks_nothing(cluster: AirflowCluster, api: AirflowApi, dataset: Path) -> None:
+    run_id, output = _trigger(cluster, api, dataset, "out-pass", max_tokens=16384)
+    assert api.wait_run(GENERATE, run_id, 240) == "success", api.describe(GENERATE, run_id)
+    states = _states(api, run_id)
+    assert states["ask_about_cap"] == {"success"} and states["generate_chunk"] == {"success"}, states
+    for task_id in ("review_cap", "apply_decision", "generate_at_decided_cap", "watcher"):
+        assert states[task_id] == {"skipped"}, (task_id, states)
+    record, report = _record(output, run_id)
+    assert record["decisions"] == [] and report["decisions"] == []
+    assert not (output / "runs" / safe_run_id(run_id) / "question.json").exists()
+    assert dataset_status(str(output))["left"] == 0
