@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tracegen.dataset.request_rules import check_tool
 from tracegen.simulator import faults as fault_kinds
 from tracegen.simulator import metrics as prom
 from tracegen.simulator import protocol as p
@@ -34,7 +35,14 @@ from tracegen.simulator.cli import SimSettings
 from tracegen.simulator.faults import FaultInjector
 from tracegen.simulator.lengths import Drawn, continued_sample, fresh_sample
 from tracegen.simulator.reasoning import UnmodelledParser, UnsupportedParser, separate_reasoning
-from tracegen.simulator.tokens import chat_prompt_ids, text_ids
+from tracegen.simulator.tokens import chat_prompt_ids, prompt_tool_names, text_ids
+from tracegen.simulator.tool_calls import (
+    AdapterToolParser,
+    UnmodelledToolParser,
+    UnsupportedToolParser,
+    chat_tool_parser,
+    parse_function_call,
+)
 
 log = logging.getLogger("tracegen.simulator")
 READY_LINE = "The server is fired up and ready to roll!"
@@ -418,13 +426,12 @@ def _fresh(state: State, ids: list[int], thinking: bool, seed: int | None) -> Dr
     return fresh_sample(ids, state.args["sim_seed"], state.settings.length_model, number, thinking)
 
 
-def _plan(
-    state: State, drawn: Drawn, cap: int, ignore_eos: bool, tools: list[dict[str, Any]] | None
-) -> p.Plan:
+def _plan(state: State, drawn: Drawn, cap: int, ignore_eos: bool, tool_names: list[str] | None) -> p.Plan:
+    """The request's plan; a sample of a prompt offering tools (`tool_names`, read from its ids, so chat
+    and /generate decide alike) may end in a call to one of them."""
     tool_name = None
-    if tools and drawn.sample.tool_roll < state.args["sim_tool_call_rate"]:
-        fn = tools[drawn.sample.key % len(tools)].get("function")
-        tool_name = fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) else "tool"
+    if tool_names and drawn.sample.tool_roll < state.args["sim_tool_call_rate"]:
+        tool_name = tool_names[drawn.sample.key % len(tool_names)]
     return p.plan_request(drawn, cap, ignore_eos, tool_name)
 
 
@@ -461,7 +468,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     fault, replacement = await _apply_fault(request, state)
     if replacement is not None:
         return replacement
-    plan = _plan(state, _fresh(state, ids, req.enable_thinking, req.seed), cap, req.ignore_eos, req.tools)
+    drawn = _fresh(state, ids, req.enable_thinking, req.seed)
+    plan = _plan(state, drawn, cap, req.ignore_eos, prompt_tool_names(ids) if req.tools else None)
     rid = req.rid or p.new_id()
     parser = _reasoning_parser(state, req.separate_reasoning)
     count_reasoning = bool(state.args["reasoning_parser"])
@@ -481,10 +489,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         await _wait(job, state)
         _record(state, job, n_prompt)
         n = job.tokens
-        finish = _finish(job, plan, parse_tools)
         reasoning_text, content = p.chat_texts(plan, n, parser, req.enable_thinking)
-        if plan.finish == "tool_calls" and finish == "stop":
-            content += p.tool_call_text(plan)
+        content += p.raw_ending(plan, n, job.aborted)
+        calls: list[dict[str, Any]] = []
+        if parse_tools:  # SGLang's order: reasoning split off first, then calls parsed out of the rest
+            assert req.tools is not None
+            content, calls = parse_function_call(
+                content, req.tools, chat_tool_parser(state.args["tool_call_parser"])
+            )
+        finish = _finish(job, plan, bool(calls))
         r_tokens = p.split(plan, n)[0] if count_reasoning else 0
         # SGLang's ChatMessage leaves `tool_calls` out when there are none.
         message: dict[str, Any] = {
@@ -492,8 +505,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             "content": content,
             "reasoning_content": reasoning_text or None,
         }
-        if finish == "tool_calls":
-            message["tool_calls"] = p.tool_calls(plan)
+        if calls:
+            message["tool_calls"] = p.tool_calls(plan, calls)
         choice: dict[str, Any] = {
             "index": 0, "message": message, "logprobs": None, "finish_reason": finish,
             "matched_stop": p.EOS_TOKEN_ID if finish == "stop" else None,
@@ -511,13 +524,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         state.active -= 1
 
 
-def _finish(job: Job, plan: p.Plan, parse_tools: bool) -> str:
-    """The finish reason SGLang reports: a tool call is one only when its parser found it."""
+def _finish(job: Job, plan: p.Plan, parsed_calls: bool) -> str:
+    """The finish reason SGLang reports: a natural stop is `tool_calls` only when its parser found a call."""
     if job.aborted:
         return "abort"
-    if plan.finish == "tool_calls" and not parse_tools:
-        return "stop"
-    return plan.finish
+    if plan.finish == "length":
+        return "length"
+    return "tool_calls" if parsed_calls else "stop"
 
 
 async def _sse(resp: web.StreamResponse, payload: Any) -> None:
@@ -583,12 +596,17 @@ async def _stream_chat(
         state.batcher.abort(job.rid, "Abort: client disconnected")
         raise
     _record(state, job, n_prompt)
-    finish = _finish(job, plan, parse_tools)
+    ending = p.raw_ending(plan, job.tokens, job.aborted)
+    calls: list[dict[str, Any]] = []
+    if parse_tools and ending:
+        assert req.tools is not None
+        calls = parse_function_call(ending, req.tools, chat_tool_parser(state.args["tool_call_parser"]))[1]
+    finish = _finish(job, plan, bool(calls))
     final_delta: dict[str, Any] = {}
-    if finish == "tool_calls":
-        final_delta["tool_calls"] = p.tool_calls(plan)
-    elif plan.finish == "tool_calls" and finish == "stop":
-        final_delta["content"] = p.tool_call_text(plan)
+    if calls:
+        final_delta["tool_calls"] = p.tool_calls(plan, calls)
+    elif ending:
+        final_delta["content"] = ending
     await _sse(resp, chunk(final_delta, finish))
     if req.include_usage:
         r_tokens = p.split(plan, job.tokens)[0] if count_reasoning else 0
@@ -626,7 +644,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
         drawn = continued_sample(ids, state.args["sim_seed"], state.settings.length_model)
     if drawn is None:
         drawn = _fresh(state, ids, True, req.sampling_seed)
-    plan = _plan(state, drawn, req.max_new_tokens, req.ignore_eos, None)
+    # The prompt's tools (read from its ids, as the model reads them) let the sample end in a call.
+    tool_names = prompt_tool_names(ids[: n_prompt - drawn.generated])
+    plan = _plan(state, drawn, req.max_new_tokens, req.ignore_eos, tool_names)
     rid = req.rid or p.new_id()
     count_reasoning = bool(state.args["reasoning_parser"])
     accept = state.settings.accept_length
@@ -640,7 +660,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         t0 = job.meta["t_arrival"]
 
         def body(n: int, done: bool) -> dict[str, Any]:
-            text = p.raw_text(plan, 0, n)
+            # The raw text, a sample's closing tool call included: SGLang's /generate parses nothing.
+            text = p.raw_text(plan, 0, n) + (p.raw_ending(plan, n, job.aborted) if done else "")
             meta: dict[str, Any] = {"id": rid, "finish_reason": None}
             if done and job.aborted:
                 meta["finish_reason"] = p.finish_reason_native("abort", plan.cap, job.abort_message)
@@ -716,6 +737,35 @@ async def separate_reasoning_endpoint(request: web.Request) -> web.Response:
     return _json(out)
 
 
+async def parse_function_call_endpoint(request: web.Request) -> web.Response:
+    """POST /parse_function_call: SGLang's tool-call parsing of a text, the chat route's own."""
+    body = p.parse_json_object(await request.read())
+    text, tools, parser = body.get("text"), body.get("tools", []), body.get("tool_call_parser")
+    if not isinstance(text, str):
+        raise p.BadRequest("parse_function_call needs text (string)")
+    if not isinstance(tools, list):
+        raise p.BadRequest("tools must be a list of objects")
+    for i, tool in enumerate(tools):
+        try:
+            check_tool(tool, f"tools[{i}]")
+        except ValueError as exc:
+            raise p.BadRequest(str(exc)) from None
+    for key in ("tool_call_parser", "rid", "http_worker_ipc"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise p.BadRequest(f"{key} must be a string or null")
+    try:
+        normal_text, calls = parse_function_call(text, tools, parser)
+    except AdapterToolParser as exc:
+        # An HTTPException(400): SGLang's handler answers it as an ErrorResponse typed by the status code.
+        return _json(p.openai_error(str(exc), 400, "400"), 400)
+    except UnsupportedToolParser:
+        # SGLang raises ValueError outside any handler here: the server's plain 500.
+        return web.Response(status=500, text="Internal Server Error")
+    except UnmodelledToolParser as exc:
+        return _json({"detail": str(exc)}, 501)
+    return _json({"normal_text": normal_text, "calls": calls})
+
+
 # -- lifecycle --------------------------------------------------------------------------------------
 def build_app(state: State) -> web.Application:
     app = web.Application(middlewares=[error_middleware, auth_middleware], client_max_size=64 * 1024**2)
@@ -731,6 +781,7 @@ def build_app(state: State) -> web.Application:
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/generate", generate)
     r.add_post("/separate_reasoning", separate_reasoning_endpoint)
+    r.add_post("/parse_function_call", parse_function_call_endpoint)
     r.add_post("/abort_request", abort_request)
     r.add_get("/sim/faults", get_faults)
     r.add_post("/sim/faults", set_faults)

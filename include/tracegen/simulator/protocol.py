@@ -420,21 +420,31 @@ def _tool_arguments(plan: Plan) -> dict[str, Any]:
     return {"query": words(plan.sample.key, 7, 3)}
 
 
-def tool_calls(plan: Plan) -> list[dict[str, Any]]:
-    """The call as SGLang's tool-call parser reports it (only with --tool-call-parser)."""
+def tool_calls(plan: Plan, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat route's `tool_calls` from the calls SGLang's tool-call parser found in the text (only with
+    --tool-call-parser): `index` is the call's ordinal, `tool_index` (the tool's position) is dropped."""
     return [{
-        "id": f"call_{plan.sample.key:016x}",
-        "index": 0,
+        "id": f"call_{plan.sample.key:016x}{i:08x}",
+        "index": i,
         "type": "function",
-        "function": {"name": plan.tool_name, "arguments": json.dumps(_tool_arguments(plan))},
-    }]  # fmt: skip
+        "function": {"name": call["name"], "arguments": call["parameters"]},
+    } for i, call in enumerate(calls)]  # fmt: skip
 
 
 def tool_call_text(plan: Plan) -> str:
-    """The call as the model writes it (Qwen's format), which is all a client gets without a tool-call
-    parser: SGLang then leaves it in `content` and the request finishes with `stop`."""
+    """The call as the model writes it (Qwen's format), the end of the raw text of a sample that calls a
+    tool (the stop token after it has no text). Without a tool-call parser it is all a client gets: SGLang
+    then leaves it in `content` and the request finishes with `stop`."""
     call = json.dumps({"name": plan.tool_name, "arguments": _tool_arguments(plan)})
     return f"\n\n<tool_call>\n{call}\n</tool_call>"
+
+
+def raw_ending(plan: Plan, n: int, aborted: bool) -> str:
+    """What the raw text of the first n tokens has after `raw_text`: the tool call of a sample that ends in
+    one, once it has ended."""
+    if plan.finish == "tool_calls" and not aborted and n >= plan.target:
+        return tool_call_text(plan)
+    return ""
 
 
 def output_ids(plan: Plan, n: int) -> list[int]:

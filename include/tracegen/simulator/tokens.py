@@ -5,7 +5,9 @@ SGLang turns every prompt into token ids and samples token ids back. The stand-i
 - Prompts are "tokenized" four characters to a token (the same count `prompt_tokens` always used), each
   chunk hashed to an id below the special tokens; chat messages add four template ids each. The ids
   are a pure function of the text, so a chat prompt and the `prompt_token_ids` it returns hash alike:
-  `/generate` with those ids sees the same prompt as the chat route did.
+  `/generate` with those ids sees the same prompt as the chat route did. The tools block keeps its
+  token count but opens with `TOOLS_BLOCK_ID` and the tools' names packed two bytes an id, so
+  `/generate` on those ids knows which tools the prompt offers, as the model reading it would.
 - A response's ids carry the identity of the sample they came from. The first `HEADER_TOKENS` ids spell
   the sample key, whether thinking was on, and a check bound to the prompt; every later id is a
   position of an arithmetic sequence seeded by the key. `/generate` with `input_ids` = prompt ids +
@@ -30,6 +32,7 @@ TEXT_VOCAB = 151_643  # ids below Qwen3's special tokens: what ordinary text tok
 IM_START_ID = 151_644  # <|im_start|>
 EOS_TOKEN_ID = 151_645  # <|im_end|>: the stop token SGLang reports as matched_stop
 NEWLINE_ID = 198
+TOOLS_BLOCK_ID = 151_700  # an id past Qwen3's special tokens that no text maps to: opens the tools block
 CHARS_PER_TOKEN = 4
 TEMPLATE_TOKENS_PER_MESSAGE = 4  # <|im_start|>, role, <|im_end|>, newline
 
@@ -88,8 +91,48 @@ def chat_prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] 
         ids.append(EOS_TOKEN_ID)
         ids.append(NEWLINE_ID)
     if tools:
-        ids += text_ids(json.dumps(tools, separators=(",", ":")))
+        ids += tools_ids(tools)
     return ids
+
+
+def _tool_name(tool: Any) -> str:
+    fn = tool.get("function") if isinstance(tool, Mapping) else None
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def tools_ids(tools: Sequence[Any]) -> list[int]:
+    """Ids of the tools block: as many as its JSON's text ids, the first ones naming the tools
+    (`TOOLS_BLOCK_ID`, the byte length of the names joined by NUL, then two bytes an id). Names too long
+    for the block leave it hashed text only."""
+    hashed = text_ids(json.dumps(tools, separators=(",", ":")))
+    data = "\0".join(_tool_name(t) for t in tools).encode()
+    padded = data + b"\0" * (len(data) % 2)
+    packed = [TOOLS_BLOCK_ID, len(data)] + [
+        int.from_bytes(padded[i : i + 2], "big") for i in range(0, len(data), 2)
+    ]
+    if len(packed) > len(hashed) or len(data) >= TEXT_VOCAB:
+        return hashed
+    return packed + hashed[len(packed) :]
+
+
+def prompt_tool_names(ids: Sequence[int]) -> list[str] | None:
+    """The names of the tools a prompt's ids offer, in order (None when it has no tools block)."""
+    try:
+        at = len(ids) - 1 - list(reversed(ids)).index(TOOLS_BLOCK_ID)
+    except ValueError:
+        return None
+    if at + 1 >= len(ids):
+        return None
+    size = ids[at + 1]
+    words = ids[at + 2 : at + 2 + (size + 1) // 2]
+    if not isinstance(size, int) or len(words) != (size + 1) // 2 or any(not 0 <= w < 1 << 16 for w in words):
+        return None
+    data = b"".join(w.to_bytes(2, "big") for w in words)[:size]
+    try:
+        return data.decode().split("\0")
+    except UnicodeDecodeError:
+        return None
 
 
 def chat_prompt_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> int:
