@@ -200,7 +200,7 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
 def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, Any] | None:
     """After the first fan-out, under gate_mode=ask: the question for the reviewer when a gate held the
     run back (the pilot gate's stop verdict, or rows the continuous gate kept from being generated);
-    None, and the question task is skipped, otherwise."""
+    otherwise skipped, and the question, the answer and the second fan-out with it."""
     from tracegen.generate.gate_watch import continuous_sample
     from tracegen.run.decision import ask
 
@@ -209,8 +209,12 @@ def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict
                    tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot or {}, spec.fleet.gpus),
                    report_url=lambda name: _review_page(spec, name))
     if question is None:
-        log.info("nothing to ask (gate_mode=%s): no gate held this run back", spec.config.gate_mode)
-        return None
+        # Skipped, not returning None: the scheduler then skips the question, the answer and the second
+        # fan-out itself, in one pass, instead of starting a task process only for it to skip (seconds of
+        # idle fleet between the last chunk and the report, bench/occupancy_airflow.py).
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(f"nothing to ask (gate_mode={spec.config.gate_mode}): no gate held this run back")
     log.warning("asking the reviewer (Required Actions): %s\n%s", question.subject, question.body)
     return question.to_json()
 
