@@ -438,6 +438,13 @@ def test_abort_request_finishes_with_abort_http_200(sim_server):
                     {"text": "a", "rid": "r-run", "sampling_params": {"max_new_tokens": 100000}},
                 )
             )
+            # The second request must queue behind the first: on a loaded machine it could otherwise reach
+            # the server first and be the one running (with tokens generated when it is aborted).
+            for _ in range(200):
+                info = (await c.get("/server_info")).json()["internal_states"][0]
+                if info["num_running_reqs"] == 1:
+                    break
+                await asyncio.sleep(0.05)
             queued = asyncio.create_task(
                 _post(c, "/v1/chat/completions", {"messages": msgs(1), "rid": "r-wait", "max_tokens": 100000})
             )
