@@ -101,6 +101,21 @@ def run_engine(config: RunConfig, run_id: str, servers: Sequence[ServerEndpoint]
     return engine(config, run_id, servers, spool_dir, **kw).run(np.asarray(indices, dtype=np.int64))
 
 
+def direct_and_pivot(dataset: Path, tmp_path: Path, servers: Sequence[ServerEndpoint],
+                     n_rows: int) -> tuple[RunConfig, RunConfig, ChunkSummary]:
+    """The same prompts generated once at 8192 (root `direct`, run `run-8192`), and at 4096 then pivoted
+    to 8192 (root `pivot`, runs `run-4096`, `run-pivot`). Returns both 8192 configs and the pivot's summary."""
+    direct = make_config(dataset, tmp_path / "direct", max_tokens=8192)
+    prepare(direct, "run-8192")
+    run_engine(direct, "run-8192", servers, tmp_path / "spool", range(n_rows))
+    low = make_config(dataset, tmp_path / "pivot", max_tokens=4096)
+    prepare(low, "run-4096")
+    run_engine(low, "run-4096", servers, tmp_path / "spool", range(n_rows))
+    pivot = make_config(dataset, tmp_path / "pivot", max_tokens=8192)
+    prepare(pivot, "run-pivot")
+    return direct, pivot, run_engine(pivot, "run-pivot", servers, tmp_path / "spool", range(n_rows))
+
+
 def committed_indices(ledger: Ledger) -> list[int]:
     """Every index in every committed part (read from the parts, not the entries)."""
     out: list[int] = []

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from engine_support.helpers import (
     assert_healthy,
+    direct_and_pivot,
     endpoints,
     engine,
     make_config,
@@ -199,21 +200,11 @@ def test_extend_pivot_equals_one_uninterrupted_run_row_for_row_and_in_the_export
     sim = sim_server(**PIVOT_SIM, enable_deterministic_inference=True)
     n_rows = 160
     dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
-    servers = endpoints(sim, in_flight=64)
-    direct, pivot = tmp_path / "direct", tmp_path / "pivot"
-    c8 = make_config(dataset, direct, max_tokens=8192)
-    prepare(c8, "run-8192")
-    run_engine(c8, "run-8192", servers, tmp_path / "spool", range(n_rows))
-    c4 = make_config(dataset, pivot, max_tokens=4096)
-    prepare(c4, "run-4096")
-    run_engine(c4, "run-4096", servers, tmp_path / "spool", range(n_rows))
-    p8 = make_config(dataset, pivot, max_tokens=8192)
-    prepare(p8, "run-pivot")
-    s = run_engine(p8, "run-pivot", servers, tmp_path / "spool", range(n_rows))
+    c8, p8, s = direct_and_pivot(dataset, tmp_path, endpoints(sim, in_flight=64), n_rows)
     assert s.extended > 10 and s.regenerated == 0
 
     exports = {}
-    for name, root in (("direct", direct), ("pivot", pivot)):
+    for name, root in (("direct", c8.output_uri), ("pivot", p8.output_uri)):
         dest = tmp_path / f"export-{name}"
         export_dataset(str(root), str(dest), include_truncated=True, with_token_ids=True)
         exports[name] = {r["index"]: r for r in _read_jsonl_export(dest)}

@@ -8,12 +8,10 @@ import json
 
 from engine_support.helpers import (
     assert_healthy,
+    direct_and_pivot,
     endpoints,
-    make_config,
     open_ledger,
-    prepare,
     prompt,
-    run_engine,
 )
 
 from tracegen.store.records import OK
@@ -54,17 +52,7 @@ def test_extend_pivot_with_tools_equals_one_uninterrupted_run_row_for_row(tmp_pa
     sim = sim_server(**TOOL_SIM, enable_deterministic_inference=True)
     n_rows = 160
     dataset = _write_tool_dataset(tmp_path / "prompts.jsonl", n_rows)
-    servers = endpoints(sim, in_flight=64)
-    direct, pivot = tmp_path / "direct", tmp_path / "pivot"
-    c8 = make_config(dataset, direct, max_tokens=8192)
-    prepare(c8, "run-8192")
-    run_engine(c8, "run-8192", servers, tmp_path / "spool", range(n_rows))
-    c4 = make_config(dataset, pivot, max_tokens=4096)
-    prepare(c4, "run-4096")
-    run_engine(c4, "run-4096", servers, tmp_path / "spool", range(n_rows))
-    p8 = make_config(dataset, pivot, max_tokens=8192)
-    prepare(p8, "run-pivot")
-    s = run_engine(p8, "run-pivot", servers, tmp_path / "spool", range(n_rows))
+    c8, p8, s = direct_and_pivot(dataset, tmp_path, endpoints(sim, in_flight=64), n_rows)
     # Every truncated row was extended: no /parse_function_call failure left one failed or regenerated.
     assert s.extended > 10 and s.regenerated == 0
     assert_healthy(open_ledger(p8), n_rows, p8)
