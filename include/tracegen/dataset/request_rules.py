@@ -12,6 +12,8 @@ Each check raises ValueError with a message naming the field.
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 # A user message has its own model (role "user", content required); every other role shares one.
@@ -214,18 +216,30 @@ def check_tool_parameters(tool: dict[str, Any], where: str) -> None:
     """SGLang's chat handler's check of a (model-valid) tool: its `parameters`, with database-style type
     names rewritten, must be a valid JSON Schema (draft 2020-12). Checked on a copy: the caller's tool is
     sent as given."""
-    import copy
-
-    from jsonschema import Draft202012Validator, SchemaError
-
     parameters = tool["function"].get("parameters")
     if parameters is None:
         return
-    schema = copy.deepcopy(parameters)
+    try:
+        canonical = json.dumps(parameters, sort_keys=True)
+    except (RecursionError, ValueError):
+        raise ValueError(f"{where}.function.parameters is too deeply nested or contains a cycle") from None
+    problem = _schema_problem(canonical)
+    if problem is not None:
+        raise ValueError(f"{where}.function.parameters {problem}")
+
+
+# Checking a schema against the JSON Schema metaschema costs about half a millisecond, and an agentic
+# dataset repeats the same few tool sets on every row: judge each distinct schema once per process.
+@functools.lru_cache(maxsize=4096)
+def _schema_problem(canonical: str) -> str | None:
+    from jsonschema import Draft202012Validator, SchemaError
+
+    schema = json.loads(canonical)
     try:
         normalize_schema_types(schema)
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
-        raise ValueError(f"{where}.function.parameters is not a valid JSON Schema: {exc.message}") from None
+        return f"is not a valid JSON Schema: {exc.message}"
     except RecursionError:
-        raise ValueError(f"{where}.function.parameters is too deeply nested or contains a cycle") from None
+        return "is too deeply nested or contains a cycle"
+    return None
