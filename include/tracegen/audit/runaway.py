@@ -1,0 +1,106 @@
+"""Runaway detection: does a truncated row's tail repeat itself?
+
+A reasoning model sometimes falls into a loop: it repeats one phrase, sentence or paragraph until the cap cuts
+it. Such a row is truncated at any cap, so the cap table counts it as a floor no cap removes
+(`tracegen.audit.capfit`) instead of chasing it with a higher cap.
+
+The test is cheap and local: take the last `TAIL_WINDOW` token ids, hash every `NGRAM`-gram, and measure the
+share of those n-grams that already occurred earlier in the window (`runaway_score`). A loop of period p
+repeats every n-gram after its first period, so it scores about 1 - p / TAIL_WINDOW; natural text, even
+repetitive reasoning, re-uses few 8-token sequences. One pass over at most 2,048 ids with numpy: tens of
+microseconds a row, whatever the row's length.
+
+Which ids to pass: the tokenization of the row's text. A real server's response ids are exactly that. The
+SGLang stand-in's response ids are not: they are a synthetic stream that names the sample (an arithmetic
+sequence, `tracegen.simulator.tokens`) and never repeat, even when the stand-in's text loops. For the stand-in,
+pass `text_token_ids(text)` (or call `is_runaway_text`), which tokenizes text the way the stand-in tokenizes
+prompts (a hash per 4 characters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# Ids examined at the end of the row. A loop shows in the window only if it repeats there at least twice, so
+# the window bounds the longest loop period detected: about TAIL_WINDOW * (1 - RUNAWAY_THRESHOLD) = 1,024
+# tokens, a long paragraph. The stand-in's loops are 8-63 words (at most ~400 text ids); a real model's are a
+# sentence to a paragraph. Looking further back would also meet the stand-in's ordinary text repeating its
+# 4,096-word vocabulary (~6,000 text ids apart), which is not a loop.
+TAIL_WINDOW = 2048
+# n-gram length: an 8-token sequence recurring in natural text is rare (a shared identifier or a stock phrase
+# now and then); a loop repeats all of them.
+NGRAM = 8
+# Share of the window's n-grams that must repeat an earlier one. 0.5 = at least two copies of the loop in
+# the window; the stand-in's ordinary text scores 0, and natural text stays far below (see docs/benchmarks.md,
+# "Cap from measurements", for the false positive and negative rates measured on the stand-in).
+RUNAWAY_THRESHOLD = 0.5
+# Fewer ids than this say nothing about a loop: score 0.
+MIN_TOKENS = 4 * NGRAM
+
+# Odd 64-bit multipliers for the n-gram hash (fixed: the score is a pure function of the ids).
+_MULT = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+                  0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x94D049BB133111EB, 0xBF58476D1CE4E5B9],
+                 dtype=np.uint64)
+
+
+def runaway_score(token_ids: Sequence[int] | np.ndarray, *, window: int = TAIL_WINDOW, ngram: int = NGRAM) -> float:
+    """Share (0..1) of the tail's n-grams that repeat an earlier n-gram of the tail (the last `window` ids)."""
+    if ngram < 1 or ngram > len(_MULT):
+        raise ValueError(f"ngram must be within 1..{len(_MULT)}, got {ngram!r}")
+    if window < 2 * ngram:
+        raise ValueError(f"window must be at least 2 * ngram = {2 * ngram}, got {window!r}")
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"token ids must be 1-D, got shape {ids.shape}")
+    ids = ids[-window:]
+    if ids.size < max(MIN_TOKENS, 2 * ngram):
+        return 0.0
+    ids = ids.astype(np.uint64, copy=False)
+    m = ids.size - ngram + 1
+    # Multiply-and-add hash of each n-gram; uint64 arithmetic wraps, which is what a hash wants.
+    h = np.zeros(m, dtype=np.uint64)
+    for k in range(ngram):
+        h += (ids[k : k + m] + np.uint64(1)) * _MULT[k]
+        h ^= h >> np.uint64(29)
+    distinct = np.unique(h).size
+    return float((m - distinct) / m)
+
+
+def is_runaway(token_ids: Sequence[int] | np.ndarray) -> bool:
+    """True when the tail of `token_ids` loops (`runaway_score` >= `RUNAWAY_THRESHOLD`). Meant for rows that
+    hit their cap; a row that stopped by itself is not a runaway whatever its text."""
+    return runaway_score(token_ids) >= RUNAWAY_THRESHOLD
+
+
+_CHARS_PER_TOKEN = 4
+_TEXT_VOCAB = 151_643
+
+
+def text_token_ids(text: str, *, last: int | None = TAIL_WINDOW) -> np.ndarray:
+    """Ids of text as the stand-in tokenizes it: one id per 4 characters, a hash of the chunk (the same
+    function as `tracegen.simulator.tokens.text_ids`, vectorized). Only the last `last` ids are built (the
+    detector reads no more), aligned as the full text's would be. None: all of them."""
+    if not text:
+        return np.zeros(0, dtype=np.int64)
+    if last is not None:
+        # Each character is one code point, so the tail of the ids needs only the tail of the text, cut on the
+        # 4-character grid of the whole text.
+        n_ids = -(-len(text) // _CHARS_PER_TOKEN)
+        if n_ids > last:
+            text = text[(n_ids - last) * _CHARS_PER_TOKEN :]
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.int64)
+    pad = -points.size % _CHARS_PER_TOKEN
+    if pad:
+        points = np.concatenate([points, np.zeros(pad, dtype=np.int64)])
+    a, b, c, d = points.reshape(-1, 4).T
+    # Python's ints do not overflow; int64 would at a * 1_000_003 for code points >= 2**43 / 1e6, never
+    # reached (code points are < 0x110000), so the result equals text_ids' exactly.
+    return (a * 1_000_003 + b * 10_007 + c * 101 + d) % _TEXT_VOCAB
+
+
+def is_runaway_text(text: str) -> bool:
+    """`is_runaway` on the text's ids (`text_token_ids`): for rows whose response ids do not follow their
+    text, such as the stand-in's."""
+    return is_runaway(text_token_ids(text))
