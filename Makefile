@@ -106,3 +106,10 @@ bench: venv
 .PHONY: soak
 soak: venv system-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+# Faults injected into real tracegen_generate runs on the distributed deployment (PostgreSQL, CeleryExecutor
+# on Redis, an SSH fleet of stand-ins, S3 on an S3-compatible server): Celery worker, scheduler and stand-in
+# SIGKILLs and S3 outages, then every row checked. CPU heavy, under an hour on 2 cores; docs/reliability.md.
+.PHONY: chaos
+chaos: venv system-deps
+	$(PY) bench/chaos.py

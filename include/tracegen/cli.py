@@ -97,6 +97,9 @@ def _fleet_validate(args: argparse.Namespace) -> int:
         launch_argv(fleet, host, gpu)  # what provisioning builds next; it re-checks the flags
     hosts = ", ".join(f"{h.conn_id} (GPUs {', '.join(map(str, h.gpus))})" for h in fleet.hosts)
     print(f"{args.fleet_json}: valid: {len(fleet.servers())} servers of {fleet.model_name} on {hosts}")
+    # Inline credentials were refused by load_fleet; say where each referenced one will come from.
+    for name, ref in fleet.secret_refs().items():
+        print(f"env {name}: from {ref.describe()}, read on the worker at launch")
     return 0
 
 

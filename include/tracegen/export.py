@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
+from tracegen.dataset.index import check_unchanged
 from tracegen.dataset.reader import InvalidRow, read_rows
 from tracegen.dataset.stored import load_index
 from tracegen.run.records import latest_run
@@ -89,6 +90,8 @@ def export_dataset(
     if record is None:
         raise ExportError(f"{output_uri}: no run has been planned here; nothing to export")
     index = load_index(ledger)
+    # Before the destination is touched: an edited dataset would pair these completions with other prompts.
+    check_unchanged(index, aws_conn_id)
     dest = open_storage(dest_uri, aws_conn_id=aws_conn_id)
     before = dest.list("")
     if before and not overwrite:

@@ -42,6 +42,7 @@ from tracegen.dataset.source import (
     DatasetError,
     SourceFile,
     open_source,
+    source_identity,
     split_uri,
 )
 
@@ -93,6 +94,9 @@ class DatasetIndex:
     block_offsets: np.ndarray | None = None  # byte offset of each block in data_uri (JSONL, gzip)
     stride: int = DEFAULT_STRIDE
     notes: list[str] = field(default_factory=list)
+    # source_uri's version when it was indexed: "mtime_ns:<n>" (local) or "etag:<etag>" (S3); None for an
+    # index written before versions were recorded (then a read re-hashes the file once per process).
+    source_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -147,6 +151,7 @@ class DatasetIndex:
             "block_rows": _pack(self.block_rows),
             "block_offsets": None if self.block_offsets is None else _pack(self.block_offsets),
             "notes": self.notes,
+            "source_version": self.source_version,
         }
 
     def to_bytes(self) -> bytes:
@@ -169,6 +174,7 @@ class DatasetIndex:
                 block_offsets=None if data["block_offsets"] is None else _unpack(data["block_offsets"]),
                 stride=int(data["stride"]),
                 notes=list(data.get("notes", [])),
+                source_version=data.get("source_version"),
             )
         except KeyError as exc:
             raise DatasetError(f"dataset index: missing field {exc.args[0]!r}") from None
@@ -288,6 +294,7 @@ def build_index(
     if stride < 1 or max_block_rows < stride:
         raise DatasetError(f"build_index: need 1 <= stride ({stride}) <= max_block_rows ({max_block_rows})")
     src = source or open_source(uri, aws_conn_id)
+    before = source_identity(src)
     fmt = sniff_format(src)
     if fmt == "jsonl":
         index = _index_jsonl(uri, src, stride)
@@ -295,6 +302,10 @@ def build_index(
         index = _index_gzip(uri, src, stride, max_block_rows, cache_uri, aws_conn_id)
     else:
         index = _index_parquet(uri, src, max_block_rows, cache_uri, aws_conn_id)
+    # The version recorded must be that of the bytes hashed: a file written to during the pass has neither.
+    if source_identity(src) != before:
+        raise DatasetError(f"dataset {uri}: the file changed while it was being indexed; index it again")
+    index.source_version = before[1]
     log.info(
         "indexed %s: %d rows, %d blocks, format %s, %s%s",
         uri, index.n_rows, index.n_blocks, index.format, index.fingerprint[:19],
@@ -538,9 +549,59 @@ def _index_parquet(
 # ---------------------------------------------------------------- reading blocks
 
 
+class DatasetChangedError(DatasetError):
+    """The dataset file is no longer the one the output root's index (and its runs) describe."""
+
+
+# (uri, size, version) -> fingerprint, for versions whose content was hashed in this process: a touched but
+# unchanged file (new mtime, same bytes) is re-hashed once, not before every chunk's read.
+_HASHED: dict[tuple[str, int, str | None], str] = {}
+
+
+def fingerprint_source(src: ByteSource) -> str:
+    """sha256 of every byte of `src`, as the index pass computes it."""
+    hasher = hashlib.sha256()
+    for _ in _iter_scan(src, hasher):
+        pass
+    return "sha256:" + hasher.hexdigest()
+
+
+def check_unchanged(index: DatasetIndex, aws_conn_id: str = "aws_default", source: ByteSource | None = None) -> None:
+    """Refuse to read a dataset whose content is no longer what `index` (and the runs that recorded its
+    fingerprint) describe: rows read from it would be paired with completions of other prompts.
+
+    Cheap when nothing changed: the size and version (mtime / ETag) recorded at indexing still match. When
+    either differs, the file is hashed again; same bytes (a touch, a copy back) pass, other bytes raise
+    `DatasetChangedError` naming the file and both identities."""
+    src = source or open_source(index.source_uri, aws_conn_id)
+    size, version = source_identity(src)
+    if size == index.source_size and version is not None and version == index.source_version:
+        return
+    memo = (index.source_uri, size, version)
+    fingerprint = _HASHED.get(memo)
+    if fingerprint is None:
+        fingerprint = fingerprint_source(src)
+        if version is not None:
+            _HASHED[memo] = fingerprint
+    if fingerprint == index.fingerprint:
+        if version != index.source_version:
+            log.info("dataset %s: version %s differs from the indexed %s but its bytes are the same (%s)",
+                     index.source_uri, version, index.source_version, fingerprint[:19])
+        return
+    raise DatasetChangedError(
+        f"dataset {index.source_uri} changed since it was indexed for this output root: it is now "
+        f"{fingerprint} ({size} bytes, {version or 'no version'}), the runs here read "
+        f"{index.fingerprint} ({index.source_size} bytes, {index.source_version or 'no version'}). "
+        "Its rows would no longer match the completions committed for them, so nothing is read: restore the "
+        "original file, or give the edited dataset a new output_uri"
+    )
+
+
 def open_data(index: DatasetIndex, aws_conn_id: str = "aws_default") -> ByteSource:
-    """The source to read rows from, checked against the index (a replaced file is refused)."""
+    """The source to read rows from, checked against the index: a dataset edited in place (or a replaced
+    seekable copy) is refused before any row is read."""
     src = open_source(index.data_uri, aws_conn_id)
+    check_unchanged(index, aws_conn_id, source=src if index.data_uri == index.source_uri else None)
     if src.size() != index.data_size:
         raise DatasetError(
             f"dataset {index.data_uri}: size {src.size()} differs from the indexed {index.data_size}; "

@@ -19,7 +19,13 @@ class DatasetError(Exception):
 
 
 class ByteSource(Protocol):
-    """Size and byte ranges of one immutable file."""
+    """Size and byte ranges of one immutable file.
+
+    A source may also offer `identity()`: (size, version), where the version changes whenever the
+    content may have (a local file's mtime, an S3 object's ETag). `dataset.index` records it when it
+    indexes the file and compares it before every read, so a file edited in place is noticed without
+    hashing it again.
+    """
 
     uri: str
 
@@ -49,6 +55,11 @@ class LocalSource:
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size
+
+    def identity(self) -> tuple[int, str]:
+        # fstat, not stat: the identity of the bytes this source reads, even if the path was replaced since.
+        st = os.fstat(self._fd)
+        return st.st_size, f"mtime_ns:{st.st_mtime_ns}"
 
     def read(self, start: int, length: int) -> bytes:
         try:
@@ -89,6 +100,18 @@ class StorageSource:
                 raise DatasetError(f"dataset {self.uri}: cannot stat ({exc})") from exc
         return self._size
 
+    def identity(self) -> tuple[int, str | None]:
+        """Size and ETag in one HEAD request (a rewritten object gets a new ETag, whatever its size)."""
+        head = getattr(self.storage, "_head", None)
+        if head is None:  # a backend without object metadata: the size alone
+            return self.size(), None
+        try:
+            meta = head(self.key)
+        except Exception as exc:
+            raise DatasetError(f"dataset {self.uri}: cannot stat ({exc})") from exc
+        etag = meta.get("ETag")
+        return int(meta["ContentLength"]), (f"etag:{etag.strip(chr(34))}" if etag else None)
+
     def read(self, start: int, length: int) -> bytes:
         if length <= 0:
             return b""
@@ -96,6 +119,13 @@ class StorageSource:
             return self.storage.get_range(self.key, start, length)
         except Exception as exc:
             raise DatasetError(f"dataset {self.uri}: range read {start}+{length} failed ({exc})") from exc
+
+
+def source_identity(source: ByteSource) -> tuple[int, str | None]:
+    """(size, version) of a source; version None when the source cannot tell (then only the size and
+    the fingerprint can say whether it changed)."""
+    identity = getattr(source, "identity", None)
+    return identity() if identity is not None else (source.size(), None)
 
 
 def split_uri(uri: str) -> tuple[str, str | None]:
@@ -138,6 +168,9 @@ class CountingSource:
 
     def size(self) -> int:
         return self.inner.size()
+
+    def identity(self) -> tuple[int, str | None]:
+        return source_identity(self.inner)
 
     def read(self, start: int, length: int) -> bytes:
         data = self.inner.read(start, length)

@@ -3,7 +3,7 @@ the dataset, and the binding that keeps two datasets from mixing in one output r
 
 from __future__ import annotations
 
-from tracegen.dataset.index import DatasetIndex, build_index
+from tracegen.dataset.index import DatasetIndex, build_index, check_unchanged
 from tracegen.store.ledger import Ledger
 from tracegen.store.storage import StorageKeyError
 
@@ -23,10 +23,20 @@ def bind_index(ledger: Ledger, dataset_uri: str, aws_conn_id: str) -> DatasetInd
         index = load_index(ledger)
     except StorageKeyError:
         index = None
-    if index is None or index.source_uri != dataset_uri:
-        index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
-        ledger.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
-        storage.put(DATASET_INDEX_KEY, index.to_bytes())
-    else:
-        ledger.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+    if index is not None and index.source_uri == dataset_uri:
+        # The same URI is not the same dataset: a file edited in place since the index was stored is
+        # refused here (naming both fingerprints), before a new run records it or reads a row of it.
+        check_unchanged(index, aws_conn_id)
+        if index.source_version is None:
+            # An index stored before versions were recorded: store it again with the version, so later
+            # reads need no re-hash to know the file is unchanged.
+            index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
+            ledger.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+            storage.put(DATASET_INDEX_KEY, index.to_bytes())
+        else:
+            ledger.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+        return index
+    index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
+    ledger.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+    storage.put(DATASET_INDEX_KEY, index.to_bytes())
     return index

@@ -9,6 +9,11 @@ The API key never enters the server's argv (`ps` and /proc/PID/cmdline are world
 launch script writes it to a mode-0600 YAML file in the work dir and the server is started with
 `--config FILE`, which SGLang (and the stand-in) expands into `--api-key ...` inside the process.
 
+Secrets the fleet's `env` references (Airflow Variables or connection fields, resolved on the worker) take
+the same path as the key's file: they are written into the launch script, which travels on stdin, as
+environment assignments of the server process (its environment, /proc/PID/environ, is readable by its
+own user only), never into an argv, the pid file or the log; the configuration hash holds their digests.
+
 The pid file records pid, process group, the kernel start time of the process (field 22 of
 /proc/PID/stat) and a hash of the launch configuration. Stopping signals the recorded process
 group only after checking that the recorded pid is still the same process (same start time):
@@ -71,9 +76,29 @@ def launch_argv(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None =
     return argv + flag_args(spec.sglang_flags)
 
 
-def server_env(spec: FleetSpec, gpu: int) -> dict[str, str]:
-    """Environment added to the server process: its own GPU, plus the spec's extras."""
-    return {"CUDA_VISIBLE_DEVICES": str(int(gpu)), **spec.env}
+def server_env(spec: FleetSpec, gpu: int, secrets: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment added to the server process: its own GPU, the spec's plain extras, and the values of
+    the secrets its `env` references (`secrets`, resolved by the caller on the worker)."""
+    refs = spec.secret_refs()
+    secrets = secrets or {}
+    missing = sorted(set(refs) - set(secrets))
+    if missing:
+        raise FleetSpecError(f"env{missing}: secret references not resolved before building the server's environment")
+    for name in refs:
+        value = secrets[name]
+        # Control characters would corrupt the script's lines; the message never shows the value.
+        if not isinstance(value, str) or _CONTROL.search(value):
+            raise FleetSpecError(f"env[{name}]: the value of {refs[name].describe()} is not a single-line string")
+    return {"CUDA_VISIBLE_DEVICES": str(int(gpu)), **spec.plain_env(), **{n: secrets[n] for n in refs}}
+
+
+def hashed_env(spec: FleetSpec, gpu: int, secrets: dict[str, str] | None = None) -> dict[str, str]:
+    """`server_env` with each secret replaced by its digest: what the configuration hash is computed over,
+    so a rotated secret restarts the server while the pid file and the log never hold the secret."""
+    env = server_env(spec, gpu, secrets)
+    for name in spec.secret_refs():
+        env[name] = "sha256:" + hashlib.sha256(env[name].encode()).hexdigest()
+    return env
 
 
 def server_config(api_key: str) -> str:
@@ -185,7 +210,9 @@ echo "listening=$LISTEN"
     )
 
 
-def launch_script(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None = None) -> str:
+def launch_script(
+    spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None = None, secrets: dict[str, str] | None = None
+) -> str:
     """Launches the server detached in its own session and writes its pid file.
 
     Serialised per slot with flock. When a concurrent provisioner already launched the very same
@@ -193,8 +220,8 @@ def launch_script(spec: FleetSpec, host: HostSpec, gpu: int, api_key: str | None
     file makes it refuse (exit 6): never two servers on one GPU and port.
     """
     argv = launch_argv(spec, host, gpu, api_key)
-    env = server_env(spec, gpu)
-    digest = config_hash(argv, env, api_key)
+    env = server_env(spec, gpu, secrets)
+    digest = config_hash(argv, hashed_env(spec, gpu, secrets), api_key)
     assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
     command = " ".join(shlex.quote(arg) for arg in argv)
     return (

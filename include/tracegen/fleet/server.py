@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import httpx
 
 from tracegen.fleet import command
-from tracegen.fleet.spec import FleetSpec, HostSpec
+from tracegen.fleet.spec import FleetSpec, HostSpec, SecretRef
 from tracegen.fleet.transport import FleetError, Transport, open_transport
 
 T = TypeVar("T")
@@ -26,6 +26,41 @@ R = TypeVar("R")
 LOG_TAIL_LINES = 40
 PROBE_TIMEOUT_S = 10.0  # /health runs a 1-token generation; a busy server answers slowly
 POLL_INTERVAL_S = 0.5
+
+
+def resolve_secret(name: str, ref: SecretRef) -> str:
+    """The value of one env secret reference, read from Airflow on this worker (never logged: the value is
+    registered with Airflow's log masker so a stray log line shows *** instead)."""
+    from airflow.sdk import BaseHook, Variable
+
+    where = f"fleet env[{name}]: {ref.describe()}"
+    try:
+        if ref.variable is not None:
+            value = Variable.get(ref.variable)
+        else:
+            conn = BaseHook.get_connection(ref.connection)
+            if ref.field.startswith("extra."):
+                value = (conn.extra_dejson or {}).get(ref.field[len("extra."):])
+            else:
+                value = getattr(conn, ref.field)
+    except Exception as exc:  # the SDK raises its own not-found types; say which reference failed
+        raise FleetError(f"{where} could not be read ({type(exc).__name__}: {exc})") from None
+    if value is None or value == "":
+        raise FleetError(f"{where} is empty or not set")
+    value = str(value)
+    _mask(value, name)
+    return value
+
+
+def _mask(value: str, name: str) -> None:
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # outside an Airflow task environment there is no masker to tell
+        return
+    try:
+        mask_secret(value, name)
+    except Exception:  # masking is a safety net; a masker not set up must not stop the launch
+        pass
 
 
 def resolve_api_key(conn_id: str) -> str:
@@ -131,9 +166,11 @@ class FleetConnection:
             headers = fleet.headers()    # Authorization when the fleet uses an API key
     """
 
-    def __init__(self, spec: FleetSpec, api_key: str | None = None) -> None:
+    def __init__(self, spec: FleetSpec, api_key: str | None = None,
+                 secrets: dict[str, str] | None = None) -> None:
         self.spec = spec
         self._api_key = api_key
+        self._secrets = secrets
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
 
@@ -148,6 +185,13 @@ class FleetConnection:
         if self._api_key is None and self.spec.api_key_conn_id:
             self._api_key = resolve_api_key(self.spec.api_key_conn_id)
         return self._api_key
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        """The values of the env secrets the spec references, resolved once per connection, on this worker."""
+        if self._secrets is None:
+            self._secrets = {name: resolve_secret(name, ref) for name, ref in self.spec.secret_refs().items()}
+        return self._secrets
 
     def headers(self) -> dict[str, str]:
         key = self.api_key
@@ -194,7 +238,7 @@ class FleetConnection:
 def expected_config(fleet: FleetConnection, host: HostSpec, gpu: int) -> str:
     key = fleet.api_key
     argv = command.launch_argv(fleet.spec, host, gpu, key)
-    return command.config_hash(argv, command.server_env(fleet.spec, gpu), key)
+    return command.config_hash(argv, command.hashed_env(fleet.spec, gpu, fleet.secrets), key)
 
 
 def inspect(fleet: FleetConnection, host: HostSpec, gpu: int) -> PidState:
@@ -202,7 +246,7 @@ def inspect(fleet: FleetConnection, host: HostSpec, gpu: int) -> PidState:
 
 
 def launch(fleet: FleetConnection, host: HostSpec, gpu: int) -> PidState:
-    script = command.launch_script(fleet.spec, host, gpu, fleet.api_key)
+    script = command.launch_script(fleet.spec, host, gpu, fleet.api_key, fleet.secrets)
     try:
         return PidState.parse(fleet.run(host, gpu, script, "launch"))
     except FleetError as exc:
@@ -229,7 +273,10 @@ def log_tail(fleet: FleetConnection, host: HostSpec, gpu: int, lines: int = LOG_
     # SGLang logs its resolved server args (api_key included) at start; the tail ends up in task logs.
     # The key already resolved for the launch: resolving it here could fail and hide the real error.
     key = fleet._api_key
-    return text.replace(key, "<api key>") if key else text
+    text = text.replace(key, "<api key>") if key else text
+    for name, value in (fleet._secrets or {}).items():
+        text = text.replace(value, f"<{name}>")
+    return text
 
 
 def model_matches(spec: FleetSpec, info: dict[str, Any]) -> bool:

@@ -53,6 +53,76 @@ _NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
 
 FlagValue = str | int | float | bool | None | list[str | int | float]
 
+# An `env` value held in Airflow instead of the fleet file, resolved on the worker when a server is launched:
+#   {"from_variable": "hf_token"}                         the Variable's value
+#   {"from_connection": "hf", "field": "password"}        a field of a connection (password by default;
+#                                                          login, host, schema, or extra.<key>)
+# The fleet file (and so its digest, the run records and XCom) holds the reference only.
+FROM_VARIABLE = "from_variable"
+FROM_CONNECTION = "from_connection"
+CONNECTION_FIELDS = ("password", "login", "host", "schema")
+SECRET_REFERENCE_HELP = (
+    '{"from_variable": "<Airflow Variable key>"} or {"from_connection": "<Airflow connection id>", '
+    '"field": "password"}'
+)
+# Names whose value is a credential: a whole `_`-separated word of the name (HF_TOKEN, OPENAI_API_KEY,
+# AWS_SECRET_ACCESS_KEY), so TOKENIZERS_PARALLELISM or KEY_CACHE_DTYPE-like words inside others do not count.
+_SECRET_WORDS = frozenset({"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS",
+                           "APIKEY", "PAT", "AUTH"})
+# Values that are credentials whatever their name: Hugging Face, OpenAI-style and AWS access key ids.
+_SECRET_VALUE = re.compile(r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|(AKIA|ASIA)[0-9A-Z]{16}|ghp_[A-Za-z0-9]{20,}")
+_VARIABLE_KEY = re.compile(r"[A-Za-z0-9_.-]+")
+_EXTRA_FIELD = re.compile(r"extra\.[A-Za-z0-9_.-]+")
+
+
+# Switch values no credential takes: HF_HUB_DISABLE_IMPLICIT_TOKEN=1 names a token but holds none.
+_SWITCH_VALUES = frozenset({"0", "1", "true", "false", "yes", "no", "on", "off"})
+
+
+def looks_secret(name: str, value: str | None = None) -> bool:
+    """An env entry whose name or value says it is a credential (and so must not be written inline)."""
+    if value is not None and _SECRET_VALUE.search(value):
+        return True
+    if value is not None and value.strip().lower() in _SWITCH_VALUES:
+        return False
+    words = {w for w in name.upper().split("_") if w}
+    return bool(words & _SECRET_WORDS) or any(w.endswith(("TOKEN", "PASSWORD", "SECRET", "APIKEY")) for w in words)
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """Where an env value is held in Airflow: a Variable, or a field of a connection."""
+
+    variable: str | None = None
+    connection: str | None = None
+    field: str = "password"
+
+    def describe(self) -> str:
+        if self.variable is not None:
+            return f"Airflow Variable {self.variable!r}"
+        return f"field {self.field!r} of Airflow connection {self.connection!r}"
+
+
+def parse_secret_ref(name: str, value: Any) -> SecretRef:
+    """The reference an `env` object names; errors say which entry and what is wrong."""
+    where = f"env[{name}]"
+    keys = set(value)
+    if keys == {FROM_VARIABLE}:
+        key = value[FROM_VARIABLE]
+        _check_pattern(f"{where}.{FROM_VARIABLE}", key, _VARIABLE_KEY, "an Airflow Variable key")
+        return SecretRef(variable=key)
+    if FROM_CONNECTION in keys and keys <= {FROM_CONNECTION, "field"}:
+        _check_pattern(f"{where}.{FROM_CONNECTION}", value[FROM_CONNECTION], _CONN_ID, "an Airflow connection id")
+        field_name = value.get("field", "password")
+        if field_name not in CONNECTION_FIELDS and not (
+            isinstance(field_name, str) and _EXTRA_FIELD.fullmatch(field_name)
+        ):
+            raise FleetSpecError(
+                f"{where}.field: {field_name!r} is not one of {list(CONNECTION_FIELDS)} or extra.<key>"
+            )
+        return SecretRef(connection=value[FROM_CONNECTION], field=field_name)
+    raise FleetSpecError(f"{where}: {sorted(keys)} is not a secret reference; use {SECRET_REFERENCE_HELP}")
+
 
 class FleetSpecError(ValueError):
     """A fleet description field is missing or invalid; the message names the field and value."""
@@ -202,7 +272,9 @@ class FleetSpec:
     bind_host: str = "127.0.0.1"
     api_key_conn_id: str | None = None  # Airflow connection whose password is the API key
     work_dir: str = ".tracegen/fleet"  # on each host; relative paths are under the login's $HOME
-    env: dict[str, str] = field(default_factory=dict)  # extra environment for the server process
+    # Extra environment for the server process: a plain string, or a reference to a secret held in Airflow
+    # (SecretRef: resolved on the worker at launch, never written into the fleet file or anything derived).
+    env: dict[str, str | dict[str, str]] = field(default_factory=dict)
     health_timeout_s: float = 900.0  # large models take minutes to load
     stop_timeout_s: float = 120.0  # SIGTERM drains in-flight requests before SIGKILL
     ssh_cmd_timeout_s: float = 120.0  # one remote command (launch, status, log tail)
@@ -257,8 +329,19 @@ class FleetSpec:
                 raise FleetSpecError(f"env: {name!r} is not an environment variable name")
             if name == "CUDA_VISIBLE_DEVICES":
                 raise FleetSpecError("env: CUDA_VISIBLE_DEVICES is set per server from hosts[].gpus")
+            if isinstance(value, dict):
+                parse_secret_ref(name, value)
+                continue
             if not isinstance(value, str):
-                raise FleetSpecError(f"env[{name}]: {value!r} must be a string")
+                raise FleetSpecError(f"env[{name}]: must be a string or a secret reference ({SECRET_REFERENCE_HELP})")
+            # Checked before any message quotes the value: a refused credential must not reach a log.
+            if value and looks_secret(name, value):
+                raise FleetSpecError(
+                    f"env[{name}]: looks like a credential written inline (the value is not shown). The fleet "
+                    "file is copied to every worker and read by anyone who can read it; keep the secret in "
+                    f"Airflow and reference it instead: {SECRET_REFERENCE_HELP}. It is resolved on the worker "
+                    "when the server is launched and reaches only the server's environment"
+                )
             _check_plain_value(f"env[{name}]", value)
 
         for name, low in (("health_timeout_s", 1.0), ("stop_timeout_s", 0.5), ("ssh_cmd_timeout_s", 5.0)):
@@ -304,6 +387,14 @@ class FleetSpec:
         argv = flag_args({f: v for f, v in self.sglang_flags.items() if not f.startswith("--sim-")})
         args = parse(["--model-path", self.model_path, *argv])
         return resolved_max_running_requests(args["max_running_requests"], args["speculative_algorithm"])
+
+    def plain_env(self) -> dict[str, str]:
+        """The env entries written in the fleet file itself."""
+        return {name: value for name, value in self.env.items() if isinstance(value, str)}
+
+    def secret_refs(self) -> dict[str, SecretRef]:
+        """The env entries held in Airflow, by variable name."""
+        return {name: parse_secret_ref(name, value) for name, value in self.env.items() if isinstance(value, dict)}
 
     @property
     def model_name(self) -> str:
@@ -360,7 +451,7 @@ class FleetSpec:
             "bind_host": self.bind_host,
             "api_key_conn_id": self.api_key_conn_id,
             "work_dir": self.work_dir,
-            "env": dict(self.env),
+            "env": {name: dict(value) if isinstance(value, dict) else value for name, value in self.env.items()},
             "health_timeout_s": self.health_timeout_s,
             "stop_timeout_s": self.stop_timeout_s,
             "ssh_cmd_timeout_s": self.ssh_cmd_timeout_s,

@@ -26,7 +26,8 @@ def prepare_run(
     layout = plan.choose_layout(config, index.n_rows, fleet.slots, stagger)
     spec = RunSpec(
         run_id=run_id, created_at=time.time(), config=config, fleet=fleet,
-        dataset=DatasetIdentity(config.dataset_uri, index.fingerprint, index.n_rows), layout=layout,
+        dataset=DatasetIdentity(config.dataset_uri, index.fingerprint, index.n_rows, index.source_size,
+                                index.source_version), layout=layout,
         teardown=teardown,
     )
     write_run_record(ledger, spec)

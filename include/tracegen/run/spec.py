@@ -57,11 +57,15 @@ class FleetRef:
 
 @dataclass(frozen=True)
 class DatasetIdentity:
-    """Which dataset the run reads: its URI, the fingerprint bound to the output root, its row count."""
+    """Which dataset the run reads: its URI, the fingerprint bound to the output root, its row count, and
+    the file's size and version when indexed ("mtime_ns:<n>" local, "etag:<etag>" S3). Reads compare the
+    size and version first and re-hash only when they differ (`tracegen.dataset.index.check_unchanged`)."""
 
     uri: str
     fingerprint: str
     n_rows: int
+    size: int | None = None  # None in records written before sizes and versions were recorded
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,10 @@ class RunSpec:
                                _str(fleet["model"], "fleet.model"), int(fleet["gpus"]),
                                None if mrr is None else int(mrr)),
                 dataset=DatasetIdentity(_str(dataset["uri"], "dataset.uri"),
-                                        _str(dataset["fingerprint"], "dataset.fingerprint"), int(dataset["n_rows"])),
+                                        _str(dataset["fingerprint"], "dataset.fingerprint"), int(dataset["n_rows"]),
+                                        None if dataset.get("size") is None else int(dataset["size"]),
+                                        None if dataset.get("version") is None
+                                        else _str(dataset["version"], "dataset.version")),
                 layout=ChunkLayout.from_json(doc["layout"]),
                 teardown=bool(doc.get("teardown", False)),
                 decisions=tuple(CapDecision.from_json(d) for d in doc.get("decisions") or ()),

@@ -317,7 +317,7 @@ def test_fingerprint_follows_the_bytes_and_a_changed_file_is_refused(tmp_path: P
     path.write_bytes(jsonl_bytes(rows))
     second = build_index(str(path))
     assert second.fingerprint != first.fingerprint and second.n_rows == first.n_rows
-    with pytest.raises(DatasetError, match="changed after indexing"):
+    with pytest.raises(DatasetError, match="changed since it was indexed"):
         list(read_rows(first, 0, 10))
 
 
