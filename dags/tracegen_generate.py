@@ -10,7 +10,10 @@ Trigger with a `max_tokens` cap. The run:
 2. **provisions** one SGLang server per GPU over SSH (healthy servers already serving the same model
    and flags are reused) and waits for health;
 3. every later task receives the run prepared in step 1 and nothing else;
-4. runs a **pilot** on a random sample, **audits** it and **gates**: if the pilot's truncation rate
+4. runs a **pilot** on a random sample, **measures the tail** (when the pilot's truncation is over the
+   threshold, its truncated rows are continued from their tokens to a higher cap, within a token budget,
+   so the cap table is measured rather than extrapolated; those rows stay in the dataset), **audits** it
+   and **gates**: if the pilot's truncation rate
    (`finish_reason == "length"`) is above the threshold the run does not spend GPU-days on that cap, and
    the report says which cap would fix it and what that costs. With `gate_mode=ask` (the default) the run
    **asks** (`review_cap`, under Browse → Required Actions): continue at the recommended cap, at another
@@ -22,7 +25,8 @@ Trigger with a `max_tokens` cap. The run:
    (`generate_alongside_pilot`) start with the pilot so no GPU idles while the pilot's last rows finish
    and the gate audits; they stop, keeping what finished, if the gate says stop. The rest
    (`generate_chunk`) start once the gate has passed;
-6. writes the **final audit report** (JSON + HTML under `runs/<run_id>/` in the output root);
+6. with `runaway_policy=resample`, gives each runaway row (a truncated row whose tail loops) one fresh sample;
+   then writes the **final audit report** (JSON + HTML under `runs/<run_id>/` in the output root);
 7. optionally **tears down** the servers (they are long-lived infrastructure by default).
 
 Changing your mind mid-run (the 4096 → 8192 pivot): stop the run, trigger again with the higher
@@ -65,10 +69,14 @@ def tracegen_generate():
     run, chunks = prepared["run"], prepared["chunks"]
     servers = task(steps.provision_fleet)(run)
     pilot = task(steps.run_pilot)(run)
-    # The gate passes on the chunks past the first LEAD; it fails (and they never start) on stop, and hands
-    # on none when it is to ask.
+    # Before the gate's audit, so its report, its verdict's suggested cap and the reviewer's question read
+    # the pilot's truncated rows continued to a higher cap (measured, not extrapolated).
+    measured = task(steps.measure_tail)(run, pilot, servers)
+    # The gate passes on the chunks past the first LEAD; on stop it is skipped, "stopped by the gate" (and
+    # they with it), and it hands on none when it is to ask.
     past_gate = task(steps.audit_and_gate, retries=0)(run, pilot, chunks, servers)
-    chunk_task = {"map_index_template": "{{ chunk_label }}", "max_active_tis_per_dagrun": LEAD}
+    chunk_task = {"map_index_template": steps.CHUNK_LABEL_TEMPLATE, "max_active_tis_per_dagrun": LEAD,
+                  "doc_md": steps.CHUNK_TASK_DOC}
     # The first LEAD chunks keep the fleet busy while the pilot finishes and the gate decides, and stop
     # when it says stop: one task per slot, each taking its chunk from the plan.
     alongside = (
@@ -88,21 +96,25 @@ def tracegen_generate():
         .partial(run=decided[steps.DECIDED_RUN_KEY])
         .expand(chunk=decided)
     )
+    # runaway_policy=resample (skipped otherwise): one fresh sample per looping row, once generation is over,
+    # before the report and teardown; not after a failure (NONE_FAILED), nor after a stop at the gate (a
+    # skip, which the task checks in the run's record).
+    resampled = task(steps.resample_runaways, trigger_rule=TriggerRule.NONE_FAILED)(run)
     report = task(steps.final_report, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
     stop = task(steps.teardown_fleet, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
     watcher = task(steps.watcher, trigger_rule=TriggerRule.ONE_FAILED, retries=0)()
 
     # Generation needs healthy servers; the servers' summary itself is for the log.
     servers >> [pilot, alongside]
+    measured >> past_gate
     # The report reads only the ledger: stopping the servers need not wait for it, nor it for them.
     [alongside, generated] >> question
     # While the question waits, the servers stay up for the answer's chunks.
-    [alongside, generated, at_decided_cap] >> report
-    [alongside, generated, at_decided_cap] >> stop
+    [alongside, generated, at_decided_cap] >> resampled >> [report, stop]
     # The report and teardown are leaves: their own failure fails the run. The watcher is there for the
-    # failures their ALL_DONE rule would hide (a stop answered or timed out fails apply_decision), so it
+    # failures their ALL_DONE rule would hide (a gate's stop is not one: it skips), so it
     # waits only for those tasks, and is skipped while the report runs instead of a scheduler loop after it.
-    [past_gate, alongside, generated, question, answer, decided, at_decided_cap] >> watcher
+    [measured, past_gate, alongside, generated, question, answer, decided, at_decided_cap, resampled] >> watcher
 
 
 tracegen_generate()

@@ -17,6 +17,8 @@ from typing import Any
 TRUNCATED_POLICIES = ("extend", "regenerate", "keep")
 GATE_MODES = ("ask", "stop", "warn")
 INVALID_ROW_POLICIES = ("record", "fail")
+MEASURE_MODES = ("auto", "always", "never")
+RUNAWAY_POLICIES = ("drop", "resample", "keep")
 
 # Airflow run ids contain ':' and '+'; storage keys and spool dirs want a tamer alphabet. A safe run id
 # matches RUN_ID_PATTERN; the review pages accept nothing else.
@@ -221,6 +223,25 @@ class RunConfig:
         "generated again instead). 'regenerate': they are generated again from scratch under this cap, "
         "which pays their tokens twice and under-represents long completions. 'keep': they count as done. "
         "The new row supersedes the old one at export."), "extend")
+    measure_tail: str = _rule(Choice(
+        MEASURE_MODES, title="Measure the tail",
+        description="Continue the pilot's truncated rows from their exact tokens up to the largest candidate "
+        "cap (16384, or what the servers' context allows) before the gate reports, so the cap table up to "
+        "that cap is measured, not extrapolated. 'auto': when the pilot's truncation is over the threshold "
+        "(the gate stops or asks); 'always'; 'never'. The continued rows are real rows of the dataset: none "
+        "is generated again at the cap finally chosen."), "auto")
+    measure_budget_tokens: int = _rule(Int(
+        1_000, 100_000_000_000, zero_ok=True, title="Tail measurement budget (tokens)",
+        description="Most new tokens measuring the tail may generate, counted for the worst case (every "
+        "truncated pilot row running to the cap). When it cannot take every row to the top cap, every row "
+        "goes to a lower cap instead of some rows to the top (a subset chosen by cost would bias the "
+        "measurement). 0: as many tokens as the pilot itself generated."), 0)
+    runaway_policy: str = _rule(Choice(
+        RUNAWAY_POLICIES, title="Runaway rows",
+        description="Truncated rows whose tail loops (no cap would finish them): 'drop' leaves them out of "
+        "the export and lists them in the report; 'keep' exports them with the truncated rows when those are "
+        "exported; 'resample' generates each once more from scratch, the fresh sample replacing it."),
+        "drop")
     invalid_rows: str = _rule(Choice(
         INVALID_ROW_POLICIES, title="Malformed dataset rows",
         description="'record' marks them invalid in the ledger and goes on; 'fail' stops the chunk naming "

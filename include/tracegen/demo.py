@@ -5,13 +5,17 @@ launched exactly like SGLang) and the bundled prompts, at the seed's cap. The pi
 rows truncated and asks (gate_mode=ask): the run waits at its question, as it would in the UI's Required
 Actions. `airflow dags test` starts no api-server, so the demo answers for the reviewer through the REST
 API's own handler, with the cap the report recommends, and the same run goes on at that cap from the
-committed rows. Full task logs go to `.state/demo/logs/`; this prints the story.
+committed rows. Each task's log goes where `make airflow` (the same AIRFLOW_HOME) shows it in the UI;
+the demo's own commands log to `.state/demo/logs/`; this prints the story. Each demo writes to a new
+output root (`.state/demo/output` links to the newest) and keeps the last few, so the runs the metadata DB
+still lists keep their reports.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -113,11 +117,14 @@ def _explain_failure(log: Path) -> None:
 def main() -> int:
     state = state_dir()
     demo = state / "demo"
-    output = demo / "output"
     logs = demo / "logs"
-    if demo.exists():
-        shutil.rmtree(demo)  # the demo tells the story from an empty output root every time
+    if logs.exists():
+        shutil.rmtree(logs)  # this demo's own command logs; the task logs are Airflow's (AIRFLOW_HOME/logs)
     logs.mkdir(parents=True)
+    # The demo tells the story from an empty output root every time: a new one, which `.state/demo/output`
+    # (the root `make airflow` defaults to) points at. Earlier demos' roots are kept, so their runs, still
+    # in the metadata DB, keep their reports; only the oldest beyond KEEP_DEMOS go, with their runs.
+    output, dropped = new_output_root(demo)
     env = airflow_env(state)
     env["TRACEGEN_OUTPUT_URI"] = str(output)
     (state / "airflow").mkdir(parents=True, exist_ok=True)
@@ -128,9 +135,14 @@ def main() -> int:
     if _airflow(env, ["db", "migrate"], logs / "db-migrate.log") != 0:
         _say(f"  airflow db migrate failed; see {logs / 'db-migrate.log'}")
         return 1
+    if dropped:
+        forgotten = _forget_runs(env, dropped)
+        _say(f"  removed the {len(dropped)} oldest demo output root(s) ({', '.join(p.name for p in dropped)}) and "
+             f"their {forgotten} run(s) in the metadata DB; the last {KEEP_DEMOS} demos are kept under {demo}")
 
     _say("[2/4] tracegen_generate with max_tokens=4096 (the seed's cap; gate_mode=ask, the default) ...")
-    conf = {"max_tokens": 4096, "pilot_size": DEMO_PILOT, "teardown": True}
+    # The output root in the conf too: the review pages find each run's root from the run itself.
+    conf = {"max_tokens": 4096, "pilot_size": DEMO_PILOT, "teardown": True, "output_uri": str(output)}
     log1 = logs / "run-4096.log"
     with log1.open("w") as out:
         dags_test = subprocess.Popen(
@@ -140,10 +152,22 @@ def main() -> int:
     run1 = _newest_run_dir(output)
     gate = _verdict(run1 and run1 / "pilot-report.json")
     if question is None or gate.get("verdict") != "stop":
+        dags_test.wait()
+        _write_task_logs(log1)
         _explain_failure(log1)
         return 1
     _say(f"  the pilot gate holds the run at a question:\n    {gate['reason']}")
-    committed = _rows_of_run(output, run1.name)
+    tail = json.loads((run1 / "measure.json").read_text()) if (run1 / "measure.json").exists() else {}
+    spent = tail.get("outcome") or {}
+    if tail.get("cap") and spent:
+        _say(f"  measured, not extrapolated: the pilot's {spent['rows']:,} truncated rows were continued from their "
+             f"tokens to {tail['cap']:,} ({spent['finished']:,} finished, {spent['still_truncated']:,} still cut), "
+             f"{spent['new_tokens']:,} new tokens, {100 * (spent.get('pilot_share') or 0):.0f}% of what the pilot "
+             "spent; they stay in the dataset at the cap chosen")
+    elif tail:
+        _say(f"  the tail was not measured: {tail.get('reason')}")
+    # The measured rows are the pilot's, continued above 4096: not counted again here.
+    committed = _rows_of_run(output, run1.name) - int(spent.get("measured") or 0)
     beside = committed - DEMO_PILOT
     if beside > 0:
         _say(f"  {committed:,} rows committed at 4096: the pilot's {DEMO_PILOT:,}, and {beside:,} of the first "
@@ -168,6 +192,7 @@ def main() -> int:
     answer_in_process("tracegen_generate", question["run_id"], question["task_id"], option, {"cap": typed},
                       user="demo", map_index=question["map_index"])
     rc = dags_test.wait()
+    _write_task_logs(log1, question["run_id"])
     run2 = run1  # answered in place: the same run goes on
     decision = (json.loads((run2 / "run.json").read_text()).get("decisions") or [{}])[-1]
     cap = decision.get("cap") or 0
@@ -180,12 +205,16 @@ def main() -> int:
     _say(f"  decision, in run.json and the report: {decision['responded_by']} chose \"{decision['option']}\" "
          f"at {decision['responded_at']}")
     _say(f"  final audit: {final.get('reason')}")
-    _say("  rows finished under 4096 were kept; rows truncated at 4096 were continued from their tokens.")
-    pivot = json.loads((run2 / "report.json").read_text())["audit"].get("pivot") or {}
-    _say(f"  the pivot (truncated_policy=extend): {pivot.get('extended', 0):,} rows extended "
-         f"({pivot.get('extended_finished', 0):,} now finish), {pivot.get('extended_new_tokens', 0):,} new tokens "
-         f"spent; {pivot.get('tokens_saved', 0):,} tokens saved against regenerating them (their 4096-token "
-         "prefixes, not paid again)")
+    audit = json.loads((run2 / "report.json").read_text())["audit"]
+    past = audit["truncation"].get("past_cap") or 0
+    if past:
+        _say(f"    ({past:,} of those rows finished past {cap:,} tokens when the tail was measured: complete, they "
+             f"are kept; the gate counts them because max_tokens={cap:,} alone would have cut them)")
+    _say("  rows finished under 4096 were kept; rows truncated at 4096 were continued from their tokens, "
+         "not generated again.")
+    from tracegen.audit.stats import pivot_text
+
+    _say(f"  rows continued from their tokens: {pivot_text(audit.get('pivot') or {}) or 'none'}")
 
     _say("\n[4/4] status, from the ledger alone (python -m tracegen status):\n")
     from tracegen.status import dataset_status, format_status
@@ -193,11 +222,115 @@ def main() -> int:
     _say("  " + format_status(dataset_status(str(output))).replace("\n", "\n  "))
     _say(f"\nreport:  {run2 / 'report.html'}")
     _say(f"output:  {output}")
-    _say(f"logs:    {logs}")
+    _say(f"logs:    {logs} (the demo's commands); each task's log is in the Airflow UI (make airflow)")
     _say(f"export:  .venv/bin/python -m tracegen export {output} {demo / 'export'}")
     _say("UI:      make airflow   (then open http://localhost:8080; same state: the run, its question and the answer)")
     _say(f"\ndone in {time.monotonic() - started:.0f} s")
     return 0
+
+
+KEEP_DEMOS = 3  # demo output roots kept (each a few MB): their runs' reports stay readable in the UI
+
+
+def new_output_root(demo: Path, keep: int = KEEP_DEMOS) -> tuple[Path, list[Path]]:
+    """(a new, empty output root for this demo, the oldest earlier roots it removed).
+
+    `demo/output` becomes a link to the new root, so `make airflow` (TRACEGEN_OUTPUT_URI) opens on the
+    newest demo; each run names its own root in its conf. A `demo/output` directory from before roots
+    were kept per demo is kept too, renamed like the others."""
+    demo.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    link = demo / "output"
+    if link.is_symlink():
+        link.unlink()
+    elif link.is_dir():
+        link.rename(demo / f"output-{stamp}-earlier")
+    root = demo / f"output-{stamp}"
+    n = 1
+    while root.exists():  # two demos within a second
+        root, n = demo / f"output-{stamp}-{n}", n + 1
+    root.mkdir()
+    link.symlink_to(root.name)
+    earlier = sorted((p for p in demo.glob("output-*") if p.is_dir() and p != root), key=lambda p: p.stat().st_mtime)
+    dropped = earlier[: max(0, len(earlier) - (keep - 1))]
+    for path in dropped:
+        shutil.rmtree(path)
+    return root, dropped
+
+
+def _forget_runs(env: dict[str, str], roots: list[Path]) -> int:
+    """Delete from the metadata DB the tracegen_generate runs whose output root (their conf's) was
+    removed: a run listed in the UI has its output."""
+    os.environ.update(env)
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    names = {str(r) for r in roots}
+    with create_session() as session:
+        gone = [r for r in session.scalars(select(DagRun).where(DagRun.dag_id == "tracegen_generate"))
+                if isinstance(r.conf, dict) and r.conf.get("output_uri") in names]
+        for run in gone:
+            session.delete(run)
+    return len(gone)
+
+
+_TASK_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+) map_index=(-?\d+)")
+_TASK_END = re.compile(r"\[DAG TEST\] end task task_id=(\S+) map_index=(-?\d+)")
+
+
+def split_task_logs(text: str) -> dict[tuple[str, int], list[str]]:
+    """Each task's lines of an `airflow dags test` output, by (task_id, map_index). It runs one task at a
+    time in its own process and prints everything to stdout between these two markers."""
+    out: dict[tuple[str, int], list[str]] = {}
+    current: tuple[str, int] | None = None
+    for line in text.splitlines():
+        if start := _TASK_START.search(line):
+            current = (start.group(1), int(start.group(2)))
+        if current is not None:
+            out.setdefault(current, []).append(line)
+        if _TASK_END.search(line):
+            current = None
+    return out
+
+
+def task_log_path(base: Path, template: str, dag_id: str, run_id: str, task_id: str, map_index: int,
+                  try_number: int) -> Path:
+    """Where Airflow's file task handler reads a task's log (`[logging] log_filename_template`)."""
+    from types import SimpleNamespace
+
+    import jinja2
+
+    ti = SimpleNamespace(dag_id=dag_id, run_id=run_id, task_id=task_id, map_index=map_index, try_number=try_number)
+    return base / jinja2.Template(template).render(ti=ti, try_number=try_number)
+
+
+def _write_task_logs(run_log: Path, run_id: str | None = None, dag_id: str = "tracegen_generate") -> int:
+    """`airflow dags test` writes no task log files (it runs tasks in-process, to stdout): split its output
+    into one file per task where the UI of `make airflow` (same AIRFLOW_HOME) reads them."""
+    from airflow.configuration import conf
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    by_task = split_task_logs(run_log.read_text(errors="replace"))
+    base = Path(conf.get("logging", "base_log_folder"))
+    template = conf.get("logging", "log_filename_template")
+    with create_session() as session:
+        if run_id is None:
+            run_id = session.scalar(select(DagRun.run_id).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()))
+        tries = {(ti.task_id, ti.map_index): ti.try_number for ti in session.scalars(
+            select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id))}
+    written = 0
+    for (task_id, map_index), lines in by_task.items():
+        if (task_id, map_index) not in tries:
+            continue
+        path = task_log_path(base, template, dag_id, run_id, task_id, map_index, tries[task_id, map_index])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+        written += 1
+    return written
 
 
 def _rows_of_run(output: Path, run_id: str) -> int:

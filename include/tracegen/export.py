@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
+from tracegen.audit.runaway_rows import find_runaways
 from tracegen.dataset.index import check_unchanged
 from tracegen.dataset.reader import InvalidRow, read_rows
 from tracegen.dataset.stored import load_index
@@ -104,6 +105,17 @@ def export_dataset(
     best = best[best["status"] == OK]
     truncated = best["finish_reason"] == "length"
     left_out_truncated = 0 if include_truncated else int(truncated.sum())
+    policy = record.config.runaway_policy
+    runaways: list[int] = []
+    if include_truncated and truncated.any():
+        # Truncated rows whose tail loops: no cap finishes them. Judged only when truncated rows are
+        # exported (otherwise they are left out with the rest). 'keep' exports them; 'drop' does not, nor
+        # 'resample' the ones whose fresh sample looped again.
+        runaways = sorted(find_runaways(ledger, frame))
+        if policy != "keep":
+            best = best[~best["index"].isin(runaways)]
+            truncated = best["finish_reason"] == "length"
+    left_out_runaway = len(runaways) if policy != "keep" else 0
     if not include_truncated:
         best = best[~truncated]
     best = best.sort_values("index").reset_index(drop=True)
@@ -146,8 +158,13 @@ def export_dataset(
         "with_token_ids": with_token_ids,
         "left_out": {
             "truncated": left_out_truncated,
-            "not_ok_or_missing": int(index.n_rows - counts["rows"] - left_out_truncated),
+            "runaway": left_out_runaway,
+            "not_ok_or_missing": int(index.n_rows - counts["rows"] - left_out_truncated - left_out_runaway),
         },
+        # Judged when truncated rows are exported (include_truncated): the runaways among them, and the policy.
+        "runaway_policy": policy,
+        "runaway_rows": len(runaways) if include_truncated else None,
+        "runaway_indices": runaways[:1000],
         "superseded_ledger_rows": int(len(frame) - frame["index"].nunique()) if len(frame) else 0,
         "ledger_rows_for_exported": int(len(cur)),
         "shards": shards,

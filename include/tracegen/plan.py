@@ -187,7 +187,9 @@ def superseded_rows(frame: pd.DataFrame, todo: np.ndarray, max_tokens: int) -> p
     new one replaces: the one cut at the highest cap (after 4096 -> 8192 -> 16384, the 8192 cut, which
     already holds the 4096 one's tokens). Columns index, max_tokens, part; ascending index.
 
-    Under one cap an index has at most one non-failed row (the ledger invariant), so the cap identifies it.
+    Under one cap an index has at most one non-failed row (the ledger invariant), so the cap identifies it,
+    but for a runaway row and its fresh sample (runaway_policy=resample): the newer one is the current row,
+    told by its segment's name, which starts with its time (`store.spool`).
     """
     todo = np.asarray(todo, dtype=np.int64)
     columns = ["index", "max_tokens", "part"]
@@ -197,7 +199,9 @@ def superseded_rows(frame: pd.DataFrame, todo: np.ndarray, max_tokens: int) -> p
     cap = frame["max_tokens"].to_numpy(np.int64)
     truncated = ((frame["status"] == OK) & (frame["finish_reason"] == "length")).to_numpy(bool) & (cap < max_tokens)
     rows = frame.loc[truncated & np.isin(frame["index"].to_numpy(np.int64), todo), columns]
-    rows = rows.sort_values(["index", "max_tokens"], kind="stable").drop_duplicates("index", keep="last")
+    segment = rows["part"].astype(str).str.rsplit("/", n=1).str[-1].str.split("-", n=1).str[-1]
+    rows = (rows.assign(_segment=segment).sort_values(["index", "max_tokens", "_segment"], kind="stable")
+            .drop_duplicates("index", keep="last").drop(columns="_segment"))
     return rows.astype({"index": np.int64, "max_tokens": np.int64}).reset_index(drop=True)
 
 

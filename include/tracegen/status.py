@@ -69,6 +69,48 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
     return out
 
 
+def run_progress(ledger: Ledger, record: Any, now: float | None = None) -> dict[str, Any]:
+    """One run's live progress from the ledger (the review pages' progress view): rows done of the
+    dataset at the run's cap and policy, this run's commit rate in rows and completion tokens per second
+    over the last RATE_WINDOW_S, its truncation so far (rows cut at its cap among its completed rows,
+    with the gate's 95% Wilson interval) and the ETA at the current rate."""
+    from tracegen.audit.gate import wilson_interval
+
+    now = time.time() if now is None else now
+    frame = ledger.frame()
+    n_rows = record.dataset.n_rows
+    cap, policy = record.config.max_tokens, record.config.truncated_policy
+    done = int(plan.done_mask(frame, n_rows, cap, policy).sum()) if n_rows else 0
+    mine = frame[frame["run_id"] == record.run_id] if len(frame) else frame
+    ok = mine[(mine["status"] == OK) & (mine["max_tokens"] == cap)] if len(mine) else mine
+    cut = int((ok["finish_reason"] == "length").sum()) if len(ok) else 0
+    low, high = wilson_interval(cut, len(ok)) if len(ok) else (None, None)
+    rows_s, tokens_s = _recent_rates(mine, now)
+    left = n_rows - done
+    return {
+        "run_id": record.run_id, "max_tokens": cap, "truncated_policy": policy, "total": n_rows, "done": done,
+        "left": left, "generated_by_run": int(len(mine)), "completed_by_run": int(len(ok)),
+        "truncated": cut, "truncation_rate": cut / len(ok) if len(ok) else None,
+        "truncation_low": low, "truncation_high": high, "threshold": record.config.truncation_threshold,
+        "rows_per_s": rows_s, "tokens_per_s": tokens_s, "window_s": RATE_WINDOW_S,
+        "eta_s": left / rows_s if rows_s and left else (0.0 if left == 0 else None),
+    }
+
+
+def _recent_rates(mine: pd.DataFrame, now: float) -> tuple[float | None, float | None]:
+    """(rows/s, completion tokens/s) committed by one run's rows over the last RATE_WINDOW_S."""
+    if not len(mine) or "committed_at" not in mine.columns:
+        return None, None
+    stamps = pd.to_datetime(mine["committed_at"], utc=True, errors="coerce")
+    seconds = ((stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy()
+    recent = seconds >= now - RATE_WINDOW_S  # NaT compares False
+    if not recent.any():
+        return None, None
+    span = max(now - float(np.nanmin(seconds[recent])), 1.0)
+    tokens = float(mine["completion_tokens"].to_numpy()[recent].sum())
+    return float(recent.sum()) / span, tokens / span
+
+
 def _rate(frame: pd.DataFrame, run_id: str, now: float) -> float | None:
     """Rows per second committed by `run_id` over the last RATE_WINDOW_S (None when it is not running)."""
     if not len(frame) or "committed_at" not in frame.columns:

@@ -113,16 +113,41 @@ def run_pilot(run: dict[str, Any]) -> dict[str, Any]:
     return {"indices": summary.considered, **summary.to_json()}
 
 
+def measure_tail(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Measure the tail before the gate reports (`tracegen.generate.measure`): when the pilot's truncation
+    is over the threshold (measure_tail=auto) or always, continue its truncated rows from their tokens to
+    the highest candidate cap the context and the token budget allow, so the pilot report's cap table is
+    measured up to that cap. The pilot report is written first, for its verdict: the chunks beside the
+    pilot stop on it and leave the fleet to the measurement; the gate's audit then rewrites it."""
+    from tracegen.audit.run_report import audit_and_report
+    from tracegen.generate.measure import measure_tail as measure
+    from tracegen.plan import pilot_indices
+
+    spec = _spec(run)
+    if not pilot.get("indices"):
+        return {"cap": None, "reason": "no pilot"}
+    context_length = _context_length(servers)
+
+    def verdict_first() -> None:
+        audit_and_report(spec, name="pilot-report", indices=pilot_indices(spec.config, spec.dataset.n_rows),
+                         tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot, spec.fleet.gpus),
+                         context_length=context_length)
+
+    m = measure(spec, context_length=context_length, fleet=_fleet(spec), before_measuring=verdict_first)
+    return {"cap": m.cap, "reason": m.reason, "trigger": m.trigger, "rows": len(m.indices),
+            "worst_case_tokens": m.worst_case_tokens, "budget_tokens": m.budget_tokens, **(m.outcome or {})}
+
+
 def audit_and_gate(
     run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict[str, Any]], servers: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Audit the pilot rows and gate the fan-out on their truncation. Over the threshold, gate_mode=stop
-    fails the run, 'ask' holds every chunk for the reviewer's question (`ask_about_cap`, once the first
+    stops the run (this task and the chunks past it are skipped, "stopped by the gate"), 'ask' holds every chunk for the reviewer's question (`ask_about_cap`, once the first
     chunks have stopped), 'warn' logs and goes on.
 
     Returns the chunks to fan out past the gate: the plan's chunks but the first `stagger` ones, which
     run beside the pilot (`generate_alongside_pilot`); none while a question is to be asked."""
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowSkipException
 
     from tracegen.audit.run_report import audit_and_report
     from tracegen.plan import pilot_indices
@@ -139,7 +164,9 @@ def audit_and_gate(
     if outcome.verdict == "stop":
         message = f"{outcome.reason}; see report {outcome.html_uri}"
         if spec.config.gate_mode == "stop":
-            raise AirflowFailException(message)
+            # The gate doing its job is not a crash: this task is skipped, saying so, and the chunks past
+            # it with it; the run ends without a failed task (docs/deployment.md, "A run stopped by the gate").
+            raise AirflowSkipException(f"{STOPPED_BY_GATE}: {message}")
         if spec.config.gate_mode == "ask":
             log.warning("gate_mode=ask: no chunk starts before the reviewer answers: %s", message)
             return []
@@ -177,7 +204,7 @@ def generate_alongside_pilot(run: dict[str, Any], chunks: list[dict[str, Any]], 
 
 
 def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bool) -> dict[str, Any]:
-    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+    from airflow.sdk.exceptions import AirflowSkipException
 
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
     from tracegen.plan import ChunkWork
@@ -192,9 +219,9 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
             # Held, not failed: what this chunk leaves is the reviewer's to decide on (`ask_about_cap`),
             # and the chunks generated after the answer take it up at the cap they choose.
             raise AirflowSkipException(f"{exc}; its rows left wait for the reviewer's answer") from None
-        # Failed, not skipped: a run whose chunks did not run must not end looking successful. No retry:
-        # it would only find the gate closed again.
-        raise AirflowFailException(str(exc)) from None
+        # gate_mode=stop: the gate stopped the run, so the chunk stops with it, skipped, keeping what it
+        # committed; the run's tab and the gate's task say "stopped by the gate" (not a failed chunk).
+        raise AirflowSkipException(f"{STOPPED_BY_GATE}: {exc}") from None
 
 
 def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -222,16 +249,21 @@ def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict
 def _review_page(spec, name: str) -> str | None:
     """The review page (`tracegen.review_app`) showing one of the run's report files, absolute when the
     api-server's base URL is configured; None when the review pages do not serve the run's output root
-    (they serve the default root and the `tracegen_output_roots` Variable's, never one named by a URL)."""
+    (they serve the default root, the `tracegen_output_roots` Variable's and the root a run's conf names,
+    never one named by a URL)."""
     from airflow.providers.common.compat.sdk import conf
 
     from tracegen.review_app import configured_roots, report_file_path
 
-    try:
-        served = configured_roots()
-    except Exception as exc:  # noqa: BLE001 - a malformed Variable must not keep the question from being asked
-        log.warning("cannot tell which output roots the review pages serve: %s", exc)
-        return None
+    run_conf = getattr(_context().get("dag_run"), "conf", None) or {}
+    if run_conf.get("output_uri") == spec.config.output_uri:
+        served = [spec.config.output_uri]  # the review pages find it from this run's conf
+    else:
+        try:
+            served = configured_roots()
+        except Exception as exc:  # noqa: BLE001 - a malformed Variable must not keep the question from being asked
+            log.warning("cannot tell which output roots the review pages serve: %s", exc)
+            return None
     if spec.config.output_uri not in served:
         log.info("the review pages do not serve %s (not in tracegen_output_roots): the question names the "
                  "report's storage location only", spec.config.output_uri)
@@ -240,6 +272,30 @@ def _review_page(spec, name: str) -> str | None:
     return base + report_file_path(spec.config.output_uri, spec.run_id, name)
 
 
+# The mapped chunk tasks' label (map_index_template). Airflow renders it once before the task runs and
+# again after, so it is computed from the mapped input itself (the chunk, or the plan's chunk for a slot
+# beside the pilot): the grid names a running task by its chunk, not by its map index. After the run,
+# `chunk_label` (set by the task, the same text) wins. Kept in the form of `ChunkWork.label`.
+CHUNK_LABEL_TEMPLATE = (
+    "{%- if chunk_label is defined -%}{{ chunk_label }}{%- else -%}"
+    "{%- set kw = task.op_kwargs -%}"
+    "{%- set plan = kw.get('chunks') or [] -%}"
+    "{%- set c = kw.get('chunk') or (plan[kw.get('slot')] if kw.get('slot') is not none "
+    "and kw.get('slot') < plan | length else none) -%}"
+    "{%- if c -%}chunk {{ '%04d' | format(c['chunk']) }} (rows {{ '{:,}'.format(c['start']) }}–"
+    "{{ '{:,}'.format(c['stop'] - 1) }}){%- elif kw.get('slot') is not none -%}slot {{ kw.get('slot') }}"
+    "{%- endif -%}{%- endif -%}"
+)
+# What the grid's "Skipped" on a chunk task means: never a failure (docs/deployment.md).
+CHUNK_TASK_DOC = (
+    "One chunk of the dataset, resumed from what the ledger holds. **Skipped is not a failure**: "
+    "`generate_chunk` is skipped when the chunks beside the pilot (`generate_alongside_pilot`) already "
+    "covered every row, so nothing was left past the gate; when the gate stopped the run (its skip message "
+    "says \"stopped by the gate\"); or, under gate_mode=ask, when a gate held the run for the reviewer. "
+    "A slot beside the pilot with no chunk of the plan is skipped too."
+)
+# How a task the gate stopped says so in its skip message (and the review pages in the run's tab).
+STOPPED_BY_GATE = "stopped by the gate"
 DECIDED_RUN_KEY = "run"  # apply_decision's XCom holding the decided run (its return value is the chunks)
 
 
@@ -247,8 +303,9 @@ def apply_decision(run: dict[str, Any], decision: dict[str, Any] | None) -> list
     """The reviewer's answer applied in place: the run's record takes the decision and the chosen cap.
     Returns the chunks with work left at that cap (the pilot's truncated rows and what the held chunks
     left) for the second fan-out to map over, and pushes the decided run as XCom `run` for it. An
-    answer (or a timeout) to stop is recorded, then fails the run."""
-    from airflow.sdk.exceptions import AirflowFailException
+    answer (or a timeout) to stop is recorded, then skips this task and the chunks after it: the run
+    ends stopped by the gate, not failed."""
+    from airflow.sdk.exceptions import AirflowSkipException
 
     from tracegen.audit.review import CapDecision
     from tracegen.run.decision import apply
@@ -256,11 +313,35 @@ def apply_decision(run: dict[str, Any], decision: dict[str, Any] | None) -> list
     decided, work = apply(_spec(run), CapDecision.from_json(decision))
     made = decided.decisions[-1]
     if not made.continues:
-        raise AirflowFailException(f"the run stops at the gate: {made.summary()}")
+        # Recorded above; skipped, not failed: the reviewer's stop (or the question's timeout) is the gate
+        # doing its job, and the chunks at a decided cap are skipped with it.
+        raise AirflowSkipException(f"{STOPPED_BY_GATE}: {made.summary()}")
     log.info("%s; %d chunks to generate at max_tokens=%d", made.summary(), len(work), decided.config.max_tokens)
     # A mapped task can only map over a return value, so the run travels beside it under its own key.
     _context()["ti"].xcom_push(key=DECIDED_RUN_KEY, value=decided.to_json())
     return [w.to_json() for w in work]
+
+
+def resample_runaways(run: dict[str, Any]) -> dict[str, Any]:
+    """runaway_policy=resample, once the fan-outs are over: one fresh sample for each runaway row (its tail
+    loops, no cap finishes it), under the run's cap as decided; skipped under any other policy."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from tracegen.generate.resample import resample_runaways as resample
+    from tracegen.run.records import read_run_record, stopped_at_gate
+    from tracegen.store.ledger import open_ledger
+
+    spec = _spec(run)
+    if spec.config.runaway_policy != "resample":
+        raise AirflowSkipException(f"runaway_policy={spec.config.runaway_policy}: nothing to resample")
+    config = spec.config
+    ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    # The cap as decided: the reviewer's answer is in the record, not in the run this task was handed.
+    recorded = read_run_record(ledger, spec.run_id, config.aws_conn_id).rebased(config.output_uri, config.aws_conn_id)
+    if stopped_at_gate(ledger, recorded):
+        # A run its gate or its reviewer stopped spends no more GPU time (a stop is a skip, not a failure).
+        raise AirflowSkipException("the run stopped at its gate: nothing is resampled")
+    return resample(recorded, fleet=_fleet(recorded))
 
 
 def final_report(run: dict[str, Any]) -> dict[str, Any]:

@@ -47,7 +47,10 @@ def test_trigger_form_params_have_titles_and_max_tokens_first(dagbag):
 def test_mapped_generation_is_readable_and_bounded(dagbag):
     for task_id in ("generate_alongside_pilot", "generate_chunk", "generate_at_decided_cap"):
         task = dagbag.dags["tracegen_generate"].get_task(task_id)
-        assert task.map_index_template == "{{ chunk_label }}"
+        # Labelled from the mapped input before the task runs (tests/plugins/test_chunk_labels.py).
+        from tracegen.steps import CHUNK_LABEL_TEMPLATE
+
+        assert task.map_index_template == CHUNK_LABEL_TEMPLATE
         assert task.max_active_tis_per_dagrun >= 1
 
 
@@ -61,16 +64,21 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
     assert dag.get_task("provision_fleet").upstream_task_ids == {"prepare_run"}
     assert dag.get_task("run_pilot").upstream_task_ids == {"prepare_run", "provision_fleet"}
     assert "audit_and_gate" in upstream["generate_chunk"]
-    report = dag.get_task("final_report").upstream_task_ids
-    assert {"generate_alongside_pilot", "generate_chunk", "generate_at_decided_cap"} <= report
-    # Teardown waits for the generation, the second fan-out after the reviewer's answer included (the
-    # servers stay up while the question waits), not for the report (which reads only the ledger).
-    assert dag.get_task("teardown_fleet").upstream_task_ids == {"prepare_run", "generate_alongside_pilot",
-                                                                 "generate_chunk", "generate_at_decided_cap"}
+    # The tail is measured between the pilot and the gate's audit, which reports on the measured rows.
+    assert dag.get_task("measure_tail").upstream_task_ids == {"prepare_run", "provision_fleet", "run_pilot"}
+    assert "measure_tail" in dag.get_task("audit_and_gate").upstream_task_ids
+    # The runaway rows' fresh samples (runaway_policy=resample) come once every fan-out is over.
+    assert dag.get_task("resample_runaways").upstream_task_ids == {"prepare_run", "generate_alongside_pilot",
+                                                                    "generate_chunk", "generate_at_decided_cap"}
+    assert dag.get_task("final_report").upstream_task_ids == {"prepare_run", "resample_runaways"}
+    # Teardown waits for the generation, the second fan-out after the reviewer's answer and the resampling
+    # included (the servers stay up while the question waits), not for the report (which reads only the ledger).
+    assert dag.get_task("teardown_fleet").upstream_task_ids == {"prepare_run", "resample_runaways"}
     # The watcher fails the run on a failure the ALL_DONE report and teardown would hide; those two are
     # leaves, so their own failure fails the run, and the watcher need not wait for them.
     assert dag.get_task("watcher").upstream_task_ids == {"generate_alongside_pilot", "generate_chunk",
-                                                         "audit_and_gate", "ask_about_cap", "review_cap",
+                                                         "measure_tail", "audit_and_gate", "ask_about_cap",
+                                                         "review_cap", "resample_runaways",
                                                          "apply_decision", "generate_at_decided_cap"}
     assert {t.task_id for t in dag.tasks if not t.downstream_task_ids} == {"final_report", "teardown_fleet",
                                                                              "watcher"}
@@ -127,6 +135,9 @@ def test_the_trigger_form_accepts_exactly_what_the_run_config_accepts(dagbag):
         "gate_question_timeout_minutes": [0, 0.1, 60, 43_200, 43_201, "60"],
         "truncated_policy": ["regenerate", "keep", "extend-ish"],
         "invalid_rows": ["record", "fail", "skip"],
+        "measure_tail": ["auto", "always", "never", "", "AUTO"],
+        "measure_budget_tokens": [-1, 0, 1, 999, 1_000, 100_000_000_000, 100_000_000_001, 1.5],
+        "runaway_policy": ["drop", "resample", "keep", "ignore"],
         "dataset_uri": ["", "relative/prompts.jsonl", "/abs/prompts.jsonl", "file:///abs/p.jsonl", "s3://bucket/k",
                         "s3://bucket/", "s3://", "http://host/prompts.jsonl", "file://host/p.jsonl"],
         "output_uri": ["", "relative/out", "/abs/out", "file:///abs/out", "s3://bucket/prefix", "s3://bucket",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import time
 import urllib.parse
 from pathlib import Path
@@ -21,6 +22,7 @@ from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError
 from plugins.cdp_browser import Browser
 
 from tracegen.config import SAMPLE_DATASET, safe_run_id
+from tracegen.run import MEASURE_CHUNK
 from tracegen.status import dataset_status
 from tracegen.store.ledger import Ledger
 from tracegen.store.storage import open_storage
@@ -137,8 +139,13 @@ def _check_completed_at(output: Path, run_id: str, cap: int) -> dict:
     assert set(frame["run_id"]) == {safe_run_id(run_id)}  # one run, no second trigger
     cut = frame[(frame["max_tokens"] == 4096) & (frame["finish_reason"] == "length")]["index"]
     assert len(cut) > 0
-    redone = frame[frame["index"].isin(cut) & (frame["max_tokens"] == cap)]
-    assert sorted(redone["index"]) == sorted(cut) and set(redone["pivot"]) == {"extended"}, redone["pivot"].tolist()
+    # Continued from their tokens: to the chosen cap, or earlier, by the tail measurement, to its own cap
+    # (then only those the measurement left cut below the chosen cap are continued again).
+    measured = frame[(frame["chunk"] == MEASURE_CHUNK) & frame["index"].isin(cut)]
+    redone = frame[frame["index"].isin(cut) & ((frame["max_tokens"] == cap) | (frame["chunk"] == MEASURE_CHUNK))]
+    assert set(redone["index"]) == set(cut) and set(redone["pivot"]) == {"extended"}, redone["pivot"].tolist()
+    done_by_measuring = measured[(measured["finish_reason"] != "length") | (measured["max_tokens"] >= cap)]["index"]
+    assert not frame[frame["index"].isin(done_by_measuring) & (frame["max_tokens"] == cap)].size  # none redone
     assert report["audit"]["max_tokens"] == cap and report["decisions"] == record["decisions"]
     return record["decisions"][-1]
 
@@ -232,22 +239,61 @@ def test_chromium_shows_the_required_action_with_the_cap_table_and_a_click_resum
     assert (decision["option"], decision["kind"], decision["responded_by"]) == (recommended, "recommended", "admin")
 
 
+def _no_failed_task(states: dict[str, set[str]]) -> None:
+    failed = {t: st for t, st in states.items() if st & {"failed", "upstream_failed"}}
+    assert not failed, f"a gate stop is not a crash: {failed}"
+
+
+def _tab_says_stopped(cluster: AirflowCluster, api: AirflowApi, run_id: str, deciding: str) -> str:
+    """The run's "tracegen report" tab: stopped by the gate, showing the report that decided."""
+    page = httpx.get(f"{cluster.api_url}/tracegen/runs/{urllib.parse.quote(run_id, safe='')}",
+                     headers=api.client.headers, params={"dag_id": GENERATE}, timeout=30)
+    assert page.status_code == 200, page.text[:300]
+    assert "Stopped by the gate." in page.text and f"This is the report that decided ({deciding})" in page.text
+    return page.text
+
+
 @pytest.mark.timeout(400)
 def test_an_unanswered_question_stops_the_run(cluster: AirflowCluster, api: AirflowApi, dataset: Path) -> None:
     run_id, output = _trigger(cluster, api, dataset, "out-timeout", gate_question_timeout_minutes=0.25)
     _question(cluster, api, run_id)
-    assert api.wait_run(GENERATE, run_id, 180) == "failed"
+    # Stopped by the gate, not failed: the decision task is skipped saying so, and what follows it too.
+    assert api.wait_run(GENERATE, run_id, 180) == "success"
     states = _states(api, run_id)
-    assert states["review_cap"] == {"success"} and states["apply_decision"] == {"failed"}, states
-    assert states["generate_at_decided_cap"] == {"upstream_failed"} and states["watcher"] == {"failed"}, states
+    assert states["review_cap"] == {"success"} and states["apply_decision"] == {"skipped"}, states
+    assert states["generate_at_decided_cap"] == {"skipped"} and states["watcher"] == {"skipped"}, states
     assert states["final_report"] == {"success"}
+    _no_failed_task(states)
+    _tab_says_stopped(cluster, api, run_id, "pilot-report.html")
     record, report = _record(output, run_id)
     decision = record["decisions"][-1]
     assert (decision["option"], decision["cap"], decision["timed_out"], decision["responded_by"]) == (
         STOP, None, True, None)
     assert record["config"]["max_tokens"] == 4096 and report["decisions"] == record["decisions"]
     frame = Ledger(open_storage(str(output))).frame()
-    assert set(frame["max_tokens"]) == {4096} and len(frame) < N_ROWS  # nothing generated after the question
+    # Nothing generated after the question: rows above 4096 are only the pilot's truncated rows, continued
+    # to measure the tail before the gate's audit.
+    assert frame["index"].nunique() < N_ROWS and set(frame.loc[frame["max_tokens"] > 4096, "pivot"]) <= {"extended"}
+
+
+@pytest.mark.timeout(400)
+def test_a_gate_stop_ends_the_run_stopped_by_the_gate_not_failed(
+    cluster: AirflowCluster, api: AirflowApi, dataset: Path
+) -> None:
+    # gate_mode=stop, into a root only the run's conf names (not in tracegen_output_roots): the review
+    # pages find it from the run itself.
+    run_id, output = _trigger(cluster, api, dataset, "out-stop", gate_mode="stop")
+    assert api.wait_run(GENERATE, run_id, 300) == "success", f"{api.describe(GENERATE, run_id)}\n{cluster.logs_summary()}"
+    states = _states(api, run_id)
+    assert states["audit_and_gate"] == {"skipped"} and states["generate_chunk"] == {"skipped"}, states
+    assert states["generate_alongside_pilot"] <= {"success", "skipped"} and states["watcher"] == {"skipped"}, states
+    assert states["final_report"] == {"success"} and states["teardown_fleet"] == {"success"}, states
+    _no_failed_task(states)
+    text = _tab_says_stopped(cluster, api, run_id, "pilot-report.html")
+    pilot = json.loads((output / "runs" / safe_run_id(run_id) / "pilot-report.json").read_text())
+    assert pilot["verdict"]["verdict"] == "stop" and f"max_tokens={pilot['cap_table']['recommended_cap']:,}" in text
+    frame = Ledger(open_storage(str(output))).frame()
+    assert frame["index"].nunique() < N_ROWS  # nothing past the gate
 
 
 @pytest.mark.timeout(400)
@@ -271,10 +317,50 @@ def test_the_continuous_gate_asks_instead_of_failing_chunks(
     assert dataset_status(str(output))["left"] == 0 and report["decisions"] == record["decisions"]
 
 
+def _watch_while_running(cluster: AirflowCluster, api: AirflowApi, run_id: str, timeout: float) -> dict:
+    """Poll the run until it ends: the labels the grid shows for chunk tasks while they run, and the run's
+    progress as its review page serves it (progress.json) while it is not over."""
+    seen: dict = {"labels": {}, "progress": []}
+    quoted = urllib.parse.quote(run_id, safe="")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for t in api.task_instances(GENERATE, run_id):
+            if t["map_index"] >= 0 and t["state"] == "running":
+                seen["labels"][(t["task_id"], t["map_index"])] = t.get("rendered_map_index")
+        tab = httpx.get(f"{cluster.api_url}/tracegen/runs/{quoted}", headers=api.client.headers, timeout=30,
+                        follow_redirects=False)
+        if tab.status_code == 303 and tab.headers["location"].endswith("/progress"):
+            doc = httpx.get(cluster.api_url + tab.headers["location"] + ".json", headers=api.client.headers,
+                            timeout=30).json()
+            seen["progress"].append(doc)
+        if api.run(GENERATE, run_id)["state"] in ("success", "failed"):
+            return seen
+        time.sleep(0.3)
+    raise AssertionError(f"the run did not end in {timeout:.0f} s: {api.describe(GENERATE, run_id)}")
+
+
 @pytest.mark.timeout(300)
 def test_a_run_the_gate_passes_asks_nothing(cluster: AirflowCluster, api: AirflowApi, dataset: Path) -> None:
     run_id, output = _trigger(cluster, api, dataset, "out-pass", max_tokens=16384)
-    assert api.wait_run(GENERATE, run_id, 240) == "success", api.describe(GENERATE, run_id)
+    seen = _watch_while_running(cluster, api, run_id, 240)
+    assert api.run(GENERATE, run_id)["state"] == "success", api.describe(GENERATE, run_id)
+    # A running chunk task is named by its chunk in the grid, not by its map index.
+    assert seen["labels"], "no chunk task was seen running"
+    assert all(label and label.startswith("chunk ") for label in seen["labels"].values()), seen["labels"]
+    # The run's tab showed its live progress from the ledger while it ran.
+    assert seen["progress"], "the run's tab never showed its progress"
+    assert all(p["total"] == N_ROWS and 0 <= p["done"] <= N_ROWS for p in seen["progress"]), seen["progress"]
+    # Live (refreshing) while rows were left; done counts only grow.
+    assert any(p["live"] and p["done"] > 0 and p["rows_per_s"] and p["tokens_per_s"] and p["eta_s"]
+               for p in seen["progress"]), seen["progress"]
+    assert [p["done"] for p in seen["progress"]] == sorted(p["done"] for p in seen["progress"])
+    # A chunk's log leads with its progress lines; the autotuner's per-change lines are at debug level.
+    chunk = next(t for t in api.task_instances(GENERATE, run_id)
+                 if t["task_id"] in ("generate_alongside_pilot", "generate_chunk") and t["state"] == "success")
+    log = api.client.get(f"/dags/{GENERATE}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/"
+                         f"{chunk['task_id']}/logs/{chunk['try_number']}", params={"map_index": chunk["map_index"]},
+                         headers={"Accept": "application/json"}).text
+    assert "rows/s" in log and re.search(r"in-flight limit \d+ -> \d+", log) is None, log[-2000:]
     states = _states(api, run_id)
     assert states["ask_about_cap"] == {"skipped"} and states["generate_chunk"] == {"success"}, states
     for task_id in ("review_cap", "apply_decision", "generate_at_decided_cap", "watcher"):

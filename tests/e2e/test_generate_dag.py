@@ -154,7 +154,8 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
     # wait for the gate and never start.
     result = dags_test(airflow_env, "tracegen_generate",
                        base_conf(dataset, s3_uri, fleet, max_tokens=100, chunk_size=100, gate_mode="stop"))
-    assert result.returncode != 0
+    # Stopped by the gate is not a failure: the gate's task and the chunks after it are skipped.
+    assert result.returncode == 0, result.stdout[-3000:]
     ledger = ledger_of(s3_uri)
     run1 = newest_run(ledger)
     pilot = json.loads(ledger.get_run_file(run1, "pilot-report.json"))

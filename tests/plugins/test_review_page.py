@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sqlite3
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +26,14 @@ from fixtures.simulator import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, PASSWORD = "reviewer", "review-" + secrets.token_hex(8)
+# A viewer who may see plugin views but not tracegen_generate (tests/plugins/dag_scoped_auth.py).
+OUTSIDER, OUTSIDER_PASSWORD = "outsider", "outside-" + secrets.token_hex(8)
 STOP_RUN = "manual__2026-01-02T10:00:00.000000+00:00"  # as Airflow names it
 PASS_RUN = "manual__2026-01-02T11:30:00.000000+00:00"
 BROKEN_RUN = "broken_run"
+GATE_STOP_RUN = "manual__2026-01-02T12:00:00.000000+00:00"  # gate_mode=stop: pilot stop, then the final audit
+ASKING_RUN = "manual__2026-01-02T13:00:00.000000+00:00"  # gate_mode=ask: the question is open
+PLANTED_RUN = "planted_run"  # a report.html someone wrote into the output root by hand
 SCREENSHOT_DIR = ROOT / ".state" / "test-screenshots"
 TIMEOUT = 60  # a 2-core CI box running other suites can be slow; no assertion depends on speed
 
@@ -52,15 +59,18 @@ def _rows(run_id: str, cap: int, indices: range, truncated_every: int):
         tokens = cap if cut else 300 + (i * 37) % (cap - 400)
         rows.append(GeneratedRow(
             index=i, status=OK, max_tokens=cap, run_id=run_id, chunk=99999, finish_reason="length" if cut else "stop",
-            reasoning_content="Let me think about the <b>tests</b> " * 5, content="" if cut and i % 2 else "Done.",
+            # Text that does not loop, so the audit does not take the truncated rows for runaways.
+            reasoning_content="Let me think about the <b>tests</b>. " + " ".join(
+                f"{(i * 7919 + k * 104729) % 1000003:x}" for k in range(60)), content="" if cut and i % 2 else "Done.",
             completion_tokens=tokens, reasoning_tokens=int(tokens * 0.7), prompt_tokens=800,
             server="http://127.0.0.1:30000", latency_s=1.5, category="refactor" if i % 3 else "debug",
         ))
     return rows
 
 
-def build_output_root(root: Path) -> None:
-    """Two runs through the real ledger and report code: 4096 stopped by the gate, then 8192 passing."""
+def make_run(root: Path, raw: str, cap: int, indices: range, every: int, names: tuple[str, ...], n: int,
+             gate_mode: str = "ask", n_rows: int = 400):
+    """One run through the real ledger and report code: its rows committed, its record, its reports."""
     from tracegen.audit.run_report import audit_and_report
     from tracegen.config import RunConfig, safe_run_id
     from tracegen.plan import ChunkLayout
@@ -70,19 +80,39 @@ def build_output_root(root: Path) -> None:
     from tracegen.store.storage import open_storage
 
     ledger = Ledger(open_storage(str(root)))
-    ledger.bind_dataset("test-fingerprint", {"uri": "test", "rows": 400})
-    for n, (raw, cap, every, names) in enumerate(
-        [(STOP_RUN, 4096, 4, ("pilot-report",)), (PASS_RUN, 8192, 50, ("pilot-report", "report"))]
-    ):
-        run_id = safe_run_id(raw)
-        config = RunConfig(max_tokens=cap, dataset_uri="/data/prompts.jsonl", output_uri=str(root), pilot_size=300)
-        ledger.commit(_rows(run_id, cap, range(300), every), run_id, 99999, "pilot")
-        spec = RunSpec(run_id, 1_767_348_000.0 + 5400 * n, config, FleetRef("test-fleet", "0" * 64, "m", 1, None),
-                       DatasetIdentity("/data/prompts.jsonl", "test-fingerprint", 400), ChunkLayout(100))
-        write_run_record(ledger, spec)
-        for name in names:
-            audit_and_report(spec, name=name, indices=None if name == "report" else list(range(300)))
+    if ledger.dataset() is None:
+        ledger.bind_dataset("test-fingerprint", {"uri": "test", "rows": n_rows})
+    run_id = safe_run_id(raw)
+    config = RunConfig(max_tokens=cap, dataset_uri="/data/prompts.jsonl", output_uri=str(root),
+                       pilot_size=len(indices), gate_mode=gate_mode)
+    if len(indices):
+        ledger.commit(_rows(run_id, cap, indices, every), run_id, 99999, "pilot")
+    spec = RunSpec(run_id, 1_767_348_000.0 + 5400 * n, config, FleetRef("test-fleet", "0" * 64, "m", 1, None),
+                   DatasetIdentity("/data/prompts.jsonl", "test-fingerprint", n_rows), ChunkLayout(100))
+    write_run_record(ledger, spec)
+    for name in names:
+        # A measured throughput, so the cap table carries its cost columns (ETA, GPU time, tokens left).
+        audit_and_report(spec, name=name, indices=None if name == "report" else list(indices),
+                         tokens_per_s_per_gpu=900.0)
+    return ledger, run_id
+
+
+PLANTED_HTML = """<!doctype html><html><head><meta http-equiv="refresh" content="1;url=/tracegen/?planted=refresh">
+<base href="https://attacker.invalid/"></head><body><h1>planted report</h1>
+<form id="planted" method="post" action="/tracegen/?planted=form"><input name="x" value="1">
+<button id="go" type="submit" style="width:300px;height:80px">Continue</button></form></body></html>"""
+
+
+def build_output_root(root: Path) -> None:
+    """Runs through the real ledger and report code: 4096 stopped by the gate (ask: the question was
+    asked, so only its pilot report), 8192 passing, a gate_mode=stop run with its final audit too, a run
+    with a corrupt report and a report planted by hand."""
+    make_run(root, STOP_RUN, 4096, range(300), 4, ("pilot-report",), 0)
+    make_run(root, PASS_RUN, 8192, range(300), 50, ("pilot-report", "report"), 1)
+    ledger, _ = make_run(root, GATE_STOP_RUN, 4096, range(300, 400), 4, ("pilot-report", "report"), 2,
+                         gate_mode="stop")
     ledger.put_run_file(BROKEN_RUN, "report.json", b"{not json")
+    ledger.put_run_file(PLANTED_RUN, "report.html", PLANTED_HTML.encode())
 
 
 @dataclass
@@ -91,6 +121,8 @@ class Server:
     token: str
     output: Path
     empty_root: Path
+    outsider_token: str
+    tmp: Path
 
     @property
     def auth(self) -> dict[str, str]:
@@ -111,7 +143,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home.mkdir()
     build_output_root(output)
     passwords = tmp / "passwords.json"
-    passwords.write_text(json.dumps({USER: PASSWORD}))
+    passwords.write_text(json.dumps({USER: PASSWORD, OUTSIDER: OUTSIDER_PASSWORD}))
     port = free_port()
     env = {
         **os.environ,
@@ -120,7 +152,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin,{OUTSIDER}:viewer",
+        "AIRFLOW__CORE__AUTH_MANAGER": "dag_scoped_auth.DagScopedAuthManager",
+        "TRACEGEN_TEST_NO_DAG_USERS": OUTSIDER,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
@@ -153,7 +188,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             time.sleep(0.5)
         resp = _post(f"{url}/auth/token", json={"username": USER, "password": PASSWORD})
         assert resp.status_code == 201, resp.text
-        yield Server(url, resp.json()["access_token"], output, empty_root)
+        outsider = _post(f"{url}/auth/token", json={"username": OUTSIDER, "password": OUTSIDER_PASSWORD})
+        assert outsider.status_code == 201, outsider.text
+        yield Server(url, resp.json()["access_token"], output, empty_root, outsider.json()["access_token"], tmp)
     finally:
         os.killpg(proc.pid, 15)
         try:
@@ -210,7 +247,8 @@ def test_run_list_json(server: Server) -> None:
     assert stop["created"] < passed["created"]
     assert runs[BROKEN_RUN]["problem"].startswith("report.json is not valid JSON")
     # Newest first.
-    assert [r["run_id"] for r in roots[str(server.output)]["runs"]][:2] == [_stored_id(PASS_RUN), _stored_id(STOP_RUN)]
+    assert [r["run_id"] for r in roots[str(server.output)]["runs"]][:3] == [
+        _stored_id(GATE_STOP_RUN), _stored_id(PASS_RUN), _stored_id(STOP_RUN)]
 
 
 def test_report_files_are_served_as_stored(server: Server) -> None:
@@ -247,7 +285,7 @@ def test_dag_run_link_finds_the_report_from_airflows_run_id(server: Server) -> N
         ("/tracegen/runs/scheduled__2020-01-01T00:00:00+00:00?dag_id=other_dag", "no tracegen report for run"),
         ("/tracegen/runs/%2E%2E", "invalid run id"),
         ("/tracegen/runs/%2E%2E%2F%2E%2E%2Fdataset.json", "no tracegen page at"),
-        ("/tracegen/roots/000000000000/runs/x/report.html", "no configured output root"),
+        ("/tracegen/roots/000000000000/runs/x/report.html", "no known output root"),
         ("/tracegen/roots/..%2F..%2Fetc/runs/x/report.html", "no tracegen page at"),
         ("/tracegen/roots/ROOT/runs/x/report.html", "invalid output root key"),
         ("/tracegen/roots/{key}/runs/{run}/run.json", "no such report file"),
@@ -294,7 +332,7 @@ def test_trigger_params_carry_titles_and_invalid_values_are_rejected(server: Ser
         assert resp.status_code == 400, (bad, resp.status_code, resp.text[:300])
         assert "max_tokens" in resp.text
     runs = _get(f"{server.url}/api/v2/dags/tracegen_generate/dagRuns", headers=server.auth).json()
-    assert runs["total_entries"] == 0
+    assert not [r for r in runs["dag_runs"] if r["conf"].get("max_tokens") in (0, "lots")]
 
 
 # ---- in the browser ---------------------------------------------------------------------------------
@@ -423,3 +461,253 @@ def test_browser_trigger_form_refuses_invalid_max_tokens_and_sends_a_typed_valid
     details = _get(f"{server.url}/api/v2/dags/tracegen_generate/details", headers=server.auth).json()
     defaults = {name: p["value"] for name, p in details["params"].items()}
     assert conf == {**defaults, "max_tokens": 8192}, conf  # the untouched fields keep their defaults
+
+
+# ---- the reviewer's journey (#20) and what a planted report can do (#14) ------------------------------
+
+GONE_RUN = "manual__2026-01-02T14:00:00.000000+00:00"  # prepared, then its output root was removed
+LIVE_RUN = "manual__2026-01-02T15:00:00.000000+00:00"  # generating: the progress view
+
+
+def _key(uri: str) -> str:
+    from tracegen.review_app import root_key
+
+    return root_key(uri)
+
+
+def _quoted(raw: str) -> str:
+    return urllib.parse.quote(raw, safe="")
+
+
+def _trigger_run(server: Server, raw: str, conf: dict) -> dict:
+    """A DAG run in Airflow's metadata DB with this id and conf (nothing runs it: no scheduler here)."""
+    resp = _post(f"{server.url}/api/v2/dags/tracegen_generate/dagRuns", headers=server.auth,
+                 json={"dag_run_id": raw, "logical_date": None, "conf": conf})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_served_reports_carry_a_csp_that_forbids_forms_base_framing_and_sandboxes_them(server: Server) -> None:
+    url = f"{server.url}/tracegen/roots/{_key(str(server.output))}/runs/{PLANTED_RUN}/report.html"
+    csp = _get(url, headers=server.auth).headers["content-security-policy"]
+    for directive in ("default-src 'none'", "form-action 'none'", "base-uri 'none'", "frame-ancestors 'self'",
+                      "sandbox"):
+        assert directive in csp, (directive, csp)
+    assert "allow-" not in csp  # no sandbox exception: no scripts, forms, popups or top navigation
+    # The app's own pages: the same rules but the sandbox (the progress page refreshes itself).
+    own = _get(f"{server.url}/tracegen/", headers=server.auth).headers["content-security-policy"]
+    assert "form-action 'none'" in own and "frame-ancestors 'self'" in own and "sandbox" not in own
+
+
+def test_browser_a_planted_form_and_meta_refresh_do_nothing(server: Server, browser: Browser) -> None:
+    """A report.html written into the output root by hand, with a form posting to the Airflow origin, a
+    meta refresh and a <base>: served, shown, and inert."""
+    _login(browser, server)
+    url = f"{server.url}/tracegen/roots/{_key(str(server.output))}/runs/{PLANTED_RUN}/report.html"
+    browser.goto(url)
+    assert "planted report" in browser.text()
+    time.sleep(3)  # the planted refresh asked for 1 s
+    assert browser.url() == url, "the planted meta refresh navigated"
+    browser.click("#go")  # a person clicking the planted button
+    time.sleep(3)
+    assert browser.url() == url, "the planted form was submitted"
+    assert "planted" not in browser.eval("location.search")
+
+
+def test_a_user_without_read_access_to_the_dag_reads_no_report(server: Server) -> None:
+    outsider = {"Authorization": f"Bearer {server.outsider_token}"}
+    # The outsider may see plugin views (viewer role) but not the DAG the reports belong to.
+    assert _get(f"{server.url}/api/v2/plugins", headers=outsider).status_code == 200
+    assert _get(f"{server.url}/api/v2/dags/tracegen_generate", headers=outsider).status_code == 403
+    key, run = _key(str(server.output)), _stored_id(PASS_RUN)
+    for path in ("/tracegen/", "/tracegen/runs.json", f"/tracegen/runs/{_quoted(PASS_RUN)}",
+                 f"/tracegen/roots/{key}/runs/{run}/report.html", f"/tracegen/roots/{key}/runs/{run}/report.json",
+                 f"/tracegen/roots/{key}/runs/{run}/progress"):
+        resp = _get(server.url + path, headers={**outsider, "Accept": "application/json"})
+        assert resp.status_code == 403, (path, resp.status_code, resp.text[:200])
+        assert _get(server.url + path, headers=server.auth).status_code == 200, path
+
+
+def test_browser_a_run_stopped_by_the_gate_shows_the_report_that_decided_and_the_next_run(
+    server: Server, browser: Browser
+) -> None:
+    conf = {"max_tokens": 4096, "gate_mode": "stop", "output_uri": str(server.output), "pilot_size": 100}
+    _trigger_run(server, GATE_STOP_RUN, conf)
+    run_dir = server.output / "runs" / _stored_id(GATE_STOP_RUN)
+    assert (run_dir / "report.html").exists()  # the final audit exists, but it is not what decided
+    pilot = json.loads((run_dir / "pilot-report.json").read_text())
+    rec = pilot["cap_table"]["recommended_cap"]
+    assert rec is not None
+    _login(browser, server)
+    browser.goto(f"{server.url}/tracegen/runs/{_quoted(GATE_STOP_RUN)}?dag_id=tracegen_generate")
+    text = browser.text()
+    assert "Stopped by the gate." in text and "This is the report that decided (pilot-report.html)" in text
+    assert "pilot-report" in text.split("Run\n", 1)[-1]  # the Run table at the bottom names the pilot audit
+    # The next run one step away: the same settings at the recommended cap.
+    assert f"max_tokens={rec:,}" in text
+    assert json.dumps({**conf, "max_tokens": rec}, sort_keys=True) in text
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    browser.screenshot(SCREENSHOT_DIR / "review-stopped-by-gate.png")
+    # The run list says so too.
+    browser.goto(f"{server.url}/tracegen/")
+    row = browser.eval(f"[...document.querySelectorAll('tr')].map(r => r.innerText)"
+                       f".find(t => t.includes('{_stored_id(GATE_STOP_RUN)}'))")
+    assert "stopped by the gate" in row and "pilot-report.html (decided)" in row and f"{rec:,}" in row
+    # Each run links back to its page in Airflow.
+    hrefs = browser.eval("[...document.querySelectorAll('a')].map(a => a.getAttribute('href'))")
+    assert f"/dags/tracegen_generate/runs/{_quoted(GATE_STOP_RUN)}" in hrefs
+
+
+def test_browser_a_run_in_a_root_named_only_by_its_conf_is_listed_and_its_tab_shows_the_question(
+    server: Server, browser: Browser
+) -> None:
+    other = server.tmp / "conf-only-root"  # not the default root, not in tracegen_output_roots
+    ledger, stored = make_run(other, ASKING_RUN, 4096, range(200), 4, ("pilot-report",), 3)
+    ledger.put_run_file(stored, "question.json", b"{}")
+    _trigger_run(server, ASKING_RUN, {"output_uri": str(other), "max_tokens": 4096})
+    listing = _get(server.url + "/tracegen/runs.json", headers=server.auth).json()
+    roots = {r["uri"]: r for r in listing["roots"]}
+    assert [r["run_id"] for r in roots[str(other)]["runs"]] == [stored]
+    assert roots[str(other)]["runs"][0]["stage"] == "waiting for the reviewer's answer"
+    _login(browser, server)
+    browser.goto(f"{server.url}/tracegen/runs/{_quoted(ASKING_RUN)}?dag_id=tracegen_generate")
+    text = browser.text()
+    assert "Waiting for the reviewer's answer." in text and "pilot-report.html" in text
+    link = browser.eval("[...document.querySelectorAll('a')].map(a => a.getAttribute('href'))"
+                        ".find(h => h.endsWith('/required_actions'))")
+    assert link == f"/dags/tracegen_generate/runs/{_quoted(ASKING_RUN)}/tasks/review_cap/required_actions"
+
+
+def test_conf_output_root_is_data_checked_by_the_uri_rule() -> None:
+    from tracegen.review_app import conf_output_root
+
+    assert conf_output_root({"output_uri": "/data/out", "aws_conn_id": "someone_elses"}) == ("/data/out", None)
+    assert conf_output_root({"output_uri": "s3://bucket/prefix"}) == ("s3://bucket/prefix", None)
+    for bad in ("relative/path", "http://evil/x", "", 7):
+        root, problem = conf_output_root({"output_uri": bad})
+        assert root is None and "refuse" in problem, bad
+    assert conf_output_root({"max_tokens": 1}) == (None, None)
+
+
+def test_a_run_whose_output_is_gone_says_so(server: Server) -> None:
+    gone = server.tmp / "gone-root"
+    _trigger_run(server, GONE_RUN, {"output_uri": str(gone)})
+    resp = _get(f"{server.url}/tracegen/runs/{_quoted(GONE_RUN)}", headers=server.auth)
+    assert resp.status_code == 404 and "never" not in resp.json()["detail"]
+    assert "a run that failed before it has none" in resp.json()["detail"]  # not prepared: no claim it was
+    # Its first task finished, so it wrote its record there; the root is gone since.
+    resp = httpx.patch(f"{server.url}/api/v2/dags/tracegen_generate/dagRuns/{_quoted(GONE_RUN)}/taskInstances/"
+                       "prepare_run", headers=server.auth, json={"new_state": "success"}, timeout=TIMEOUT)
+    assert resp.status_code == 200, resp.text
+    resp = _get(f"{server.url}/tracegen/runs/{_quoted(GONE_RUN)}", headers=server.auth)
+    assert resp.status_code == 404
+    detail = resp.json()["detail"]
+    assert f"the output of run {GONE_RUN!r}" in detail and "is gone" in detail and str(gone) in detail
+
+
+def test_browser_a_finished_report_says_what_to_do_next_and_what_each_count_counts(
+    server: Server, browser: Browser
+) -> None:
+    _login(browser, server)
+    browser.goto(f"{server.url}/tracegen/runs/{_quoted(PASS_RUN)}")
+    text = browser.text()
+    assert "Finished. Next: export the dataset: python -m tracegen export " + str(server.output) in text
+    assert "proceed with generation" not in text  # the gate's advice is for a run still to generate
+    assert "this is the final audit of a finished run" in text
+    report = json.loads((server.output / "runs" / _stored_id(PASS_RUN) / "report.json").read_text())
+    tr = report["audit"]["truncation"]
+    assert (f"truncated, of all completed rows (each index's current row, any cap)\t{tr['truncated']:,} of "
+            f"{tr['ok_rows']:,}") in text
+    assert "truncated, of the rows generated at max_tokens=8,192 (this cap only)" in text
+    # The cost columns: every option's ETA, GPU time and tokens left differ at this (small) scale.
+    table = browser.eval("""(() => { const h = [...document.querySelectorAll('h2')].find(e => e.innerText === 'Cap table');
+        let t = h.nextElementSibling; while (t && t.tagName !== 'TABLE') t = t.nextElementSibling;
+        return [...t.querySelectorAll('tr')].map(r => [...r.children].map(c => c.innerText)); })()""")
+    header, rows = table[0], table[1:]
+    left = next(h for h in header if h.startswith("tokens for the"))
+    cap_rows = report["cap_table"]["rows"]
+    remaining = report["cap_table"]["throughput"]["rows_remaining"]
+    for column, key in ((left, None), ("ETA", "eta_hours"), ("GPU time", "gpu_hours")):
+        shown = [r[header.index(column)] for r in rows]
+        exact = [c["expected_tokens_per_row"] * remaining if key is None else c[key] for c in cap_rows]
+        for i in range(len(exact)):
+            for j in range(i):
+                if abs(exact[i] - exact[j]) > 0.01 * max(exact[i], exact[j]):  # options that differ read differently
+                    assert shown[i] != shown[j], (column, shown, exact)
+    assert all(r[header.index("GPU time")].endswith("GPU-h") for r in rows)
+    browser.screenshot(SCREENSHOT_DIR / "review-finished.png")
+
+
+def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, browser: Browser) -> None:
+    from tracegen.run.records import read_run_record
+    from tracegen.status import run_progress
+
+    live = server.tmp / "live-root"
+    ledger, stored = make_run(live, LIVE_RUN, 8192, range(100), 20, (), 5)
+    _trigger_run(server, LIVE_RUN, {"output_uri": str(live), "max_tokens": 8192})  # queued: not over
+    _login(browser, server)
+    browser.goto(f"{server.url}/tracegen/runs/{_quoted(LIVE_RUN)}?dag_id=tracegen_generate")
+    browser.wait_for("location.pathname.endsWith('/progress')")  # the tab of a running run: its progress
+    expected = run_progress(ledger, read_run_record(ledger, stored))
+    text = browser.text()
+    assert f"{expected['done']:,} of 400 dataset rows" in text and "rows/s" in text and "idle" not in text
+    assert (f"{expected['truncated']:,} of the {expected['completed_by_run']:,} rows this run completed" in text
+            and "95% interval" in text and "completion tokens/s" in text)
+    assert browser.eval("document.querySelector('meta[http-equiv=refresh]').content") == "5"
+    key = _key(str(live))
+    doc = _get(f"{server.url}/tracegen/roots/{key}/runs/{stored}/progress.json", headers=server.auth).json()
+    assert (doc["done"], doc["left"], doc["live"], doc["state"]) == (expected["done"], 400 - expected["done"],
+                                                                    True, "queued")
+    assert doc["rows_per_s"] > 0 and doc["tokens_per_s"] > 0 and doc["eta_s"] > 0
+    assert doc["truncation_low"] <= doc["truncation_rate"] <= doc["truncation_high"]
+    # More rows committed: the open page shows them without anyone reloading it.
+    ledger.commit(_rows(stored, 8192, range(100, 200), 20), stored, 99999, "c1")
+    now = run_progress(ledger, read_run_record(ledger, stored))["done"]
+    browser.wait_for(f"document.body.innerText.includes('{now:,} of 400 dataset rows')", 30)
+    browser.screenshot(SCREENSHOT_DIR / "review-progress.png")
+
+
+def test_task_logs_the_demo_writes_are_where_airflow_reads_them(server: Server) -> None:
+    """`airflow dags test` (make demo) prints every task's log to stdout; the demo splits it into the files
+    Airflow's task handler reads, so the UI of `make airflow` (same AIRFLOW_HOME) shows them."""
+    from airflow.configuration import conf
+
+    from tracegen.demo import split_task_logs, task_log_path
+
+    raw = "manual__2026-01-02T16:00:00.000000+00:00"
+    _trigger_run(server, raw, {})
+    printed = "\n".join([
+        "[2026-01-02 16:00:01] INFO - [DAG TEST] starting task_id=prepare_run map_index=-1",
+        "[2026-01-02 16:00:02] INFO - run demo: max_tokens=4096, dataset prompts, output out, 2 GPUs",
+        "[2026-01-02 16:00:03] INFO - [DAG TEST] end task task_id=prepare_run map_index=-1",
+        "[2026-01-02 16:00:04] INFO - [DAG TEST] starting task_id=generate_chunk map_index=3",
+        "[2026-01-02 16:00:05] INFO - chunk 0003 (rows 1,500–1,999): 500/500 (100.0%) | 9.10 rows/s",
+        "[2026-01-02 16:00:06] INFO - [DAG TEST] end task task_id=generate_chunk map_index=3",
+        "a line of the scheduler loop, no task's",
+    ])
+    by_task = split_task_logs(printed)
+    assert set(by_task) == {("prepare_run", -1), ("generate_chunk", 3)}
+    assert not any("scheduler loop" in line for lines in by_task.values() for line in lines)
+    base = f"{server.url}/api/v2/dags/tracegen_generate/dagRuns/{_quoted(raw)}/taskInstances/prepare_run"
+    resp = httpx.patch(base, headers=server.auth, json={"new_state": "success"}, timeout=TIMEOUT)
+    assert resp.status_code == 200, resp.text
+    # Nothing runs tasks here (no scheduler): make it a task that ran once, as the demo's tasks did.
+    with sqlite3.connect(server.tmp / "airflow" / "airflow.db") as db:
+        db.execute("UPDATE task_instance SET try_number = 1 WHERE dag_id = 'tracegen_generate' AND run_id = ? "
+                   "AND task_id = 'prepare_run'", (raw,))
+    try_number = _get(base, headers=server.auth).json()["try_number"]
+    assert try_number == 1
+    path = task_log_path(server.tmp / "airflow" / "logs", conf.get("logging", "log_filename_template"),
+                         "tracegen_generate", raw, "prepare_run", -1, try_number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(by_task["prepare_run", -1]) + "\n")
+    resp = _get(f"{base}/logs/{try_number}", headers={**server.auth, "Accept": "application/json"})
+    assert resp.status_code == 200, resp.text[:300]
+    assert "run demo: max_tokens=4096" in resp.text and "Log file not found" not in resp.text, resp.text[:1000]
+
+
+def test_a_skipped_chunk_task_says_in_the_ui_that_skipped_is_not_a_failure(server: Server) -> None:
+    for task_id in ("generate_chunk", "generate_alongside_pilot", "generate_at_decided_cap"):
+        resp = _get(f"{server.url}/api/v2/dags/tracegen_generate/tasks/{task_id}", headers=server.auth)
+        assert resp.status_code == 200, resp.text
+        assert "Skipped is not a failure" in resp.json()["doc_md"], task_id

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tracegen.audit import measure_report
 from tracegen.audit.stats import pivot_text
 
 SCHEMA_VERSION = 1
@@ -33,6 +34,7 @@ REPORT_SCHEMA: dict[str, tuple[type, ...]] = {
     "examples": (list,),
     "summary": (str,),
     "decisions": (list,),  # the reviewer's answers to the gate's questions (gate_mode=ask), oldest first
+    "measurement": (dict, type(None)),  # the tail measurement and runaway rows (`audit.measure_report`)
 }
 VERDICT_KEYS = {"verdict": str, "reason": str, "action": str, "truncated": int, "total": int, "threshold": float}
 EXAMPLE_KEYS = {"outcome": str, "index": int, "finish_reason": (str, type(None)), "reasoning_excerpt": str,
@@ -78,6 +80,30 @@ def _hours(x: Any) -> str:
     if x < 1:
         return f"{x * 60:.1f} min"
     return f"{x:,.1f} h" if x < 100 else f"{x:,.0f} h"
+
+
+def _sig(x: float, digits: int = 3) -> str:
+    """`digits` significant digits: costs that differ by a few percent still read differently."""
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{decimals}f}"
+
+
+def _duration_fine(hours: Any) -> str:
+    """A cost in time to three significant digits, in seconds, minutes or hours (the cap table's ETA)."""
+    if hours is None or (isinstance(hours, float) and math.isnan(hours)):
+        return "–"
+    seconds = hours * 3600
+    if seconds < 90:
+        return f"{_sig(seconds)} s"
+    if seconds < 5400:
+        return f"{_sig(seconds / 60)} min"
+    return f"{_sig(hours)} h"
+
+
+def _gpu_hours(x: Any) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{_sig(x)} GPU-h"
 
 
 def _num(x: Any, digits: int = 0) -> str:
@@ -161,7 +187,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def summary_text(audit: Any, capfit: Any = None, gate: Any = None) -> str:
+def summary_text(audit: Any, capfit: Any = None, gate: Any = None, measurement: Any = None) -> str:
     """A few lines for the task log."""
     a = audit.to_json() if hasattr(audit, "to_json") else audit
     t, tok, r = a["truncation"], a["tokens"], a["rows"]
@@ -188,6 +214,7 @@ def summary_text(audit: Any, capfit: Any = None, gate: Any = None) -> str:
     flagged = [s for s in a["by_server"] if s["flags"]]
     for s in flagged:
         lines.append(f"server {s['server']}: " + "; ".join(s["flags"]))
+    lines.extend(measure_report.summary_lines(measurement))
     return "\n".join(lines)
 
 
@@ -199,6 +226,7 @@ def render_report(
     examples: Iterable[Mapping[str, Any]] | Mapping[str, Iterable[Mapping[str, Any]]] | None = None,
     *,
     decisions: Iterable[Mapping[str, Any]] = (),
+    measurement: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Build (report.json as a dict, report.html as a string) from an AuditResult, CapTable, GateDecision,
     and the reviewer's decisions (`CapDecision.to_json()` dicts) when the run asked."""
@@ -216,8 +244,9 @@ def render_report(
         "audit": _jsonable(a),
         "cap_table": _jsonable(cap_json) if cap_json is not None else None,
         "examples": ex,
-        "summary": summary_text(audit, capfit, gate),
+        "summary": summary_text(audit, capfit, gate, measurement),
         "decisions": [_jsonable(dict(d)) for d in decisions],
+        "measurement": _jsonable(dict(measurement)) if measurement is not None else None,
     }
     validate_report_json(report)
     return report, _html(report)
@@ -347,12 +376,45 @@ def _svg_cap_curve(cap_table: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _verdict_html(v: dict[str, Any] | None) -> str:
+def _verdict_html(v: dict[str, Any] | None, final: bool = False) -> str:
     if v is None:
         return '<div class="verdict none"><b class="v">no gate</b> this report has no truncation gate.</div>'
     cls = v["verdict"] if v["verdict"] in ("pass", "stop", "warn") else "none"
-    return (f'<div class="verdict {cls}"><b class="v">{_e(v["verdict"])}</b>{_e(v["reason"])}'
-            f'<div><b>What to do:</b> {_e(v["action"])}</div></div>')
+    # The gate's action ("proceed with generation", "trigger again with ...") is advice for a run still to
+    # generate; a finished run's next steps follow in their own box (`_final_next_steps`).
+    action = "" if final else f'<div><b>What to do:</b> {_e(v["action"])}</div>'
+    return f'<div class="verdict {cls}"><b class="v">{_e(v["verdict"])}</b>{_e(v["reason"])}{action}</div>'
+
+
+def _finished(report: dict[str, Any]) -> bool:
+    """The final audit of a run that generated past its gate (not one the gate stopped: a reviewer's or a
+    timeout's stop, or a stop verdict under gate_mode stop or ask with nobody having decided)."""
+    run = report["run"]
+    if run.get("report") != "report":
+        return False
+    decisions = report["decisions"]
+    if decisions:
+        return decisions[-1].get("cap") is not None
+    mode = (run.get("config") or {}).get("gate_mode")
+    return not ((report["verdict"] or {}).get("verdict") == "stop" and mode in ("stop", "ask"))
+
+
+def _final_next_steps(report: dict[str, Any]) -> str:
+    """A finished run's next steps: the gate's "proceed with generation" is about a run still to
+    generate; after the final audit, what is left is the export and the rows still truncated or failed."""
+    a, config = report["audit"], (report["run"].get("config") or {})
+    tr, cs = a["truncation"], a["rows"]["current_by_status"]
+    root = config.get("output_uri") or "OUTPUT_URI"
+    steps = [f"export the dataset: <code>python -m tracegen export {_e(root)} EXPORT_DIR</code>"]
+    if tr["truncated"]:
+        steps.append(f"{_num(tr['truncated'])} rows ({_pct(tr['rate'])} of the {_num(tr.get('ok_rows'))} "
+                     "completed rows) are still truncated: the export leaves them out unless "
+                     "<code>--include-truncated</code>; to finish them, trigger again at a higher cap (they are "
+                     "continued from their tokens)")
+    if cs["failed"]:
+        steps.append(f"{_num(cs['failed'])} rows failed: <code>tracegen_rerun_failed</code> retries them hourly")
+    return ('<div class="verdict none"><b class="v">next</b>this is the final audit of a finished run.'
+            f'<div><b>What to do:</b> {"; ".join(steps)}.</div></div>')
 
 
 def _decision_html(d: dict[str, Any]) -> str:
@@ -364,7 +426,7 @@ def _decision_html(d: dict[str, Any]) -> str:
             if d.get("cap") is not None else "<b>stop the run</b>")
     rows = [[f"{_num(r.get('cap'))}", _pct(r.get("truncation")),
              f"{_pct(r.get('truncation_low'))}–{_pct(r.get('truncation_high'))}",
-             _num(r.get("expected_tokens_per_row")), _hours(r.get("eta_hours")), _hours(r.get("gpu_hours")),
+             _num(r.get("expected_tokens_per_row")), _duration_fine(r.get("eta_hours")), _gpu_hours(r.get("gpu_hours")),
              _e(r.get("basis"))] for r in d.get("cap_rows") or []]
     table = _table(["max_tokens", "predicted truncation", "interval", "tokens/row", "ETA", "GPU time", "basis"],
                    rows, row_class=["rec" if r.get("cap") == d.get("cap") else "" for r in d.get("cap_rows") or []])
@@ -383,14 +445,17 @@ def _cap_table_html(ct: dict[str, Any] | None) -> str:
     headers = ["max_tokens", "predicted truncation", f"{round(ct['confidence'] * 100)}% interval",
                "tokens/row", "vs current", "basis"]
     if has_tp:
-        headers += ["ETA", "GPU time"]
+        left = ct["throughput"]["rows_remaining"]
+        headers += [f"tokens for the {left:,} rows left", "ETA", "GPU time"]
     rows, classes = [], []
     for r in ct["rows"]:
         cells = [f"{r['cap']:,}" + (" (context)" if r["clipped_to_context"] else ""), _pct(r["truncation"]),
                  f"{_pct(r['truncation_low'])}–{_pct(r['truncation_high'])}", _num(r["expected_tokens_per_row"]),
                  f"{r['tokens_vs_current']:.2f}×", _e(r["basis"])]
         if has_tp:
-            cells += [_hours(r["eta_hours"]), _hours(r["gpu_hours"])]
+            tokens = r["expected_tokens_per_row"] * left if r["expected_tokens_per_row"] is not None else None
+            cells += [_num(None if tokens is None else round(tokens)), _duration_fine(r["eta_hours"]),
+                      _gpu_hours(r["gpu_hours"])]
         rows.append(cells)
         classes.append("rec" if r["cap"] == ct["recommended_cap"] else ("cur" if r["cap"] == ct["current_cap"]
                                                                          else ""))
@@ -426,7 +491,9 @@ def _html(report: dict[str, Any]) -> str:
            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
            f"<h1>{_e(title)}</h1>",
            f'<p class="muted">max_tokens={a["max_tokens"]:,} · generated {_e(report["generated_at"])}</p>',
-           _verdict_html(report["verdict"])]
+           _verdict_html(report["verdict"], final=_finished(report))]
+    if _finished(report):
+        out.append(_final_next_steps(report))
     out.extend(_decision_html(d) for d in report["decisions"])
     for n in a["notes"]:
         out.append(f'<p class="muted">{_e(n)}</p>')
@@ -434,6 +501,7 @@ def _html(report: dict[str, Any]) -> str:
     out.append("<h2>Cap table</h2>" + _cap_table_html(ct))
     if ct is not None:
         out.append(_svg_cap_curve(ct))
+    out.append(measure_report.html(report.get("measurement")))
 
     out.append("<h2>Completion tokens</h2>")
     out.append(_svg_histogram(a["histogram"], a["max_tokens"]))
@@ -448,8 +516,10 @@ def _html(report: dict[str, Any]) -> str:
     out.append("<h2>Finish reasons</h2>")
     out.append(_svg_bars(sorted(a["finish_reasons"].items(), key=lambda kv: -kv[1])))
     out.append(_table(["", "rows"], [
-        ["truncated (current rows)", f"{_num(tr['truncated'])} ({_pct(tr['rate'])})"],
-        [f"truncated at max_tokens={a['max_tokens']:,}", f"{_num(tr['at_cap_truncated'])} of "
+        ["truncated, of all completed rows (each index's current row, any cap)",
+         f"{_num(tr['truncated'])} of {_num(tr.get('ok_rows'))} ({_pct(tr['rate'])})"],
+        [f"truncated, of the rows generated at max_tokens={a['max_tokens']:,} (this cap only)",
+         f"{_num(tr['at_cap_truncated'])} of "
                                                           f"{_num(tr['at_cap_rows'])} ({_pct(tr['at_cap_rate'])})"],
         ["… cut inside the thinking trace", _num(tr["cut_in_reasoning"])],
         ["… cut inside the answer", _num(tr["cut_in_answer"])],

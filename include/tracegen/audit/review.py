@@ -191,7 +191,7 @@ def question_body(q: CapQuestion) -> str:
     """The question's Markdown: verdict, cap table, options explained, the report's whereabouts."""
     # The report's own number formats; imported here, as the report module loads the audit's pandas side,
     # which the DAG file (parsing the reviewer's task) must not.
-    from tracegen.audit.report import _hours, _num, _pct
+    from tracegen.audit.report import _duration_fine, _gpu_hours, _num, _pct
 
     v = q.verdict
     where = "the pilot" if q.trigger == PILOT else "the rows generated so far (the continuous gate's sample)"
@@ -215,7 +215,8 @@ def question_body(q: CapQuestion) -> str:
                      f"{_pct(r.get('truncation_low'))}–{_pct(r.get('truncation_high'))}",
                      _num(r.get("expected_tokens_per_row"))]
             if has_time:
-                cells += [_hours(r.get("eta_hours")), _hours(r.get("gpu_hours"))]
+                # Three significant digits: at small scale the options' costs still read differently.
+                cells += [_duration_fine(r.get("eta_hours")), _gpu_hours(r.get("gpu_hours"))]
             cells.append("observed" if r.get("basis") == "observed" else "modelled")
             if cap == q.recommended_cap:
                 cells = [f"**{c}**" for c in cells]

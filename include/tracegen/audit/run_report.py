@@ -13,11 +13,13 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
-from tracegen.audit import capfit, gate, report
+from tracegen.audit import capfit, gate, measure_report, report
+from tracegen.audit.runaway_rows import find_runaways, runaway_counts
 from tracegen.audit.stats import audit, censoring_arrays, current_mask, gate_counts
+from tracegen.run import RESAMPLE_CHUNK
 from tracegen.run.spec import RunSpec
 from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
-from tracegen.store.records import OK
+from tracegen.store.records import FAILED, OK
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +67,10 @@ def audit_and_report(
 
     table = None
     lengths, censored = censoring_arrays(frame)
+    runaways, runaway_scope, whole = _runaways(ledger, spec, frame, indices)
     try:
-        fit = capfit.fit_lengths(lengths, censored, bootstrap=100)
+        fit = capfit.fit_lengths(lengths, censored, bootstrap=100,
+                                 runaway=_runaway_flags(frame, runaways) if whole else None)
     except ValueError as exc:
         log.warning("no cap table: %s", exc)
     else:
@@ -81,19 +85,27 @@ def audit_and_report(
         )
 
     truncated, judged = gate_counts(frame, config.max_tokens)
+    measurement = measure_report.read_measurement(ledger, spec.run_id)
     decision = gate.decide(
         truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens,
         suggested_cap=table.recommended_cap if table else None,
         suggested_truncation=table.recommended_truncation if table else None,
+        suggestion_basis=_measured_basis(spec, frame, table, measurement),
+    )
+    measured = measure_report.section(
+        measurement, runaways=runaway_counts(runaway_scope, runaways) | {"whole_scope": whole,
+                                                                          "resampled": _resampled(frame)},
+        runaway_examples=[r.to_json() for r in list(runaways.values())[:measure_report.RUNAWAY_EXAMPLES]],
+        runaway_policy=config.runaway_policy, cap_table=table.to_json() if table else None,
     )
     examples = _example_rows(ledger, frame)
     meta = {"run_id": spec.run_id, "report": name, "config": config.to_json(),
             "scope_rows": int(frame["index"].nunique()) if len(frame) else 0}
     report_json, html = report.render_report(result, table, decision, meta, examples,
-                                             decisions=[d.to_json() for d in spec.decisions])
+                                             decisions=[d.to_json() for d in spec.decisions], measurement=measured)
     json_uri = ledger.put_run_file(spec.run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())
     html_uri = ledger.put_run_file(spec.run_id, f"{name}.html", html.encode())
-    summary = report.summary_text(result, table, decision)
+    summary = report.summary_text(result, table, decision, measured)
     log.info("%s report: %s\n%s", name, html_uri, summary)
     return ReportOutcome(decision.verdict, decision.reason, decision.action, json_uri, html_uri, summary)
 
@@ -129,3 +141,58 @@ def _example_rows(ledger: Ledger, frame: pd.DataFrame, per_outcome: int = 3) -> 
             by_index[key] for i in rows if (key := (frame["part"].iat[i], int(frame["index"].iat[i]))) in by_index
         ]
     return examples
+
+
+# Rows whose truncation the final report judges for loops when the dataset is larger: reading every truncated
+# row's part would read most of the dataset's parts (truncated rows are in nearly all of them).
+RUNAWAY_SAMPLE = 20_000
+
+
+def _runaways(ledger: Ledger, spec: RunSpec, frame: pd.DataFrame,
+              indices: np.ndarray | None) -> tuple[dict[int, Any], pd.DataFrame, bool]:
+    """(runaways by index, the frame they were judged in, whether that is the report's whole scope). A
+    report over given indices (the pilot's, the gate's sample) judges all of them; the final report judges
+    a fixed random sample of the dataset, and the fit then gets no runaway flags (a floor from part of the
+    rows would be too low), only the report's count."""
+    scope = frame
+    whole = indices is not None or spec.dataset.n_rows <= RUNAWAY_SAMPLE
+    if not whole:
+        sample = plan.pilot_sample(spec.dataset.n_rows, RUNAWAY_SAMPLE, spec.config.pilot_seed + 2)
+        scope = frame[np.isin(frame["index"].to_numpy(np.int64), sample)].reset_index(drop=True)
+    try:
+        return find_runaways(ledger, scope), scope, whole
+    except Exception as exc:  # noqa: BLE001 - a part that cannot be read must not cost the run its report
+        log.warning("runaway rows not judged: %s", exc)
+        return {}, scope.iloc[0:0], False
+
+
+def _runaway_flags(frame: pd.DataFrame, runaways: dict[int, Any]) -> np.ndarray:
+    """Per row of `censoring_arrays(frame)` (current ok rows, in frame order): is it a runaway."""
+    if len(frame) == 0:
+        return np.zeros(0, dtype=bool)
+    cur = current_mask(frame) & (frame["status"] == OK).to_numpy(bool)
+    return np.isin(frame["index"].to_numpy(np.int64)[cur], np.fromiter(runaways, np.int64, len(runaways)))
+
+
+def _measured_basis(spec: RunSpec, frame: pd.DataFrame, table: Any, measurement: dict[str, Any] | None) -> str | None:
+    """The gate's words for a recommended cap the tail measurement reached: what share of the pilot's rows
+    run past it, counted, not predicted. Over the pilot only: elsewhere rows truncated at the run's cap
+    say nothing about a higher one."""
+    if table is None or table.recommended_cap is None or not measurement or not measurement.get("cap"):
+        return None
+    cap = int(table.recommended_cap)
+    if cap > int(measurement["cap"]):
+        return None
+    pilot = plan.pilot_indices(spec.config, spec.dataset.n_rows)
+    truncated, judged = gate_counts(frame[np.isin(frame["index"].to_numpy(np.int64), pilot)], cap)
+    if not judged:
+        return None
+    return (f"measured: {100 * truncated / judged:.1f}% of {judged:,} pilot rows truncated at {cap:,}, its "
+            f"truncated rows continued to {int(measurement['cap']):,}")
+
+
+def _resampled(frame: pd.DataFrame) -> int:
+    """Fresh samples of runaway rows in the report's scope (runaway_policy=resample)."""
+    if frame.empty:
+        return 0
+    return int(((frame["chunk"] == RESAMPLE_CHUNK) & (frame["status"] != FAILED)).sum())

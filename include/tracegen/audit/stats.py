@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracegen.run import MEASURE_CHUNK
 from tracegen.store.records import (
     EXTENDED,
     FAILED,
@@ -297,6 +298,9 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
         "cut_in_reasoning": int((cur_len & cut_reasoning).sum()),
         "cut_in_answer": int((cur_len & ~cut_reasoning).sum()),
         "truncated_under_lower_cap": rows["truncated_under_lower_cap"],
+        # Rows generated under a higher cap (the tail measurement) that ran past this one: complete or
+        # not, this cap alone would have cut them, so the gate counts them truncated (`gate_counts`).
+        "past_cap": int((cur_ok & (row_cap > cap) & (tokens_all > cap)).sum()),
     }
 
     # Prompt length and category breakdowns over current ok rows.
@@ -344,6 +348,13 @@ def audit(frame: pd.DataFrame, max_tokens: int, *, run_id: str | None = None) ->
             "they count as truncated here until a run under this cap extends them (or regenerates them, "
             "as its truncated_policy says)."
         )
+    if truncation["past_cap"]:
+        notes.append(
+            f"{truncation['past_cap']:,} current rows were generated under a cap above {cap} (the pilot's "
+            f"truncated rows continued to measure the tail) and ran past {cap} tokens: the truncation figures "
+            f"here count only rows still cut, but at max_tokens={cap} alone these would have been cut too; "
+            "the gate counts them as truncated."
+        )
     if n_cur == 0:
         notes.append("the ledger has no rows yet")
     return AuditResult(
@@ -385,8 +396,12 @@ def pivot_summary(frame: pd.DataFrame, *, run_id: str | None = None) -> dict[str
     ext, regen, fallback = ok & pivot.eq(EXTENDED), ok & pivot.eq(REGENERATED), ok & pivot.eq(FALLBACK_REGENERATED)
     new = int((tokens - prefix)[ext].sum())
     again = int(tokens[regen | fallback].sum())
+    # Rows extended by the pilot's tail measurement (`generate.measure`), before any cap was chosen: the
+    # same mechanism, but not the pivot's doing, so the lines saying what the pivot did name them apart.
+    measured = ext & (frame["chunk"].to_numpy(dtype=np.int64) == MEASURE_CHUNK) if n else ext
     return {
         "extended": int(ext.sum()),
+        "extended_measuring": int(measured.sum()),
         "extended_finished": int((ext & finished).sum()),  # the rest were cut again at their new cap
         "extended_new_tokens": new,
         "regenerated": int(regen.sum()),
@@ -403,7 +418,10 @@ def pivot_text(p: dict[str, Any]) -> str | None:
         return None
     parts = []
     if p["extended"]:
-        parts.append(f"{p['extended']:,} rows extended from their tokens ({p['extended_finished']:,} now "
+        measuring = p.get("extended_measuring") or 0
+        who = (f" ({measuring:,} of them by the pilot's tail measurement, {p['extended'] - measuring:,} by the "
+               "pivot to the chosen cap)" if measuring else "")
+        parts.append(f"{p['extended']:,} rows extended from their tokens{who} ({p['extended_finished']:,} now "
                      f"finish), {p['extended_new_tokens']:,} new tokens spent, {p['tokens_saved']:,} saved "
                      "against regenerating them")
     if p["regenerated"]:
@@ -520,15 +538,20 @@ def gate_counts(frame: pd.DataFrame, max_tokens: int) -> tuple[int, int]:
 
     A row that finished naturally under a lower cap would finish the same under this one, so it counts
     as complete. A row truncated under a lower cap says nothing about this cap (it was kept, or it is
-    about to be generated again), so it is left out rather than counted either way.
+    about to be generated again), so it is left out rather than counted either way. A row generated under
+    a higher cap that ran past this one (the pilot's truncated rows continued to measure the tail,
+    `tracegen.generate.measure`) would have been cut here, so it counts as truncated, finished or not:
+    measuring the tail never changes what the gate says about the run's cap.
     """
     if len(frame) == 0:
         return 0, 0
     cur = current_mask(frame) & _Coded(frame["status"]).eq(OK)
     is_length = _Coded(frame["finish_reason"]).eq("length")
     under_cap = frame["max_tokens"].to_numpy(dtype=np.int64) < max_tokens
+    tokens = frame["completion_tokens"] if "completion_tokens" in frame.columns else pd.Series(0, index=frame.index)
+    past_cap = tokens.fillna(0).to_numpy(dtype=np.int64) > max_tokens
     judged = cur & ~(is_length & under_cap)
-    return int((judged & is_length).sum()), int(judged.sum())
+    return int((judged & (is_length | past_cap)).sum()), int(judged.sum())
 
 
 def censoring_arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

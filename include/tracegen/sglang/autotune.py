@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from tracegen.sglang.routing import ServerPool, ServerState
 
 log = logging.getLogger(__name__)
+SUMMARY_INTERVAL_S = 60.0  # at most one info line per server this often; every change is at debug level
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +170,7 @@ class Autotuner:
         self.on_change = on_change
         self.history: list[dict[str, Any]] = []  # (bounded) decisions, for logs, tests and the benchmark
         self._tasks: list[asyncio.Task[None]] = []
+        self._summary: dict[str, dict[str, float]] = {}  # per server: last summary line, changes since
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -214,6 +216,17 @@ class Autotuner:
                 value = sum(per_rank)
         return value if type(value) is int and value >= 1 else None
 
+    def _summarise(self, server: ServerState, new: int, obs: Observation) -> None:
+        """The task log leads with generation progress: each limit change is a debug line (one a second
+        while the limit settles), and at most one info line per server per SUMMARY_INTERVAL_S sums them up."""
+        now = time.monotonic()
+        state = self._summary.setdefault(server.url, {"at": float("-inf"), "changes": 0})
+        state["changes"] += 1
+        if now - state["at"] >= SUMMARY_INTERVAL_S:
+            log.info("autotune %s: in-flight limit now %d (%d changes since the last summary; running %d/%s, "
+                     "queued %d)", server.url, new, state["changes"], obs.running, obs.max_running, obs.queued)
+            state["at"], state["changes"] = now, 0
+
     async def _loop(self, server: ServerState) -> None:
         max_running = await self._max_running(server)
         while True:
@@ -235,7 +248,8 @@ class Autotuner:
             if obs is not None and not server.quarantined:
                 new = decide(obs, self.policy)
                 if new != server.limit:
-                    log.info(
+                    self._summarise(server, new, obs)
+                    log.debug(
                         "autotune %s: in-flight limit %d -> %d (running %d/%s, queued %d)",
                         server.url,
                         server.limit,

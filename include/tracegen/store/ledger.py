@@ -40,7 +40,14 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from tracegen.store.records import FAILED, LEDGER_COLUMNS, LEDGER_DEFAULTS, PLAN_COLUMNS, GeneratedRow
+from tracegen.store.records import (
+    FAILED,
+    LEDGER_COLUMNS,
+    LEDGER_DEFAULTS,
+    PLAN_COLUMNS,
+    RESAMPLED,
+    GeneratedRow,
+)
 from tracegen.store.storage import LocalStorage, Storage, StorageKeyError, open_storage
 
 SCHEMA = 1
@@ -361,14 +368,15 @@ class Ledger:
 
     def plan_frame(self, indices: np.ndarray | Sequence[int]) -> pd.DataFrame:
         """Only what planning needs (index, status, finish_reason, max_tokens, and the part holding the
-        row, where a truncated row is continued from) for the rows of `indices`.
+        row, where a truncated row is continued from) for the rows of `indices`, and completion_tokens, with
+        which the gates judge a row generated under a higher cap (`audit.stats.gate_counts`).
 
         A chunk task resumes from this instead of `frame()`: its memory then follows the chunk, not the
         dataset (the full frame of a 1M-row ledger costs hundreds of MiB per task). Entries are parsed a
         batch at a time and filtered as they are read; the snapshot is read with a column and range filter.
         """
         wanted = np.unique(np.asarray(indices, dtype=np.int64))
-        columns = [*PLAN_COLUMNS, "part"]
+        columns = [*PLAN_COLUMNS, "completion_tokens", "part"]
         if wanted.size == 0:
             return pd.DataFrame({c: pd.Series(dtype=empty_frame()[c].dtype) for c in columns})
         lo, hi = int(wanted[0]), int(wanted[-1])
@@ -406,7 +414,7 @@ class Ledger:
                     np.asarray([entry["columns"]["max_tokens"][i] for i in keep], dtype=np.int64)
                 except (ValueError, TypeError, OverflowError) as exc:
                     raise LedgerError(f"entry {where}: index or max_tokens holds a non-integer ({exc})") from exc
-                for c in PLAN_COLUMNS:
+                for c in (*PLAN_COLUMNS, "completion_tokens"):
                     column = entry["columns"][c]
                     cols[c].extend(column[i] for i in keep)
                 cols["part"].extend([entry["part"]] * len(keep))
@@ -564,6 +572,9 @@ class Ledger:
             problems.append(str(exc))
         keys = self.entries()
         seen_rows: list[tuple[int, int, str]] = []  # (index, max_tokens, entry) for non-failed rows
+        # runaway_policy=resample gives a looping row one fresh sample under the same cap, which supersedes
+        # it: one such row per (index, cap) is expected beside the first, a second is duplicated work.
+        seen_resampled: list[tuple[int, int, str]] = []
         n_rows_total = 0
         for key, raw in zip(keys, self._get_many(keys), strict=True):
             try:
@@ -583,9 +594,11 @@ class Ledger:
             if entry["part"] != _part_for_entry(key):
                 problems.append(f"entry {key}: points at part {entry['part']}, expected {_part_for_entry(key)}")
             cols = entry["columns"]
-            for i, (idx, mt, st) in enumerate(zip(cols["index"], cols["max_tokens"], cols["status"], strict=True)):
+            pivots = cols.get("pivot") or [None] * len(cols["index"])
+            for i, (idx, mt, st, pivot) in enumerate(
+                    zip(cols["index"], cols["max_tokens"], cols["status"], pivots, strict=True)):
                 if st != FAILED:
-                    seen_rows.append((idx, mt, f"{key}#{i}"))
+                    (seen_resampled if pivot == RESAMPLED else seen_rows).append((idx, mt, f"{key}#{i}"))
             if not deep:
                 continue
             try:
@@ -606,6 +619,7 @@ class Ledger:
                     problems.append(f"entry {key} row {i} (index {row.index}): part and entry disagree on {diff}")
                     break
         problems.extend(_duplicate_problems(seen_rows))
+        problems.extend(_duplicate_problems(seen_resampled, what="resampled"))
         snap = None
         try:
             snap = self.latest_snapshot()
@@ -620,7 +634,7 @@ class Ledger:
         return problems
 
 
-def _duplicate_problems(seen: list[tuple[int, int, str]]) -> list[str]:
+def _duplicate_problems(seen: list[tuple[int, int, str]], what: str = "committed") -> list[str]:
     """The same index committed twice under one cap (other than as a failure) means work was duplicated."""
     if not seen:
         return []
@@ -631,7 +645,7 @@ def _duplicate_problems(seen: list[tuple[int, int, str]]) -> list[str]:
     out = []
     for d in dup[:10]:
         a, b = seen[order[d]], seen[order[d + 1]]
-        out.append(f"index {a[0]} committed twice under max_tokens={a[1]}: {a[2]} and {b[2]}")
+        out.append(f"index {a[0]} {what} twice under max_tokens={a[1]}: {a[2]} and {b[2]}")
     if len(dup) > 10:
         out.append(f"... and {len(dup) - 10} more duplicate (index, max_tokens) pairs")
     return out

@@ -31,6 +31,9 @@ EXTENDED = "extended"  # continued from the truncated row's token prefix (trunca
 REGENERATED = "regenerated"  # generated again from scratch (truncated_policy=regenerate)
 FALLBACK_REGENERATED = "fallback-regenerated"  # extend asked for, but the truncated row had no token ids
 PIVOT_ACTIONS = (EXTENDED, REGENERATED, FALLBACK_REGENERATED)
+# Not a pivot, but recorded the same way (`pivot`, provenance `action`): a fresh sample of a runaway row
+# (a truncated row whose tail loops), generated once under the same cap (runaway_policy=resample).
+RESAMPLED = "resampled"
 
 # Columns of the ledger, in order. Every ledger entry stores these for each of its rows.
 LEDGER_COLUMNS = (
@@ -49,7 +52,7 @@ LEDGER_COLUMNS = (
     "latency_s",  # float: wall time of the successful request
     "category",  # str | None: dataset metadata (source/category) for breakdowns
     "error",  # str | None: last error message for failed/rejected/invalid rows
-    "pivot",  # str | None: one of PIVOT_ACTIONS when the row replaced a row truncated under a lower cap
+    "pivot",  # str | None: one of PIVOT_ACTIONS when the row replaced a row truncated under a lower cap; RESAMPLED
     "prefix_tokens",  # int: tokens reused from the truncated row it extends (0 unless `extended`)
 )
 # Columns added after the first ledger entries were written, with the value those older entries (and

@@ -100,7 +100,7 @@ def test_export_has_every_exportable_index_once_with_matching_checksums(root, tm
     manifest = json.loads((dest / "manifest.json").read_text())
     assert (result.rows, result.shards) == (7, 3)
     assert manifest["rows"] == 7 and manifest["format"] == fmt and manifest["newest_run"] == "run-b"
-    assert manifest["left_out"] == {"truncated": 0, "not_ok_or_missing": 3}
+    assert manifest["left_out"] == {"truncated": 0, "runaway": 0, "not_ok_or_missing": 3}
     assert manifest["superseded_ledger_rows"] == 1
     assert [s["rows"] for s in manifest["shards"]] == [3, 3, 1]
     assert [(s["first_index"], s["last_index"]) for s in manifest["shards"]] == [(0, 2), (3, 5), (6, 6)]

@@ -213,7 +213,7 @@ def test_pivot_figures_count_new_tokens_and_the_prefixes_not_paid_again():
         row(4, finish="stop", tokens=700, cap=8192, run="r2"),  # a first generation
     ]
     p = pivot_summary(frame(rows))
-    assert p == {"extended": 2, "extended_finished": 1, "extended_new_tokens": (6000 - 4096) + (8192 - 4096),
+    assert p == {"extended": 2, "extended_measuring": 0, "extended_finished": 1, "extended_new_tokens": (6000 - 4096) + (8192 - 4096),
                  "regenerated": 0, "fallback_regenerated": 1, "regenerated_tokens": 3000,
                  "tokens_spent": 1904 + 4096 + 3000, "tokens_saved": 2 * 4096}
     assert pivot_summary(frame(rows), run_id="r1")["extended"] == 0

@@ -259,7 +259,8 @@ def test_plan_frame_holds_only_the_asked_rows_and_agrees_with_frame(tmp_path: Pa
     ledger.commit([row(i, cap=8192, chunk=9, run="r2") for i in (0, 5, 120)], "r2", 9, "late")
     wanted = list(range(90, 130)) + [0, 5]
     lean = ledger.plan_frame(wanted)
-    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens", "part"])
+    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens", "completion_tokens",
+                                           "part"])
     assert set(lean["index"]) == set(wanted)
     # The part of each row: where a truncated row is continued from.
     assert set(lean.loc[lean["max_tokens"] == 8192, "part"]) == {part_key("r2", 9, "late")}

@@ -1,0 +1,137 @@
+"""runaway_policy against the stand-in, whose runaway samples loop until the cap: the export leaves runaway
+rows out (drop) or keeps them (keep) among the truncated rows it writes; resample generates each once more
+from scratch under the same cap, the fresh sample replacing it, and never again.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from engine_support.helpers import (
+    FAST_CLIENT,
+    endpoints,
+    make_config,
+    metric,
+    open_ledger,
+    prepare,
+    run_engine,
+    write_dataset,
+)
+
+from tracegen import plan
+from tracegen.audit.run_report import audit_and_report
+from tracegen.audit.runaway_rows import find_runaways
+from tracegen.export import export_dataset
+from tracegen.generate.resample import resample_runaways
+from tracegen.run import RESAMPLE_CHUNK
+from tracegen.sglang.client import ClientConfig
+from tracegen.store.records import OK
+
+SIM = dict(sim_time_scale=20000, log_level="warning", enable_metrics=True, sim_length_model="short",
+           sim_runaway_rate=0.2, sim_truncated_share=0.6, reasoning_parser="qwen3")
+N_ROWS, CAP = 160, 256
+REQS = "sglang:num_requests_total"
+
+
+@pytest.fixture
+def generated(tmp_path, sim_server):
+    """160 rows at 256 on a stand-in with 20% runaways: (sim, dataset, output, runaways, other truncated)."""
+    sim = sim_server(**SIM)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", N_ROWS)
+    out = tmp_path / "out"
+    config = make_config(dataset, out, max_tokens=CAP)
+    prepare(config, "run-256")
+    run_engine(config, "run-256", endpoints(sim, in_flight=32), tmp_path / "spool", range(N_ROWS))
+    frame = open_ledger(config).frame()
+    runaways = set(find_runaways(open_ledger(config), frame))
+    truncated = set(frame.loc[frame["finish_reason"] == "length", "index"].tolist())
+    assert runaways and runaways < truncated, "the stand-in should cut both loops and long rows at 256"
+    return sim, dataset, out, runaways, truncated - runaways
+
+
+def _export(tmp_path, out, name, **kw):
+    result = export_dataset(str(out), str(tmp_path / name), **kw)
+    manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+    rows = []
+    for shard in manifest["shards"]:
+        rows += [json.loads(line) for line in gzip.decompress((tmp_path / name / shard["name"]).read_bytes()).splitlines()]
+    assert result.rows == len(rows)
+    return manifest, {r["index"] for r in rows}
+
+
+@pytest.mark.parametrize("policy", ["drop", "keep"])
+def test_export_drops_or_keeps_runaway_rows(tmp_path, generated, policy):
+    _, dataset, out, runaways, others = generated
+    prepare(make_config(dataset, out, max_tokens=CAP, runaway_policy=policy), f"run-{policy}")
+    manifest, exported = _export(tmp_path, out, "with-truncated", include_truncated=True)
+    assert others <= exported
+    assert manifest["runaway_policy"] == policy and manifest["runaway_rows"] == len(runaways)
+    assert manifest["runaway_indices"] == sorted(runaways)
+    if policy == "drop":
+        assert not exported & runaways and manifest["left_out"]["runaway"] == len(runaways)
+    else:
+        assert runaways <= exported and manifest["left_out"]["runaway"] == 0
+    # Without the truncated rows, runaways are left out with them and not judged.
+    manifest, exported = _export(tmp_path, out, "complete")
+    assert not exported & (runaways | others) and manifest["left_out"]["truncated"] == len(runaways | others)
+    assert manifest["runaway_rows"] is None and manifest["left_out"]["runaway"] == 0
+
+
+def test_the_report_counts_runaways_as_a_floor(tmp_path, generated):
+    _, dataset, out, runaways, _ = generated
+    spec = prepare(make_config(dataset, out, max_tokens=CAP), "run-report")
+    audit_and_report(spec, name="report")
+    report = json.loads(open_ledger(spec.config).get_run_file(spec.run_id, "report.json"))
+    r = report["measurement"]["runaway"]
+    assert r["rows"] == len(runaways) and r["by_cap"] == {str(CAP): len(runaways)} and r["policy"] == "drop"
+    assert 0 < len(r["examples"]) <= 3 and r["examples"][0]["index"] in runaways
+    html = open_ledger(spec.config).get_run_file(spec.run_id, "report.html").decode()
+    assert "Runaway rows" in html
+
+
+def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(tmp_path, generated):
+    sim, dataset, out, runaways, _ = generated
+    config = make_config(dataset, out, max_tokens=CAP, runaway_policy="resample")
+    spec = prepare(config, "run-resample")
+    cc = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts, **FAST_CLIENT)
+    options = {"client_config": cc, "progress_interval_s": 3600}
+    sent = metric(sim.url, REQS)
+    done = resample_runaways(spec, endpoints=endpoints(sim, in_flight=32), spool_dir=str(tmp_path / "spool"),
+                             engine_options=options)
+    assert metric(sim.url, REQS) - sent == len(runaways) == done["rows"] == done["generated"]
+    ledger = open_ledger(config)
+    frame = ledger.frame()
+    fresh = frame[frame["chunk"] == RESAMPLE_CHUNK]
+    assert set(fresh["index"]) == runaways and (fresh["max_tokens"] == CAP).all() and (fresh["status"] == OK).all()
+    assert set(fresh["pivot"]) == {"resampled"}
+    # One fresh sample beside the looping row under the same cap is expected, not duplicated work ...
+    assert ledger.check_invariants() == []
+    # The fresh sample is the current row; nothing is left to generate at the cap.
+    current = plan.best_rows(frame)
+    assert set(current.loc[current["index"].isin(runaways), "chunk"]) == {RESAMPLE_CHUNK}
+    assert plan.remaining(frame, range(N_ROWS), CAP, "extend").size == 0
+    # A higher cap later continues the fresh sample, not the row it replaced (both cut at 256).
+    cut_again = set(fresh.loc[fresh["finish_reason"] == "length", "index"])
+    if cut_again:
+        sources = plan.superseded_rows(frame, sorted(cut_again), 1024)
+        assert set(sources["part"]) <= set(fresh["part"]) and set(sources["index"]) == cut_again
+    # Once each: a second call (a retried task, a later run) sends nothing.
+    sent = metric(sim.url, REQS)
+    again = resample_runaways(spec, endpoints=endpoints(sim, in_flight=32), spool_dir=str(tmp_path / "spool"),
+                              engine_options=options)
+    assert again["rows"] == 0 and metric(sim.url, REQS) == sent
+    # ... and a second fresh sample of the same row would be: the invariant check names it.
+    resampled = next(k for k in ledger.entries() if f"c{RESAMPLE_CHUNK:05d}" in k)
+    entry = ledger.read_entry(resampled)
+    ledger.storage.put(resampled.replace(entry["segment"], entry["segment"] + "x"),
+                       ledger.storage.get(resampled))
+    assert any("resampled twice under max_tokens" in p for p in ledger.check_invariants())
+    ledger.storage.delete(resampled.replace(entry["segment"], entry["segment"] + "x"))
+    # The export keeps the fresh samples that finished, and leaves out those that loop again.
+    looping = set(find_runaways(ledger, frame))
+    manifest, exported = _export(tmp_path, out, "resampled", include_truncated=True)
+    assert not exported & looping and manifest["left_out"]["runaway"] == len(looping)
+    finished = set(fresh.loc[fresh["finish_reason"] != "length", "index"])
+    assert finished <= exported and looping <= runaways
