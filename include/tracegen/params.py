@@ -88,3 +88,22 @@ def output_roots() -> list[str]:
     if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
         raise ValueError(f"Variable tracegen_output_roots must be a JSON list of output URIs, got {raw!r}")
     return roots
+
+
+def raise_cap_params() -> dict[str, Any]:
+    """`tracegen_raise_cap`'s form: which running run, and its new cap (the same rule as the run's own
+    max_tokens; the servers' context length is checked when the raise is applied)."""
+    from airflow.sdk import Param
+
+    from tracegen.config import rule_of
+
+    rule = rule_of("max_tokens")
+    return {
+        "run_id": Param("", type="string", minLength=1, title="Run id",
+                        description="The running tracegen_generate run to raise the cap of (its run id, as the "
+                                    "Airflow UI shows it)."),
+        "max_tokens": Param(8192, title="New cap (max_tokens)",
+                            description="Above the run's current cap. Chunks starting from now generate at it; "
+                                        "rows already truncated are extended to it from their tokens after "
+                                        "the first fan-out.", **rule.schema()),
+    }

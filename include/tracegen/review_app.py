@@ -442,6 +442,9 @@ def _nav_for(request: Request, key: str, run_id: str, present: set[str], current
     return " · ".join(links)
 
 
+RAISE_CAP_DAG = "tracegen_raise_cap"
+
+
 def airflow_run_path(airflow_run_id: str) -> str:
     """The run's page in the Airflow UI."""
     return f"/dags/{GENERATE_DAG}/runs/{urllib.parse.quote(airflow_run_id, safe='')}"
@@ -523,6 +526,12 @@ def render_progress(request: Request, key: str, run_id: str, progress: dict[str,
     ]
     table = "".join(f'<tr><th class="l">{_e(k)}</th><td class="l" id="progress-{_e(k.split()[0].replace("/", "-"))}">'
                     f"{_e(v)}</td></tr>" for k, v in rows)
+    if live and p.get("airflow_run_id"):
+        # The mid-run pivot: the same run goes on at a higher cap, nothing is stopped (tracegen.run.cap_raise).
+        table += (f'<tr><th class="l">raise the cap</th><td class="l" id="progress-raise">without stopping the run: '
+                  f'trigger <a href="{_e(f"/dags/{RAISE_CAP_DAG}")}">{RAISE_CAP_DAG}</a> with run_id '
+                  f"<code>{_e(p['airflow_run_id'])}</code> and the new max_tokens (above {p['max_tokens']:,}); "
+                  "chunks starting after it use the new cap, rows already truncated are extended to it.</td></tr>")
     links = _nav_for(request, key, run_id, present, current="progress")
     refresh = (f'<p class="uri">Refreshes every {PROGRESS_REFRESH_S} s while the run is {state or "running"}.</p>'
                if live else f'<p class="uri">Not refreshing: the run is {_e(state or "not running")}.</p>')
@@ -660,7 +669,8 @@ def create_app(roots: Callable[[], list[str]] = configured_roots,
         stage, _ = gate_stage(_get_json(ledger, run_id, RUN_FILE), _get_json(ledger, run_id, "pilot-report.json")
                               if "pilot-report.json" in present else None, present)
         live = state in ("running", "queued") and stage is None and progress["left"] > 0
-        return progress | {"state": stage or state, "live": live}, present, live, stage or state
+        return (progress | {"state": stage or state, "live": live, "airflow_run_id": af.run_id if af else None},
+                present, live, stage or state)
 
     @app.get("/roots/{root}/runs/{run_id}/progress.json", name="run_progress_json")
     def run_progress_json(request: Request, root: str, run_id: str) -> dict[str, Any]:

@@ -53,6 +53,13 @@ class CapReviewOperator(HITLOperator):
 
         if not self.question:
             raise AirflowSkipException("nothing to ask: no gate held this run back")
+        if "decided" in self.question:
+            # An operator raised the cap while the run ran (`tracegen_raise_cap`): decided, nobody to ask.
+            from tracegen.audit.review import CapDecision
+
+            decision = CapDecision.from_json(self.question["decided"])
+            self.log.info("no question: %s", decision.summary())
+            return decision.to_json()
         self._pose()
         self.log.info("asking: %s (answer in Required Actions; unanswered in %s, the run stops)",
                       self.subject, self.response_timeout)

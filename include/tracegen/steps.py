@@ -211,7 +211,7 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
 
     work = ChunkWork.from_json(chunk)
     _context()["chunk_label"] = work.label
-    spec = _spec(run)
+    spec = _at_raised_cap(_spec(run))
     try:
         return generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec)).to_json()
     except GateClosed as exc:
@@ -229,9 +229,17 @@ def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict
     run back (the pilot gate's stop verdict, or rows the continuous gate kept from being generated);
     otherwise skipped, and the question, the answer and the second fan-out with it."""
     from tracegen.generate.gate_watch import continuous_sample
+    from tracegen.run.cap_raise import as_decision
     from tracegen.run.decision import ask
 
     spec = _spec(run)
+    raised = _cap_raise(spec)
+    if raised is not None and raised.cap > spec.config.max_tokens:
+        # An operator raised the cap while the run ran: that is the decision, and nobody is asked.
+        decision = as_decision(spec, raised)
+        log.warning("%s: no question; the rows left at max_tokens=%d are generated next", raised.summary(),
+                    raised.cap)
+        return {"decided": decision.to_json()}
     question = ask(spec, context_length=_context_length(servers), drift_sample=continuous_sample(spec),
                    tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot or {}, spec.fleet.gpus),
                    report_url=lambda name: _review_page(spec, name))
@@ -244,6 +252,31 @@ def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict
         raise AirflowSkipException(f"nothing to ask (gate_mode={spec.config.gate_mode}): no gate held this run back")
     log.warning("asking the reviewer (Required Actions): %s\n%s", question.subject, question.body)
     return question.to_json()
+
+
+def _cap_raise(spec):
+    """The operator's raise of this run's cap (`tracegen_raise_cap`), or None. A malformed Variable fails
+    the task, naming it, rather than being ignored: someone meant to change this run's cap."""
+    from airflow.sdk import Variable
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.run.cap_raise import RaiseRefused, decode, variable_key
+
+    try:
+        return decode(Variable.get(variable_key(spec.run_id), default=None), spec.run_id)
+    except RaiseRefused as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+def _at_raised_cap(spec):
+    from tracegen.run.cap_raise import at_raised_cap
+
+    raised = _cap_raise(spec)
+    at = at_raised_cap(spec, raised)
+    if at is not spec:
+        log.warning("generating at max_tokens=%d, not %d: %s", at.config.max_tokens, spec.config.max_tokens,
+                    raised.summary())
+    return at
 
 
 def _review_page(spec, name: str) -> str | None:
@@ -377,6 +410,104 @@ def watcher() -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
     raise AirflowFailException("a task of this run failed; see the failed task's log and the run's report")
+
+
+# ---- tracegen_raise_cap ----------------------------------------------------------------------------
+
+GENERATE_DAG = "tracegen_generate"
+# The task that decides the run's cap and reads a raise once, when it starts: a raise is taken until then.
+_DECIDING_TASK = "ask_about_cap"
+_NOT_STARTED = ("none", "scheduled", "queued")
+_FINISHED = ("success", "skipped", "failed", "upstream_failed", "removed")
+
+
+def raise_cap() -> dict[str, Any]:
+    """Raise the cap of a running `tracegen_generate` run (params `run_id`, `max_tokens`): checked against
+    the run as its first task described it and the servers' context length, then kept for the run's chunk
+    tasks and its decision (`tracegen.run.cap_raise`). Refused, naming why, when the run is not running,
+    has not been prepared yet, or has already decided its cap."""
+    from airflow.sdk import Variable
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.config import safe_run_id
+    from tracegen.run.cap_raise import (
+        CapRaise,
+        RaiseRefused,
+        check_raise,
+        decode,
+        encode,
+        now_iso,
+        variable_key,
+    )
+    from tracegen.run.spec import RunSpec, RunSpecError
+
+    ctx = _context()
+    ti, params = ctx["ti"], ctx["params"]
+    target = str(params["run_id"]).strip()
+    state = _dagrun_state(ti, target)
+    if state not in ("running", "queued"):
+        raise AirflowFailException(f"{GENERATE_DAG} run {target!r} is {state or 'not found'}: only a running "
+                                   "run's cap can be raised (a finished one resumes with a new run at the new cap)")
+    doc = ti.xcom_pull(task_ids="prepare_run", dag_id=GENERATE_DAG, run_id=target, key="run")
+    if not doc:
+        raise AirflowFailException(f"run {target!r} has not been prepared yet (its prepare_run has no result): "
+                                   "try again once it has")
+    try:
+        spec = RunSpec.from_json(doc, f"run {target!r} as its prepare_run described it")
+        if _deciding_state(ti, target) not in _NOT_STARTED:
+            raise RaiseRefused(f"run {target!r} has already decided its cap ({_DECIDING_TASK} has started): start "
+                               "a new run at the new cap; it resumes from the ledger and extends the truncated rows")
+        key = variable_key(spec.run_id)
+        earlier = decode(Variable.get(key, default=None), spec.run_id)
+        servers = ti.xcom_pull(task_ids="provision_fleet", dag_id=GENERATE_DAG, run_id=target)
+        from_cap, cap = check_raise(spec, params["max_tokens"], context_length=_context_length(servers),
+                                    earlier=earlier)
+    except (RaiseRefused, RunSpecError) as exc:
+        raise AirflowFailException(str(exc)) from None
+    raised = CapRaise(run_id=spec.run_id, cap=cap, from_cap=from_cap, requested_by=ctx["dag_run"].triggering_user_name,
+                      requested_at=now_iso(), raised_in=safe_run_id(ctx["run_id"]))
+    Variable.set(key, encode(raised), description=f"tracegen: raise of run {target}'s max_tokens")
+    if not _taken(ti, target, raised):
+        Variable.delete(key)
+        raise AirflowFailException(f"run {target!r} decided its cap while this raise was written; nothing "
+                                   "changed: start a new run at the new cap")
+    log.warning("%s: chunk tasks starting from now generate at max_tokens=%d; the rows truncated under "
+                "%d are extended after the first fan-out", raised.summary(), cap, from_cap)
+    return raised.to_json()
+
+
+def _dagrun_state(ti, run_id: str) -> str | None:
+    try:
+        return str(ti.get_dagrun_state(GENERATE_DAG, run_id)).removeprefix("DagRunState.").lower()
+    except Exception as exc:  # noqa: BLE001 - the API answers an unknown run with an error, not a state
+        log.info("state of %s run %r: %s", GENERATE_DAG, run_id, exc)
+        return None
+
+
+def _deciding_state(ti, run_id: str) -> str:
+    states = ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[run_id], task_ids=[_DECIDING_TASK])
+    state = ((states or {}).get(run_id) or {}).get(_DECIDING_TASK)
+    return str(state).removeprefix("TaskInstanceState.").lower() if state is not None else "none"
+
+
+def _taken(ti, run_id: str, raised) -> bool:
+    """Whether the run will act on the raise just written. It reads it when `ask_about_cap` starts: not
+    started yet, it will; started, it may have read before the write, so wait for it (seconds) and see
+    whether its decision is this raise."""
+    import time
+
+    state, deadline = _deciding_state(ti, run_id), time.monotonic() + 600
+    while state not in _NOT_STARTED and state not in _FINISHED:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{_DECIDING_TASK} of run {run_id!r} has been {state} for 10 minutes: whether it "
+                               f"took the raise is in its log (and in run.json's decisions once it is done)")
+        time.sleep(2)
+        state = _deciding_state(ti, run_id)
+    if state in _NOT_STARTED:
+        return True
+    decided = ti.xcom_pull(task_ids=_DECIDING_TASK, dag_id=GENERATE_DAG, run_id=run_id) or {}
+    return ((decided.get("decided") or {}).get("responded_at") == raised.requested_at
+            and (decided.get("decided") or {}).get("cap") == raised.cap)
 
 
 # ---- tracegen_rerun_failed -------------------------------------------------------------------------

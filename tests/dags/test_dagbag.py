@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-EXPECTED = {"tracegen_generate", "tracegen_fleet", "tracegen_rerun_failed"}
+EXPECTED = {"tracegen_generate", "tracegen_fleet", "tracegen_rerun_failed", "tracegen_raise_cap"}
 
 
 @pytest.fixture(scope="module")

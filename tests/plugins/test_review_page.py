@@ -654,6 +654,8 @@ def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, b
     assert (f"{expected['truncated']:,} of the {expected['completed_by_run']:,} rows this run completed" in text
             and "95% interval" in text and "completion tokens/s" in text)
     assert browser.eval("document.querySelector('meta[http-equiv=refresh]').content") == "5"
+    # The mid-run pivot is one trigger away, naming the run as Airflow knows it.
+    assert (f"trigger tracegen_raise_cap with run_id {LIVE_RUN}" in text and "above 8,192" in text), text
     key = _key(str(live))
     doc = _get(f"{server.url}/tracegen/roots/{key}/runs/{stored}/progress.json", headers=server.auth).json()
     assert (doc["done"], doc["left"], doc["live"], doc["state"]) == (expected["done"], 400 - expected["done"],

@@ -418,7 +418,14 @@ def _final_next_steps(report: dict[str, Any]) -> str:
 
 
 def _decision_html(d: dict[str, Any]) -> str:
-    """A reviewer's answer to the gate's question: who, when, what, and the table they decided on."""
+    """A reviewer's answer to the gate's question: who, when, what, and the table they decided on; or an
+    operator's mid-run raise of the cap (no question, no table)."""
+    if d.get("trigger") == "raise":
+        return (f'<div class="verdict none"><b class="v">decision</b>the cap was raised mid-run by '
+                f"<b>{_e(d.get('responded_by') or 'unknown')}</b>, {_e(d.get('responded_at'))}: continue at "
+                f"max_tokens=<b>{_num(d.get('cap'))}</b> (from {_num(d.get('from_cap'))}); the chunks started "
+                "after it generated at the new cap, and the rows truncated under the old one were taken up "
+                "at it afterwards.</div>")
     gate = "pilot gate" if d.get("trigger") == "pilot" else "continuous gate (mid-run)"
     who = ("nobody answered before the question timed out; the run took its default" if d.get("timed_out")
            else f"answered by <b>{_e(d.get('responded_by') or 'unknown')}</b>")

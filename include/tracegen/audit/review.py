@@ -21,6 +21,8 @@ from typing import Any
 RECOMMENDED, OTHER, CURRENT, STOP = "recommended", "other", "current", "stop"
 OPTION_KINDS = (RECOMMENDED, OTHER, CURRENT, STOP)
 PILOT, DRIFT = "pilot", "drift"  # what raised the question: the pilot gate, or the continuous gate mid-run
+RAISE = "raise"  # no question: an operator raised the cap of the running run (`tracegen.run.cap_raise`)
+TRIGGERS = (PILOT, DRIFT, RAISE)
 CAP_FIELD = "cap"  # the form field of the `OTHER` option
 STOP_LABEL = "Stop the run"
 CAP_TABLE_KEYS = ("cap", "truncation", "truncation_low", "truncation_high", "expected_tokens_per_row",
@@ -119,6 +121,9 @@ class CapDecision:
         return self.cap is not None
 
     def summary(self) -> str:
+        if self.trigger == RAISE:
+            return (f"{self.responded_by or 'unknown'} raised the cap of the running run at {self.responded_at}: "
+                    f"continue at max_tokens={self.cap:,} (from max_tokens={self.from_cap:,})")
         if self.timed_out:
             head = f"nobody answered by {self.responded_at}, so the default '{self.option}' was taken"
         else:
@@ -132,7 +137,7 @@ class CapDecision:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> CapDecision:
         decision = cls(**doc)
-        if decision.kind not in OPTION_KINDS or decision.trigger not in (PILOT, DRIFT):
+        if decision.kind not in OPTION_KINDS or decision.trigger not in TRIGGERS:
             raise ValueError(f"decision: kind {decision.kind!r} or trigger {decision.trigger!r} is unknown")
         return decision
 

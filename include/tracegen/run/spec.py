@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from tracegen.audit.review import CURRENT, CapDecision
+from tracegen.audit.review import CURRENT, RAISE, CapDecision
 from tracegen.config import ConfigError, RunConfig
 from tracegen.plan import ChunkLayout
 
@@ -135,6 +135,8 @@ class RunSpec:
         if not decision.continues:
             return replace(self, decisions=decisions)
         mode = "warn" if decision.kind == CURRENT else "stop"
+        if decision.trigger == RAISE and self.config.gate_mode != "ask":
+            mode = self.config.gate_mode  # an operator's raise, not an answer: the gate stays as configured
         return replace(self, config=replace(self.config, max_tokens=decision.cap, gate_mode=mode),
                        decisions=decisions)
 
