@@ -142,8 +142,9 @@ def audit_and_gate(
     run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict[str, Any]], servers: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Audit the pilot rows and gate the fan-out on their truncation. Over the threshold, gate_mode=stop
-    stops the run (this task and the chunks past it are skipped, "stopped by the gate"), 'ask' holds every chunk for the reviewer's question (`ask_about_cap`, once the first
-    chunks have stopped), 'warn' logs and goes on.
+    stops the run (this task and the chunks past it are skipped, "stopped by the gate"), 'ask' holds every
+    chunk for the reviewer's question (`ask_about_cap`, once the first chunks have stopped), 'warn' logs
+    and goes on.
 
     Returns the chunks to fan out past the gate: the plan's chunks but the first `stagger` ones, which
     run beside the pilot (`generate_alongside_pilot`); none while a question is to be asked."""
