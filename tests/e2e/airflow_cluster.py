@@ -13,6 +13,7 @@ It is also what a person runs to see the distributed setup (`make airflow-up`):
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import secrets
@@ -23,6 +24,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -468,6 +471,33 @@ class AirflowApi:
     def describe(self, dag_id: str, run_id: str) -> list[str]:
         return [f"{t['task_id']}[{t['map_index']}]={t['state']} try {t['try_number']}"
                 for t in self.task_instances(dag_id, run_id)]
+
+
+@contextmanager
+def running_cluster(root: Path, **kwargs: Any) -> Iterator[AirflowCluster]:
+    """A started cluster for a test module's fixture, stopped afterwards. One that cannot start fails the
+    tests (never skips them), after stopping whatever it did start."""
+    import pytest
+
+    cluster = AirflowCluster(root, **kwargs)
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        cluster.stop()
+        pytest.fail(f"could not start the Airflow cluster: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def sample_prompts(path: Path, n_rows: int) -> Path:
+    """The first `n_rows` prompts of the bundled dataset, written to `path` as JSONL."""
+    from tracegen.config import SAMPLE_DATASET
+
+    with gzip.open(SAMPLE_DATASET, "rt") as src:
+        path.write_text("".join(next(src) for _ in range(n_rows)))
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

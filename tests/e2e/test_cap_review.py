@@ -9,7 +9,6 @@ run into its own output root, named in `tracegen_output_roots` so the review pag
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import time
@@ -18,10 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, running_cluster, sample_prompts
 from plugins.cdp_browser import Browser
 
-from tracegen.config import SAMPLE_DATASET, safe_run_id
+from tracegen.config import safe_run_id
 from tracegen.run import MEASURE_CHUNK
 from tracegen.status import dataset_status
 from tracegen.store.ledger import Ledger
@@ -40,16 +39,8 @@ STOP = "Stop the run"
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("review-cluster")
     # A faster stand-in clock: the runs are about the question, not about generation speed.
-    cluster = AirflowCluster(root, workers=1, worker_concurrency=4, extra_env={"TRACEGEN_SIM_TIME_SCALE": "200"})
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        cluster.stop()
-        pytest.fail(f"could not start the Airflow cluster: {exc}", pytrace=False)
-    try:
+    with running_cluster(root, workers=1, worker_concurrency=4, extra_env={"TRACEGEN_SIM_TIME_SCALE": "200"}) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +54,7 @@ def api(cluster: AirflowCluster) -> AirflowApi:
 
 @pytest.fixture(scope="module")
 def dataset(cluster: AirflowCluster) -> Path:
-    with gzip.open(SAMPLE_DATASET, "rt") as src:
-        lines = [next(src) for _ in range(N_ROWS)]
-    path = cluster.root / "prompts.jsonl"
-    path.write_text("".join(lines))
-    return path
+    return sample_prompts(cluster.root / "prompts.jsonl", N_ROWS)
 
 
 def _trigger(cluster: AirflowCluster, api: AirflowApi, dataset: Path, root: str, **conf) -> tuple[str, Path]:

@@ -9,15 +9,13 @@ PostgreSQL or Redis missing is a failure, not a skip: CI runs both.
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 from pathlib import Path
 
 import pytest
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, running_cluster, sample_prompts
 
-from tracegen.config import SAMPLE_DATASET
 from tracegen.status import dataset_status
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED
@@ -35,16 +33,8 @@ RUN_CONF = {"max_tokens": 8192, "pilot_size": 40, "chunk_size": 50, "teardown": 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cluster")
-    cluster = AirflowCluster(root, workers=2, worker_concurrency=2)
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        cluster.stop()
-        pytest.fail(f"could not start the distributed Airflow cluster: {exc}", pytrace=False)
-    try:
+    with running_cluster(root, workers=2, worker_concurrency=2) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +47,7 @@ def api(cluster: AirflowCluster) -> AirflowApi:
 
 @pytest.fixture(scope="module")
 def dataset(cluster: AirflowCluster) -> Path:
-    with gzip.open(SAMPLE_DATASET, "rt") as src:
-        lines = [next(src) for _ in range(N_ROWS)]
-    path = cluster.root / "prompts.jsonl"
-    path.write_text("".join(lines))
-    return path
+    return sample_prompts(cluster.root / "prompts.jsonl", N_ROWS)
 
 
 def _conf(dataset: Path, output: Path) -> dict:

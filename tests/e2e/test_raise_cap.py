@@ -9,15 +9,14 @@ same call the trigger form makes).
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 from pathlib import Path
 
 import pytest
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, running_cluster, sample_prompts
 
-from tracegen.config import SAMPLE_DATASET, safe_run_id
+from tracegen.config import safe_run_id
 from tracegen.run.cap_raise import variable_key
 from tracegen.status import dataset_status
 from tracegen.store.ledger import Ledger
@@ -34,16 +33,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("raise-cluster")
     # Slow enough that chunks are still to start when the raise lands; a worker slot beyond the three
     # chunk tasks runs the raise itself.
-    cluster = AirflowCluster(root, workers=1, worker_concurrency=4, extra_env={"TRACEGEN_SIM_TIME_SCALE": "20"})
-    try:
-        cluster.start()
-    except ClusterError as exc:
-        cluster.stop()
-        pytest.fail(f"could not start the Airflow cluster: {exc}", pytrace=False)
-    try:
+    with running_cluster(root, workers=1, worker_concurrency=4, extra_env={"TRACEGEN_SIM_TIME_SCALE": "20"}) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +48,7 @@ def api(cluster: AirflowCluster) -> AirflowApi:
 
 @pytest.fixture(scope="module")
 def dataset(cluster: AirflowCluster) -> Path:
-    with gzip.open(SAMPLE_DATASET, "rt") as src:
-        lines = [next(src) for _ in range(N_ROWS)]
-    path = cluster.root / "prompts.jsonl"
-    path.write_text("".join(lines))
-    return path
+    return sample_prompts(cluster.root / "prompts.jsonl", N_ROWS)
 
 
 def _states(api: AirflowApi, run_id: str) -> dict[str, list[str]]:
