@@ -455,14 +455,15 @@ def raise_cap() -> dict[str, Any]:
                                    "try again once it has")
     try:
         spec = RunSpec.from_json(doc, f"run {target!r} as its prepare_run described it")
-        if _deciding_state(ti, target) not in _NOT_STARTED:
-            raise RaiseRefused(f"run {target!r} has already decided its cap ({_DECIDING_TASK} has started): start "
-                               "a new run at the new cap; it resumes from the ledger and extends the truncated rows")
         key = variable_key(spec.run_id)
         earlier = decode(Variable.get(key, default=None), spec.run_id)
         servers = ti.xcom_pull(task_ids="provision_fleet", dag_id=GENERATE_DAG, run_id=target)
+        # The cap first: a cap no run could take is refused as such, whatever moment it arrives at.
         from_cap, cap = check_raise(spec, params["max_tokens"], context_length=_context_length(servers),
                                     earlier=earlier)
+        if _deciding_state(ti, target) not in _NOT_STARTED:
+            raise RaiseRefused(f"run {target!r} has already decided its cap ({_DECIDING_TASK} has started): start "
+                               "a new run at the new cap; it resumes from the ledger and extends the truncated rows")
     except (RaiseRefused, RunSpecError) as exc:
         raise AirflowFailException(str(exc)) from None
     raised = CapRaise(run_id=spec.run_id, cap=cap, from_cap=from_cap, requested_by=ctx["dag_run"].triggering_user_name,
