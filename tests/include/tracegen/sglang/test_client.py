@@ -123,7 +123,7 @@ def test_completion_fields_and_reasoning_split(sim_server) -> None:
 
 def test_tools_are_sent_and_tool_calls_kept(sim_server) -> None:
     # SGLang reports tool calls only when started with a tool-call parser.
-    sim = sim_server(sim_tool_call_rate=1.0, tool_call_parser="qwen25")
+    sim = sim_server(sim_tool_call_rate=1.0, tool_call_parser="qwen25", sim_length_model="fixed:2000")  # always fits the cap
     tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
 
     async def main() -> GeneratedRow:
