@@ -265,11 +265,15 @@ def test_priority_scheduling_metrics_and_the_autotuner_reads_the_totals(sim_serv
 
     async def scenario() -> str:
         async with httpx.AsyncClient(base_url=sim.url, timeout=60) as c:
-            background = [
-                asyncio.create_task(_post(c, "/v1/chat/completions", {
-                    "messages": user(f"q{i}"), "max_tokens": 100000, "priority": i % 2}))
-                for i in range(5)
-            ]  # fmt: skip
+            def start(i: int) -> asyncio.Task:
+                return asyncio.create_task(_post(c, "/v1/chat/completions", {
+                    "messages": user(f"q{i}"), "max_tokens": 100000, "priority": i % 2}))  # fmt: skip
+
+            # The two slots go to the first two arrivals, one of each priority; the other three
+            # wait. Started all at once, which two won was a race, and so was the series set.
+            background = [start(0), start(1)]
+            await asyncio.sleep(0.5)
+            background += [start(i) for i in range(2, 5)]
             await asyncio.sleep(1.0)
             text = (await c.get("/metrics")).text
             await c.post("/abort_request", json={"abort_all": True})
