@@ -36,7 +36,19 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special
 
-DEFAULT_CANDIDATES = (5120, 6144, 8192, 12288, 16384)
+# The caps the table weighs, as multiples of the run's cap: at 4096, the seed's 5120, 6144, 8192, 12288 and
+# 16384. Relative, so a pilot at 8192 is shown 10240-32768 rather than caps it has already passed, and a run
+# whose lengths are scaled down (the seed-scale rehearsal) gets the same ladder scaled.
+CANDIDATE_RATIOS = (1.25, 1.5, 2.0, 3.0, 4.0)
+
+
+def candidate_caps(cap: int) -> tuple[int, ...]:
+    """The candidate caps above `cap`: `CANDIDATE_RATIOS` times it, whole tokens."""
+    if cap <= 0:
+        raise ValueError(f"cap must be positive, got {cap!r}")
+    return tuple(sorted({int(round(cap * r)) for r in CANDIDATE_RATIOS} - {int(cap)}))
+
+
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 # The tail families start where this much more of the (non-looping) rows remain than at the measured cap: enough
 # rows (~300 of a 1,500-row pilot) for two parameters, near enough to the cap that the body's shape, which
@@ -619,7 +631,7 @@ def cap_table(
     fit: LengthFit,
     current_cap: int,
     *,
-    candidates: tuple[int, ...] | list[int] = DEFAULT_CANDIDATES,
+    candidates: tuple[int, ...] | list[int] | None = None,
     context_length: int | None = None,
     threshold: float = 0.05,
     confidence: float = 0.95,
@@ -634,6 +646,8 @@ def cap_table(
     if context_length is not None and context_length <= 0:
         raise ValueError(f"context_length must be positive, got {context_length!r}")
     notes: list[str] = []
+    if candidates is None:
+        candidates = candidate_caps(int(current_cap))
     caps = sorted({int(current_cap), *(int(c) for c in candidates)})
     clipped: set[int] = set()
     if context_length is not None:

@@ -3,7 +3,7 @@ where it matters instead of extrapolated from a log-normal fitted below the cap.
 
 After the pilot, when its truncation is over the threshold (`measure_tail=auto`) or always when asked,
 the pilot's truncated rows are continued from their exact token prefixes (`generate.extend`, the same
-machinery as `truncated_policy=extend`) to one *measure cap*: the largest of `capfit.DEFAULT_CANDIDATES`
+machinery as `truncated_policy=extend`) to one *measure cap*: the largest of `capfit.candidate_caps` (4x the run's cap)
 that the servers' context allows for every one of those rows' prompts and that the token budget covers
 in the worst case (every row running to the cap). The pilot audit that follows then holds, for every
 pilot row, either its natural length or "longer than the measure cap", and the Kaplan-Meier part of the
@@ -38,7 +38,7 @@ import pandas as pd
 
 from tracegen import plan
 from tracegen.audit import gate
-from tracegen.audit.capfit import DEFAULT_CANDIDATES
+from tracegen.audit.capfit import candidate_caps
 from tracegen.audit.stats import current_mask, gate_counts
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetSpec
@@ -154,10 +154,12 @@ def choose_cap(
     run_cap: int,
     budget: int,
     limit: int | None,
-    candidates: Sequence[int] = DEFAULT_CANDIDATES,
+    candidates: Sequence[int] | None = None,
 ) -> tuple[int | None, int, list[int], str]:
     """(measure cap or None, its worst-case tokens, the caps considered, why): the largest candidate above
     the run's cap, clipped to `limit`, whose worst case the budget covers, the same for every row."""
+    if candidates is None:
+        candidates = candidate_caps(run_cap)
     caps = sorted({min(int(c), limit) if limit is not None else int(c) for c in candidates})
     caps = [c for c in caps if c > run_cap]
     if not caps:

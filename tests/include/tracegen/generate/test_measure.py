@@ -198,7 +198,9 @@ def test_choose_cap_is_the_largest_candidate_the_worst_case_budget_covers():
     # The context clips the candidates: prompt + cap must fit.
     assert context_limit([100, 2000], 16384) == 14384
     assert choose_cap(prefixes, bare, run_cap=4096, budget=10**9, limit=14384)[0] == 14384
-    assert choose_cap(prefixes, bare, run_cap=16384, budget=10**9, limit=None)[0] is None
+    assert choose_cap(prefixes, bare, run_cap=16384, budget=10**9, limit=None, candidates=(8192, 16384))[0] is None
+    # The ladder is relative to the run's cap: a pilot at 128 (lengths scaled down 32x) measures to 512.
+    assert choose_cap(np.full(10, 128), bare, run_cap=128, budget=10**9, limit=None)[0] == 512
     # A row without token ids is generated again from scratch: it costs the whole cap.
     assert worst_case_tokens(8192, np.array([4096, 4096]), np.array([False, True])) == 4096 + 8192
 
