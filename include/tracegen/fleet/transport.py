@@ -2,7 +2,7 @@
 
 `LocalTransport` runs scripts with a local `sh` (the embedded default: servers on this machine).
 `SSHTransport` runs them through `SSHHook` from apache-airflow-providers-ssh, with host-key
-verification forced on, and reaches loopback-bound servers through the hook's SSH tunnels.
+verification forced on, and reaches loopback-bound servers through SSH port forwards on the hook's connection (fleet/tunnel.py).
 Scripts travel on the remote shell's stdin (`sh -s`), so neither the script nor a secret in it
 appears in the remote process list or in the hook's "Running command" log line.
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tracegen.fleet.spec import LOCAL, is_loopback
+from tracegen.fleet.tunnel import PortForward
 
-TUNNEL_BACKLOG = 1024
 # Without them a host that drops SYNs takes the OS default (~2 min) and one that accepts TCP but never
 # speaks SSH takes paramiko's 30 s, per attempt. A connection's `conn_timeout` / `banner_timeout`
 # extras override them.
@@ -321,17 +321,12 @@ class SSHTransport:
         if port in self._urls:
             return self._urls[port]
         if is_loopback(bind_host):
-            # The server only listens on the remote loopback: forward a local port through SSH.
-            self._client()
+            # The server only listens on the remote loopback: forward a local port through SSH, with
+            # tracegen's forwarder, not the provider's `get_tunnel` (fleet/tunnel.py says why).
+            client = self._client()
             tunnel = self._tunnels.enter_context(
-                self.hook.get_tunnel(port, remote_host="127.0.0.1" if bind_host == "localhost" else bind_host)
+                PortForward(client, "127.0.0.1" if bind_host == "localhost" else bind_host, port)
             )
-            # The provider's tunnel listens with a backlog of 5: a client opening ~128 connections
-            # at once has its SYNs dropped and stalls for seconds (measured: 13 of 384 requests
-            # timed out at 128-way concurrency). Re-listening on the bound socket only raises it.
-            listener = getattr(tunnel, "_server_socket", None)
-            if listener is not None:
-                listener.listen(TUNNEL_BACKLOG)
             url = f"http://127.0.0.1:{tunnel.local_bind_port}"
         else:
             host = self.hook.remote_host if bind_host in ("0.0.0.0", "::") else bind_host

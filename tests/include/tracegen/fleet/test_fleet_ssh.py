@@ -169,6 +169,65 @@ def test_client_urls_tunnel_loopback_and_go_direct_otherwise(sshd):
     assert LocalTransport().url("127.0.0.1", 6) == "http://127.0.0.1:6"
 
 
+def test_a_tunnel_carries_hundreds_of_connections_past_descriptor_1024(sshd):
+    """The provider's tunnel waits on select(), which fails for a descriptor numbered 1024 or above: its
+    loop stopped and every request through it hung (512 concurrent requests: all timed out). A chunk task
+    reaching 7 servers holds that many. tracegen's forwarder waits on epoll: 600 concurrent connections,
+    opened while the process already holds 1,100 descriptors, each echoed back whole."""
+    import asyncio
+
+    held = [os.pipe() for _ in range(550)]  # 1,100 descriptors: every new one is numbered above 1024
+
+    async def scenario(url_port_of) -> tuple[int, int]:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        port = url_port_of(server.sockets[0].getsockname()[1])
+
+        async def one(i: int) -> bool:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            payload = f"{i}:".encode() + b"x" * 70_000 + b"\n"  # larger than one read: copied in pieces
+            writer.write(payload)
+            await writer.drain()
+            got = await asyncio.wait_for(reader.readexactly(len(payload)), 60)
+            writer.close()
+            return got == payload
+
+        results = await asyncio.gather(*(one(i) for i in range(600)), return_exceptions=True)
+        server.close()
+        return sum(r is True for r in results), len(results)
+
+    transport = SSHTransport(sshd.conn_id)
+    try:
+        ok, total = asyncio.run(scenario(lambda port: int(transport.url("127.0.0.1", port).rsplit(":", 1)[1])))
+        assert (ok, total) == (600, 600)
+    finally:
+        transport.close()
+        for r, w in held:
+            os.close(r)
+            os.close(w)
+
+
+def test_a_refused_forward_closes_that_connection_and_the_tunnel_serves_on(sshd):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    transport = SSHTransport(sshd.conn_id)
+    try:
+        url = transport.url("127.0.0.1", dead_port)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=10)
+        with pytest.raises(httpx.TransportError):  # the forwarder is still there, and still refuses
+            httpx.get(url + "/health", timeout=10)
+    finally:
+        transport.close()
+
+
 def _point_at(sshd, conn_id: str, port: int, **extra) -> str:
     sshd.register_connection(conn_id, known_hosts=None, host_key=sshd.host_public_key, **extra)
     conn = json.loads(os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"])
