@@ -6,6 +6,7 @@ endpoints and hands the rows to `ChunkEngine`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -19,7 +20,9 @@ from tracegen.generate.engine import PILOT_CHUNK, ChunkEngine, ChunkInterrupted,
 from tracegen.generate.gate_watch import PilotGateWatch, continuous_gate
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
-from tracegen.store.ledger import open_ledger
+from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
+
+log = logging.getLogger(__name__)
 
 
 class GateClosed(RuntimeError):
@@ -94,6 +97,19 @@ def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None,
                      fleet=fleet, endpoints=endpoints)
 
 
+def _fold_loose_entries(ledger: Ledger) -> None:
+    """Fold the entries committed since the newest snapshot into a new one once there are more than
+    COMPACT_OVER, before this task reads the ledger twice (the continuous gate, then its own rows). Without
+    it the planner's snapshot ages through the fan-out and every chunk start parses everything committed
+    since, so a chunk start grew slower with every chunk done (docs/benchmarks.md, the seed-scale rehearsal).
+    Only an optimisation: a compaction that fails is logged, and the task reads the entries instead."""
+    try:
+        if ledger.compact_loose(COMPACT_OVER) is not None:
+            log.info("ledger: folded the entries committed since the last snapshot into a new one")
+    except Exception as exc:  # noqa: BLE001 - never fail a chunk over a cache
+        log.warning("ledger: could not fold loose entries into a snapshot (%s); reading them instead", exc)
+
+
 def generate_chunk_work(
     spec: RunSpec,
     work: plan.ChunkWork,
@@ -109,6 +125,7 @@ def generate_chunk_work(
     """
     config = spec.config
     ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    _fold_loose_entries(ledger)
     verdict = continuous_gate(spec, ledger)
     if verdict is not None:
         raise GateClosed(f"{work.label} not started, the continuous gate is closed: {verdict}")

@@ -341,30 +341,77 @@ class Ledger:
             frames.append(_normalise(snap_frame))
         todo = [k for k in all_entries if k not in covered]
         if todo:
-            cols: dict[str, list[Any]] = {c: [] for c in FRAME_COLUMNS}
-            stamps: list[str] = []
-            counts: list[int] = []
-            for key, raw in zip(todo, self._get_many(todo), strict=True):
-                entry = _parse_entry(raw, self.storage.uri_for(key))
-                n = entry["n_rows"]
-                for c in LEDGER_COLUMNS:
-                    cols[c].extend(entry["columns"][c])
-                cols["part"].extend([entry["part"]] * n)
-                stamps.append(entry["committed_at"])
-                counts.append(n)
-            try:
-                # One timestamp per entry: parse each once, then repeat (parsing a million strings is slow).
-                when = pd.to_datetime(pd.Series(stamps, dtype=object), utc=True, format="ISO8601")
-                cols["committed_at"] = when.repeat(counts).reset_index(drop=True)
-                frames.append(_frame_from_columns(cols))
-            except (ValueError, TypeError, OverflowError) as exc:
-                # The columns are converted all at once (fast); only now look for the entry to blame.
-                raise self._bad_entry_error(todo, exc) from exc
+            frames.append(self._entries_frame(todo))
         used = sorted(covered | set(todo))
         if not frames:
             return empty_frame(), used, 0
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         return frame, used, len(todo)
+
+    def _entries_frame(self, keys: list[str]) -> pd.DataFrame:
+        """The frame of the rows of entries `keys` (FRAME_COLUMNS), in their order."""
+        cols: dict[str, list[Any]] = {c: [] for c in FRAME_COLUMNS}
+        stamps: list[str] = []
+        counts: list[int] = []
+        for key, raw in zip(keys, self._get_many(keys), strict=True):
+            entry = _parse_entry(raw, self.storage.uri_for(key))
+            n = entry["n_rows"]
+            for c in LEDGER_COLUMNS:
+                cols[c].extend(entry["columns"][c])
+            cols["part"].extend([entry["part"]] * n)
+            stamps.append(entry["committed_at"])
+            counts.append(n)
+        try:
+            # One timestamp per entry: parse each once, then repeat (parsing a million strings is slow).
+            when = pd.to_datetime(pd.Series(stamps, dtype=object), utc=True, format="ISO8601")
+            cols["committed_at"] = when.repeat(counts).reset_index(drop=True)
+            return _frame_from_columns(cols)
+        except (ValueError, TypeError, OverflowError) as exc:
+            # The columns are converted all at once (fast); only now look for the entry to blame.
+            raise self._bad_entry_error(keys, exc) from exc
+
+    def compact_loose(self, over: int = COMPACT_OVER, keep: int = 2) -> str | None:
+        """A new snapshot when more than `over` committed entries are not in the newest one: the newest
+        snapshot's rows, streamed a batch at a time, followed by those entries' rows, a batch of entries at a
+        time. Returns its manifest key, or None when there was nothing to do.
+
+        Chunk tasks call this as they start. Before, only the planner and audit tasks compacted, so during a
+        fan-out every chunk start parsed every entry committed since (twice: the continuous gate's sample
+        and the chunk's own rows), and the cost of a chunk start grew with the run: quadratic over it. Memory
+        here follows the compressed snapshot and one batch of entries, never the whole ledger's frame.
+        """
+        import pyarrow as pa
+
+        retired = self.retired_entries()
+        snap = self.latest_snapshot()
+        covered = set(snap["entries"]) if snap is not None else set()
+        todo = [k for k in self._committed_entries() if k not in covered and k not in retired]
+        if len(todo) <= over:
+            return None
+        # No snapshot yet (the planner writes one for any ledger over COMPACT_OVER, so this one is small), a
+        # retirement since it (its rows must go) or a snapshot from before a column existed: rewrite it whole.
+        if snap is None or covered & retired:
+            return self.compact(keep)
+        try:
+            old = pq.ParquetFile(io.BytesIO(self.storage.get(snap["parquet"])))
+        except StorageKeyError:
+            return None  # pruned by a concurrent compaction, which covered these entries
+        target = old.schema_arrow  # the new rows are cast to it: one Parquet schema for the whole file
+        if target.names != list(FRAME_COLUMNS):
+            return self.compact(keep)
+        buf = io.BytesIO()
+        n_old = n_rows = 0
+        with pq.ParquetWriter(buf, target, compression="zstd") as writer:
+            for batch in old.iter_batches(batch_size=65_536):
+                writer.write_batch(batch)
+                n_old += batch.num_rows
+            for start in range(0, len(todo), _PLAN_BATCH):
+                frame = self._entries_frame(todo[start : start + _PLAN_BATCH])
+                writer.write_table(pa.Table.from_pandas(frame, preserve_index=False).cast(target))
+                n_rows += len(frame)
+        if n_old != snap["n_rows"]:
+            raise LedgerError(f"snapshot {snap['key']} says {snap['n_rows']} rows, its Parquet has {n_old}")
+        return self._publish_snapshot(buf.getvalue(), n_old + n_rows, sorted(covered | set(todo)), keep)
 
     def plan_frame(self, indices: np.ndarray | Sequence[int]) -> pd.DataFrame:
         """Only what planning needs (index, status, finish_reason, max_tokens, and the part holding the
@@ -448,12 +495,15 @@ class Ledger:
         return self._write_snapshot(frame, used, keep)
 
     def _write_snapshot(self, frame: pd.DataFrame, used: list[str], keep: int = 2) -> str:
-        token = f"snap-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{_token()}"
         buf = io.BytesIO()
         frame.to_parquet(buf, index=False, compression="zstd")
+        return self._publish_snapshot(buf.getvalue(), len(frame), used, keep)
+
+    def _publish_snapshot(self, parquet: bytes, n_rows: int, used: list[str], keep: int) -> str:
+        token = f"snap-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}-{_token()}"
         pq_key, manifest_key = f"{SNAPSHOT_DIR}{token}.parquet", f"{SNAPSHOT_DIR}{token}.json"
-        self.storage.put(pq_key, buf.getvalue())
-        manifest = {"schema": SCHEMA, "parquet": pq_key, "n_rows": len(frame), "created_at": _now(), "entries": used}
+        self.storage.put(pq_key, parquet)
+        manifest = {"schema": SCHEMA, "parquet": pq_key, "n_rows": n_rows, "created_at": _now(), "entries": used}
         self.storage.put(manifest_key, json.dumps(manifest).encode())  # the snapshot's commit point
         manifests = [k for k in self.storage.list(SNAPSHOT_DIR) if k.endswith(".json")]
         for old in manifests[:-keep]:

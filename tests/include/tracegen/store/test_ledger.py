@@ -104,6 +104,35 @@ def test_compaction_snapshot_plus_newer_entries(store: Storage) -> None:
     assert sorted(ledger.frame()["index"]) == sorted([*after["index"], 200, 201, 202])
 
 
+def test_compact_loose_appends_the_loose_entries_to_the_snapshot_streamed(store: Storage) -> None:
+    """A chunk task's compaction: the newest snapshot's rows, then the entries it lacks; frame() and
+    plan_frame() read the same rows, dtypes and values as from the entries alone."""
+    ledger = Ledger(store)
+    # Every column shape: failed rows (no finish_reason), truncated ones, another run and cap.
+    for seg in range(4):
+        ledger.commit([row(seg * 10 + i, finish="length" if i == 0 else "stop") for i in range(3)], RUN, 0, f"a{seg}")
+    ledger.commit([row(40, status=FAILED, chunk=1), row(41, chunk=1)], RUN, 1, "mixed")
+    assert ledger.compact_loose(over=10) is None  # 5 loose entries: not worth it
+    assert ledger.compact_loose(over=0) is not None  # no snapshot yet: the loose rows alone
+    expected = ledger.frame()
+    for seg in range(3):
+        ledger.commit([row(100 + seg, cap=8192, run="r2", chunk=2, finish="length")], "r2", 2, f"b{seg}")
+    expected = pd.concat([expected, Ledger(store)._entries_frame(
+        [k for k in store.list("ledger/") if "/r2/" in k])], ignore_index=True)
+    key = ledger.compact_loose(over=2)
+    assert key is not None and ledger.latest_snapshot()["key"] == key
+    snap = ledger.latest_snapshot()
+    assert snap["n_rows"] == len(expected) == 17 and len(snap["entries"]) == 8
+    got = ledger.frame()
+    assert dict(got.dtypes) == dict(expected.dtypes)
+    pd.testing.assert_frame_equal(got.sort_values(["index", "max_tokens"]).reset_index(drop=True),
+                                  expected.sort_values(["index", "max_tokens"]).reset_index(drop=True))
+    lean = ledger.plan_frame([0, 40, 101])
+    assert sorted(lean["index"]) == [0, 40, 101] and set(lean.loc[lean["index"] == 101, "max_tokens"]) == {8192}
+    assert ledger.check_invariants() == []
+    assert ledger.compact_loose(over=0) is None  # nothing loose since
+
+
 def test_frame_can_compact_on_read(tmp_path: Path) -> None:
     store = LocalStorage(tmp_path)
     ledger = Ledger(store)

@@ -1,0 +1,101 @@
+"""Benchmark: what a chunk task reads from the ledger as it starts, late in a seed-sized fan-out.
+
+A chunk task reads the ledger twice before it sends a request: the continuous gate's sample of the whole
+dataset (`plan_frame(continuous_sample)`), then its own rows (`plan_frame(chunk)`). Each read takes the
+newest snapshot (one Parquet GET, range-filtered) plus every entry committed since. Only the planner and
+audit tasks used to write snapshots, so through a fan-out the entries since the last one pile up and
+every chunk start parses all of them: the seed-scale rehearsal (docs/benchmarks.md) saw chunk starts
+grow slower with every chunk done. Chunk tasks now fold those entries into a new snapshot first
+(`Ledger.compact_loose`, streamed) once there are more than COMPACT_OVER.
+
+Same process, same ledger: a 1,000,000-row ledger in 2,000 entries of 500 rows (about the seed run's
+913,786 rows in its ~2,300 parts), a snapshot covering the first `--snapshot-share` of them (what the
+planner left), and the rest loose:
+- before: the two reads as a chunk start made them;
+- after: `compact_loose` (timed, with its own peak RSS in a fresh process), then the same two reads.
+
+    .venv/bin/python bench/chunk_start.py [--rows 1000000] [--segment 500] [--snapshot-share 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from plan_resume import synthetic_columns, write_entries  # noqa: E402
+
+from tracegen.generate.gate_watch import CONTINUOUS_GATE_SAMPLE  # noqa: E402
+from tracegen.plan import choose_chunk_size, pilot_sample  # noqa: E402
+from tracegen.store.ledger import COMPACT_OVER, Ledger  # noqa: E402
+from tracegen.store.storage import LocalStorage  # noqa: E402
+
+
+def chunk_start_reads(ledger: Ledger, sample: list[int], chunk: np.ndarray) -> tuple[float, int]:
+    started = time.perf_counter()
+    rows = len(ledger.plan_frame(sample)) + len(ledger.plan_frame(chunk))
+    return time.perf_counter() - started, rows
+
+
+def compact_in_child(root: str) -> tuple[float, float]:
+    """compact_loose in a fresh process: (seconds, that process's peak RSS above its start, MiB)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        started = time.perf_counter()
+        Ledger(LocalStorage(root)).compact_loose(COMPACT_OVER)
+        seconds = time.perf_counter() - started
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        os.write(write, f"{seconds} {grown}".encode())
+        os._exit(0)
+    os.close(write)
+    out = os.read(read, 200).decode().split()
+    os.waitpid(pid, 0)
+    return float(out[0]), float(out[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--segment", type=int, default=500)
+    ap.add_argument("--snapshot-share", type=float, default=0.05)
+    args = ap.parse_args()
+    n = args.rows
+    cols = synthetic_columns(n, np.random.default_rng(0))
+    sample = pilot_sample(n, min(n, CONTINUOUS_GATE_SAMPLE), 1)
+    size = choose_chunk_size(n, 2000)
+    chunk = np.arange(n // 2, n // 2 + size, dtype=np.int64)
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = Ledger(LocalStorage(tmp))
+        head = int(n * args.snapshot_share)
+        write_entries(ledger, {c: v[:head] for c, v in cols.items()}, args.segment)
+        ledger.compact()
+        tail = {c: v[head:] for c, v in cols.items()}
+        tail["chunk"] = [c + 10_000 for c in tail["chunk"]]  # other entry names than the snapshot's
+        loose = write_entries(ledger, tail, args.segment)
+        before, rows_before = min(chunk_start_reads(ledger, sample, chunk) for _ in range(3))
+        compact_s, compact_mib = compact_in_child(tmp)
+        after, rows_after = min(chunk_start_reads(ledger, sample, chunk) for _ in range(3))
+        assert rows_before == rows_after, (rows_before, rows_after)
+        snap = ledger.latest_snapshot()
+        assert snap is not None and snap["n_rows"] == n
+    print(f"ledger: {n:,} rows; snapshot of the first {head:,}, then {loose:,} loose entries of {args.segment} rows")
+    print(f"chunk start reads (continuous-gate sample of {len(sample):,} + a {size:,}-row chunk), best of 3:")
+    print(f"  before (loose entries parsed):   {before:6.2f} s")
+    print(f"  after compact_loose:             {after:6.2f} s   ratio: {before / after:5.1f}x faster")
+    print(f"compact_loose itself: {compact_s:.2f} s once, peak RSS +{compact_mib:.0f} MiB in its process")
+    print(f"rows read: {rows_before:,} (the same both ways)")
+
+
+if __name__ == "__main__":
+    main()
