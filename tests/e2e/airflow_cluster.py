@@ -450,8 +450,16 @@ class AirflowApi:
         return self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        body = self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})
-        return body["task_instances"]
+        """Every task instance of the run, page by page: the API caps a page at [api] maximum_page_limit
+        (100 by default), and a seed-scale run maps hundreds of chunk tasks."""
+        out: list[dict[str, Any]] = []
+        while True:
+            body = self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
+                              params={"limit": 100, "offset": len(out), "order_by": "id"})
+            page = body["task_instances"]
+            out += page
+            if not page or len(out) >= body["total_entries"]:
+                return out
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}"
