@@ -53,7 +53,7 @@ _CLIENT_HOME = Path(tempfile.mkdtemp(prefix="tracegen-chaos-client-"))
 os.environ.update({"AIRFLOW_HOME": str(_CLIENT_HOME), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_CLIENT_HOME}/airflow.db"})
 
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError, free_port  # noqa: E402
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError, DirFactory, free_port  # noqa: E402
 from fixtures import s3 as s3_fixture  # noqa: E402
 from fixtures import sshd as sshd_fixture  # noqa: E402
 
@@ -62,17 +62,6 @@ RERUN = "tracegen_rerun_failed"
 FAULTS = ("worker", "scheduler", "s3", "server")
 _COMMIT_CALL = re.compile(r'"S3 (head|put) (ledger|parts)/[^/" ]+/c\d')
 CHUNK_TASKS = ("run_pilot", "generate_alongside_pilot", "generate_chunk", "generate_at_decided_cap")
-
-
-class _TmpFactory:
-    """What the fixtures' generators ask pytest for: fresh directories."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def mktemp(self, name: str) -> Path:
-        path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
-        return path
 
 
 @dataclass
@@ -159,7 +148,7 @@ class Chaos:
     # ---- set-up --------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        factory = _TmpFactory(self.root)
+        factory = DirFactory(self.root)
         self.s3 = self.stack.enter_context(contextlib.contextmanager(s3_fixture.s3.__wrapped__)())
         self.sshd = self.stack.enter_context(contextlib.contextmanager(sshd_fixture.sshd.__wrapped__)(factory))
         import boto3
@@ -236,24 +225,6 @@ class Chaos:
             timer.cancel()
             timer.join(timeout=30)
 
-    def _tasks_of(self, name: str) -> set[str]:
-        """Task instances a worker runs now: each runs under a process titled `airflow supervisor: <ti id>`."""
-        tasks = set()
-        for pid in self.cluster.components[name].session_pids():
-            with contextlib.suppress(OSError):
-                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if title.startswith("airflow supervisor: "):
-                    tasks.add(title.split(": ", 1)[1].strip())
-        return tasks
-
-    def restart(self, name: str) -> None:
-        """Start a killed component again with what it had (a worker: its own log port and spool)."""
-        env = dict(self.cluster.env)
-        if name.startswith("worker-"):
-            env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
-            env["TRACEGEN_SPOOL_DIR"] = str(self.cluster.root / "state" / f"spool-{name}")
-        self.cluster.components[name].start(env)
-
     def inject(self, kind: str, t0: float, run_id: str) -> Fault | None:
         at = time.monotonic() - t0
         if kind == "worker":
@@ -262,15 +233,15 @@ class Chaos:
             if not alive:
                 return None
             name = self.rng.choice(alive)
-            tasks = self._tasks_of(name)
+            tasks = self.cluster.components[name].running_tasks()
             self.cluster.components[name].kill()
             pause = self.rng.uniform(1, 4)
-            self._later(pause, self.restart, name)
+            self._later(pause, self.cluster.restart, name)
             return Fault(kind, at, f"{name} killed with {len(tasks)} task(s) running, restarted after {pause:.1f} s")
         if kind == "scheduler":
             self.cluster.components["scheduler"].kill()
             pause = self.rng.uniform(2, 6)
-            self._later(pause, self.restart, "scheduler")
+            self._later(pause, self.cluster.restart, "scheduler")
             return Fault(kind, at, f"scheduler killed, restarted after {pause:.1f} s")
         if kind == "s3":
             # Down until a commit (its ledger entry's HEAD, part or entry PUT) has been refused and is retried, then

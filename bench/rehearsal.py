@@ -60,7 +60,7 @@ _CLIENT_HOME = Path(tempfile.mkdtemp(prefix="tracegen-rehearsal-client-"))
 os.environ.update({"AIRFLOW_HOME": str(_CLIENT_HOME), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_CLIENT_HOME}/airflow.db"})
 
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, free_port  # noqa: E402
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, DirFactory, free_port  # noqa: E402
 from fixtures import sshd as sshd_fixture  # noqa: E402
 from occupancy_support.fleet import Sample, Sampler, running_fleet  # noqa: E402
 
@@ -89,16 +89,6 @@ def write_prompts(path: Path, n: int, chars: int) -> None:
             messages = [dict(m) for m in row["messages"]]
             messages[-1]["content"] = f"[{i}] " + str(messages[-1]["content"])[:chars]
             out.write(json.dumps({"id": f"rehearsal-{i:07d}", "messages": messages}) + "\n")
-
-
-class _TmpFactory:
-    """What the sshd fixture's generator asks pytest for: fresh directories."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def mktemp(self, name: str) -> Path:
-        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
 
 
 def epoch(iso: str | None) -> float | None:
@@ -185,7 +175,7 @@ class Rehearsal:
 
     def start(self) -> None:
         args = self.args
-        factory = _TmpFactory(self.root)
+        factory = DirFactory(self.root)
         self.sshd = self.stack.enter_context(contextlib.contextmanager(sshd_fixture.sshd.__wrapped__)(factory))
         started = time.monotonic()
         self.dataset = self.root / "prompts.jsonl"
@@ -320,7 +310,7 @@ class Rehearsal:
         if not chunks or sum(t["state"] == "success" for t in chunks) < self.args.kill_at * len(chunks):
             return
         names = [n for n in self.cluster.worker_names if self.cluster.components[n].alive]
-        running = {n: self._tasks_of(n) for n in names}
+        running = {n: self.cluster.components[n].running_tasks() for n in names}
         name = max(names, key=lambda n: len(running[n]))
         if not running[name]:
             return  # between tasks: try at the next poll
@@ -331,20 +321,8 @@ class Rehearsal:
         self.result["kill"] = {"worker": name, "tasks": sorted(running[name]), "t": time.time() - self.t0,
                                "restart_after_s": pause}
         time.sleep(pause)
-        env = dict(self.cluster.env)
-        env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
-        env["TRACEGEN_SPOOL_DIR"] = str(self.cluster.root / "state" / f"spool-{name}")
-        self.cluster.components[name].start(env)
+        self.cluster.restart(name)
         self.event("worker restarted", worker=name)
-
-    def _tasks_of(self, name: str) -> set[str]:
-        tasks = set()
-        for pid in self.cluster.components[name].session_pids():
-            with contextlib.suppress(OSError):
-                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                if title.startswith("airflow supervisor: "):
-                    tasks.add(title.split(": ", 1)[1].strip())
-        return tasks
 
     # ---- the run -----------------------------------------------------------------------------------------
 

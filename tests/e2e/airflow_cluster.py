@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -209,6 +210,19 @@ class Component:
                     continue
         return pids
 
+    def running_tasks(self) -> set[str]:
+        """Task instance ids this component (a Celery worker) runs now: each under a process titled
+        `airflow supervisor: <ti id>`."""
+        tasks = set()
+        for pid in self.session_pids():
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if title.startswith("airflow supervisor: "):
+                tasks.add(title.split(": ", 1)[1].strip())
+        return tasks
+
     def tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():
             return "(no log)"
@@ -389,6 +403,14 @@ class AirflowCluster:
                 else:
                     os.environ[key] = value
 
+    def restart(self, name: str) -> None:
+        """Start a killed component again with what it had (a worker: its own log port and spool)."""
+        env = dict(self.env)
+        if name.startswith("worker-"):
+            env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
+            env["TRACEGEN_SPOOL_DIR"] = str(self.root / "state" / f"spool-{name}")
+        self.components[name].start(env)
+
     def __enter__(self) -> AirflowCluster:
         try:
             self.start()
@@ -479,6 +501,16 @@ class AirflowApi:
     def describe(self, dag_id: str, run_id: str) -> list[str]:
         return [f"{t['task_id']}[{t['map_index']}]={t['state']} try {t['try_number']}"
                 for t in self.task_instances(dag_id, run_id)]
+
+
+class DirFactory:
+    """What the sshd and S3 fixtures ask pytest's tmp_path_factory for, outside pytest (the benchmarks)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.root))
 
 
 @contextmanager
