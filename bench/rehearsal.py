@@ -409,6 +409,7 @@ class Rehearsal:
         r["failure_reasons"] = self._failure_reasons(r["failures"])
         self._occupancy(tis)
         self._chunk_overhead(by_task)
+        r["chunk_phases"] = chunk_phases(self.cluster.home / "logs" / f"dag_id={GENERATE}" / f"run_id={self.run_id}")
         parts = [p for p in (self.output / "parts").rglob("*") if p.is_file()] if (self.output / "parts").exists() else []
         ledger = [p for p in (self.output / "ledger").rglob("*") if p.is_file()] if (self.output / "ledger").exists() else []
         r["ledger"] = {"parts": len(parts), "part_bytes": sum(p.stat().st_size for p in parts),
@@ -519,6 +520,42 @@ class Rehearsal:
         return peak
 
 
+def chunk_phases(logs: Path) -> dict[str, Any]:
+    """From each decided-cap chunk task's first attempt's log: seconds from the task's start to its first
+    request ("N to generate"), generating, and from its last commit to the end of the task; by chunk
+    order, so a start-up that grows with the run shows (each chunk start reads the ledger)."""
+    rows = []
+    for path in logs.glob("task_id=generate_at_decided_cap/map_index=*/attempt=1.log"):
+        marks: dict[str, float] = {}
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                doc = json.loads(line)
+                event, at = str(doc["event"]), datetime.fromisoformat(doc["timestamp"].replace("Z", "+00:00"))
+                for mark, needle in (("start", "Pre Execute"), ("generating", " to generate"),
+                                     ("generated", "Done. Returned"), ("end", "Post Execute")):
+                    if needle in event and mark not in marks:
+                        marks[mark] = at.timestamp()
+        if {"start", "generating", "generated"} <= marks.keys():
+            rows.append((int(path.parent.name.split("=")[1]), marks))
+    rows.sort()
+    if not rows:
+        return {}
+
+    def stats(values: list[float]) -> dict[str, float]:
+        return {"median": round(statistics.median(values), 1), "max": round(max(values), 1)}
+
+    tenth = max(1, len(rows) // 10)
+    startup = [m["generating"] - m["start"] for _, m in rows]
+    return {
+        "n": len(rows),
+        "startup_s": stats(startup),
+        "startup_first_tenth_s": stats(startup[:tenth]),
+        "startup_last_tenth_s": stats(startup[-tenth:]),
+        "generating_s": stats([m["generated"] - m["generating"] for _, m in rows]),
+        "wind_down_s": stats([m.get("end", m["generated"]) - m["generated"] for _, m in rows]),
+    }
+
+
 def summary(r: dict[str, Any]) -> str:
     occ = r.get("occupancy", {})
     ch = r.get("chunks", {})
@@ -535,6 +572,7 @@ def summary(r: dict[str, Any]) -> str:
                      f" {w.get('ideal_s', '-')} |")
     lines += [
         f"chunk tasks: {json.dumps(ch)}",
+        f"chunk task phases (from their logs): {json.dumps(r.get('chunk_phases'))}",
         f"peak RSS (MiB; sum of a component's processes / largest single process): {json.dumps(r.get('rss_mib'))}",
         f"CPU seconds during the run, by process kind: {json.dumps(r.get('cpu_s'))}",
         f"metadata DB: {r.get('db_bytes_before', 0) / 2**20:.1f} -> {r.get('db_bytes_after', 0) / 2**20:.1f} MiB",
