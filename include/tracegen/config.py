@@ -228,8 +228,8 @@ class RunConfig:
         description="Continue the pilot's truncated rows from their exact tokens up to the largest candidate "
         "cap (4x max_tokens: 16384 at 4096, or what the servers' context allows) before the gate reports, "
         "so the cap table up to that cap is measured, not extrapolated. 'auto': when the pilot's truncation "
-        "is over the threshold (the gate stops or asks); 'always'; 'never'. The continued rows are real rows of the dataset: none "
-        "is generated again at the cap finally chosen."), "auto")
+        "is over the threshold (the gate stops or asks); 'always'; 'never'. The continued rows are real rows "
+        "of the dataset: none is generated again at the cap finally chosen."), "auto")
     measure_budget_tokens: int = _rule(Int(
         1_000, 100_000_000_000, zero_ok=True, title="Tail measurement budget (tokens)",
         description="Most new tokens measuring the tail may generate, counted for the worst case (every "

@@ -72,11 +72,6 @@ class PortForward:
             with contextlib.suppress(OSError):
                 sock.close()
 
-    @property
-    def connections(self) -> int:
-        """Forwarded connections open now."""
-        return len(self._pairs) // 2
-
     def _serve(self) -> None:
         try:
             while not self._stopping:
