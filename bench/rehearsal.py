@@ -7,12 +7,13 @@ CeleryExecutor on Redis with two workers, api-server, scheduler, dag-processor, 
 launches one SGLang stand-in per "GPU" (7). The output root is on local disk.
 
 What is scaled, and what is not:
-- **not scaled:** the row count (913,786 prompts, the bundled agentic-coding prompts made distinct), the
-  pilot (1,500 rows), the chunk layout the DAG chooses for them (`chunk_size=0`: 512 chunks of 1,785 rows),
-  the fleet's shape (7 servers x 32 slots), the DAG, the ledger, the audit and the export;
+- **not scaled:** the row count (913,786 prompts), the pilot (1,500 rows), the chunk layout the DAG chooses
+  for them (`chunk_size=0`: 511 mapped chunk tasks of up to 1,785 rows), the fleet's shape (7 servers x 32
+  slots), the DAG, the ledger, the audit and the export;
+- **prompts:** the bundled agentic-coding prompts in turn, numbered, each cut to `--prompt-chars` (256);
 - **scaled:** output lengths, by `--length-scale` (32): the stand-ins' seed law is calibrated to truncate
   18% of rows at 4096/32 = 128 tokens instead of 4096, and the caps follow, 4096 -> 128 and 8192 -> 256, so
-  a 2-core machine can hold the text (about 80 tokens a row instead of 2,600). The cap ladder, the
+  a 2-core machine can hold the text (86 tokens a row in the recorded run). The cap ladder, the
   tail measurement (to 4x the cap) and the recommendation are relative to the cap, so the story is the
   seed's scaled; the simulated GPU clock runs `--time-scale` times faster than the wall.
 
@@ -597,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=7, help="stand-in servers on the SSH host (default 7)")
     parser.add_argument("--slots", type=int, default=32, help="--max-running-requests of each (default 32)")
     parser.add_argument("--length-scale", type=int, default=32, help="output lengths and caps divided by this")
-    parser.add_argument("--time-scale", type=float, default=2.0, help="the stand-ins' --sim-time-scale")
+    parser.add_argument("--time-scale", type=float, default=2.5, help="the stand-ins' --sim-time-scale")
     parser.add_argument("--prompt-chars", type=int, default=256, help="each prompt's last message cut to this")
     parser.add_argument("--pilot", type=int, default=1500, help="pilot_size (default 1500, the DAG's)")
     parser.add_argument("--workers", type=int, default=2, help="Celery workers")
