@@ -61,7 +61,7 @@ _CLIENT_HOME = Path(tempfile.mkdtemp(prefix="tracegen-rehearsal-client-"))
 os.environ.update({"AIRFLOW_HOME": str(_CLIENT_HOME), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_CLIENT_HOME}/airflow.db"})
 
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, DirFactory, free_port  # noqa: E402
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, DirFactory, free_port, interrupt_on_signals  # noqa: E402
 from fixtures import sshd as sshd_fixture  # noqa: E402
 from occupancy_support.fleet import Sample, Sampler, running_fleet  # noqa: E402
 
@@ -105,12 +105,12 @@ def _proc_kib(pid: int, field: str) -> int:
 
 
 def timed(argv: list[str], env: dict[str, str], timeout: float = 1800) -> dict[str, Any]:
-    """Run a command; its wall time, exit code and peak RSS (the child's own, from wait4)."""
+    """Run a command: its wall time, exit code and the tails of its output."""
     started = time.monotonic()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
-    out, err = proc.communicate()  # reaps the child; its rusage is read below from RUSAGE_CHILDREN deltas
+    out, err = proc.communicate()
     timer.cancel()
     wall = time.monotonic() - started
     return {"argv": argv[2:], "rc": proc.returncode, "wall_s": round(wall, 2), "stdout": out[-4000:],
@@ -618,13 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.root)
     rehearsal = Rehearsal(args)
     began = time.monotonic()
-
-    def _interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    # Explicitly: started in the background (nohup, CI), SIGINT arrives ignored; SIGTERM stops it cleanly too.
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+    interrupt_on_signals()
     try:
         rehearsal.start()
         print(f"set-up in {time.monotonic() - began:.0f} s ({args.rows:,} prompts, {args.gpus} stand-ins over SSH)",

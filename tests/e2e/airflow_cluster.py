@@ -540,6 +540,17 @@ def sample_prompts(path: Path, n_rows: int) -> Path:
     return path
 
 
+def interrupt_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt, so a script's `finally` stops what it started. Explicitly:
+    a shell starting a script in the background (nohup, CI) leaves SIGINT ignored."""
+
+    def _interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8080, help="api-server / UI port (default 8080)")
@@ -552,12 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"starting a distributed Airflow (PostgreSQL DB {cluster.database}, Celery on Redis, "
           f"{args.workers} workers) ...", flush=True)
 
-    def _interrupt(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    # Explicitly: a shell starting this in the background leaves SIGINT ignored.
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+    interrupt_on_signals()
     try:
         cluster.start()
         print(f"\nUI:        {cluster.api_url}\nuser:      {ADMIN_USER}\npassword:  {cluster.password}\n"
