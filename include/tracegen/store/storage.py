@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import re
+import stat
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -71,6 +72,18 @@ class Storage(ABC):
     @abstractmethod
     def put(self, key: str, data: bytes) -> None:
         """Write the whole object atomically (replacing any previous one)."""
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Write the whole object only if `key` does not exist yet: True when this call created it, False
+        when another writer's object is there. Atomic against concurrent creators (O_EXCL-like locally, a
+        conditional PUT on S3), so it can arbitrate who holds a lock. A create retried after a lost reply
+        still answers True: the object then holds exactly `data` (callers put a unique token in it)."""
+
+    @abstractmethod
+    def modified(self, key: str) -> float:
+        """When the object was last written, in seconds since the epoch, by the storage's own clock (the
+        file's mtime, S3's LastModified); StorageKeyError if missing. Never what the object says."""
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -150,6 +163,37 @@ class LocalStorage(Storage):
             raise
         # The rename is durable only once the directory entry is on disk.
         fsync_dir(path.parent)
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            # link() fails with EEXIST when the name exists, atomically: the whole object appears or none.
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        fsync_dir(path.parent)
+        return True
+
+    def modified(self, key: str) -> float:
+        try:
+            st = os.lstat(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            raise StorageKeyError(self.uri_for(key)) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageKeyError(self.uri_for(key))
+        return st.st_mtime
 
     def get(self, key: str) -> bytes:
         try:
@@ -329,6 +373,26 @@ class S3Storage(Storage):
     def put(self, key: str, data: bytes) -> None:
         # One PutObject is atomic on S3: readers see the previous object or this one.
         self._call("put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
+
+    def create(self, key: str, data: bytes) -> bool:
+        def put() -> None:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+
+        try:
+            self._call("create", key, put)
+        except StorageError as exc:
+            code = _error_code(exc.__cause__) if exc.__cause__ is not None else ""
+            if code not in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise
+            # Someone's object is there: ours, if an earlier attempt of this call went through unanswered.
+            try:
+                return self.get(key) == data
+            except StorageKeyError:
+                return False
+        return True
+
+    def modified(self, key: str) -> float:
+        return self._head(key)["LastModified"].timestamp()
 
     def get(self, key: str) -> bytes:
         def fetch() -> bytes:
