@@ -7,7 +7,10 @@ file once; `read_rows(index, start, stop)` then reads only the bytes of that sli
 
 A malformed row is a *result*, `InvalidRow(index, reason)`, never an exception: one bad line
 among a million must not kill a chunk, and the run decides whether to fail naming the row or
-record it `invalid`. A missing or unreadable file is an exception (`DatasetError`) naming the URI.
+record it `invalid`. That holds for ANY exception raised while a row is parsed and checked (a line of
+200 KB of `[` makes `json.loads` raise RecursionError, not ValueError), and for a row nested deeper than
+`MAX_ROW_DEPTH` (one that parses here could still fail to serialise on its way to a server, further down
+the stack, where no row is named). A missing or unreadable file is an exception (`DatasetError`) naming the URI.
 """
 
 from __future__ import annotations
@@ -49,6 +52,14 @@ __all__ = [
 ]
 
 ROLES = ("system", "user", "assistant", "tool")
+# How deep a row's JSON may nest (objects and arrays, the row object itself at depth 1). A chat request with
+# tools nests a few levels, a tool's JSON Schema a few dozen at most; Python's parser and serialiser fail
+# somewhere below 1000 depending on the stack they run on, so the same row could parse in one task (the
+# pilot's read) and fail in another (the request body). A fixed bound far below that decides it once.
+MAX_ROW_DEPTH = 128
+# An unexpected exception's message is quoted in the row's reason up to this many characters: enough to act
+# on, never the row itself.
+_REASON_CHARS = 200
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"})
 
 
@@ -146,42 +157,78 @@ def _columnar(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _too_deep(obj: Any, limit: int = MAX_ROW_DEPTH) -> bool:
+    """Whether `obj` nests dicts and lists deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+    return False
+
+
+def _nested_too_deeply() -> str:
+    return f"row is nested too deeply (more than {MAX_ROW_DEPTH} levels of objects and arrays)"
+
+
 def parse_row(index: int, item: bytes | str | dict[str, Any], *, columnar: bool = False) -> PromptRow | InvalidRow:
-    """Validate one raw row (a JSONL line or a Parquet row dict) into a PromptRow or an InvalidRow."""
+    """Validate one raw row (a JSONL line or a Parquet row dict) into a PromptRow or an InvalidRow.
+
+    Never raises for what a row holds: any exception while it is parsed or checked makes it an InvalidRow
+    naming `index`, so one bad row cannot stop a chunk (or fail every retry of it)."""
     try:
-        if isinstance(item, bytes | str):
-            try:
-                obj = json.loads(item)
-            except ValueError as exc:
-                return InvalidRow(index, f"malformed JSON: {exc}")
-        else:
-            obj = item
-        if not isinstance(obj, dict):
-            return InvalidRow(index, f"row must be a JSON object, got {type(obj).__name__}")
-        if columnar:
-            obj = _columnar(obj)
-        if "messages" not in obj or obj["messages"] is None:
-            return InvalidRow(index, "missing 'messages'")
-        meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-        category = _first_str(obj.get("category"), obj.get("source"), meta.get("category"), meta.get("source"))
-        raw_id = obj.get("id")
-        if isinstance(raw_id, bool) or (raw_id is not None and not isinstance(raw_id, str | int)):
-            return InvalidRow(index, f"id must be a string or an integer, got {type(raw_id).__name__}")
-        messages = obj["messages"]
-        if isinstance(messages, list):
-            # Keep only the keys a chat request takes: dataset-specific extras must not reach the server. A
-            # user message keeps role and content only, as SGLang reads it (it drops a user's `name`).
-            messages = [as_sglang_reads({k: v for k, v in m.items() if k in _MESSAGE_KEYS})
-                        if isinstance(m, dict) else m for m in messages]
-        return PromptRow(
-            index=index,
-            messages=messages,
-            tools=obj.get("tools"),
-            id=None if raw_id is None else str(raw_id),
-            category=category,
-        )
+        return _parse_row(index, item, columnar)
     except ValueError as exc:
         return InvalidRow(index, str(exc))
+    except RecursionError:
+        return InvalidRow(index, _nested_too_deeply())
+    except Exception as exc:  # noqa: BLE001 - the principle: a row's content never raises past its row
+        detail = str(exc)
+        if len(detail) > _REASON_CHARS:
+            detail = detail[:_REASON_CHARS] + "..."
+        return InvalidRow(index, f"row could not be read ({type(exc).__name__}: {detail})")
+
+
+def _parse_row(index: int, item: bytes | str | dict[str, Any], columnar: bool) -> PromptRow | InvalidRow:
+    if isinstance(item, bytes | str):
+        try:
+            obj = json.loads(item)
+        except RecursionError:
+            return InvalidRow(index, f"malformed JSON: {_nested_too_deeply()}")
+        except ValueError as exc:
+            return InvalidRow(index, f"malformed JSON: {exc}")
+    else:
+        obj = item
+    if not isinstance(obj, dict):
+        return InvalidRow(index, f"row must be a JSON object, got {type(obj).__name__}")
+    if columnar:
+        obj = _columnar(obj)
+    if _too_deep(obj):
+        return InvalidRow(index, _nested_too_deeply())
+    if "messages" not in obj or obj["messages"] is None:
+        return InvalidRow(index, "missing 'messages'")
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    category = _first_str(obj.get("category"), obj.get("source"), meta.get("category"), meta.get("source"))
+    raw_id = obj.get("id")
+    if isinstance(raw_id, bool) or (raw_id is not None and not isinstance(raw_id, str | int)):
+        return InvalidRow(index, f"id must be a string or an integer, got {type(raw_id).__name__}")
+    messages = obj["messages"]
+    if isinstance(messages, list):
+        # Keep only the keys a chat request takes: dataset-specific extras must not reach the server. A
+        # user message keeps role and content only, as SGLang reads it (it drops a user's `name`).
+        messages = [as_sglang_reads({k: v for k, v in m.items() if k in _MESSAGE_KEYS})
+                    if isinstance(m, dict) else m for m in messages]
+    return PromptRow(
+        index=index,
+        messages=messages,
+        tools=obj.get("tools"),
+        id=None if raw_id is None else str(raw_id),
+        category=category,
+    )
 
 
 def _first_str(*values: Any) -> str | None:
