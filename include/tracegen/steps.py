@@ -346,14 +346,23 @@ def apply_decision(run: dict[str, Any], decision: dict[str, Any] | None) -> list
 
     decided, work = apply(_spec(run), CapDecision.from_json(decision))
     made = decided.decisions[-1]
+    # Pushed for a stop too: the report, the resample and the scheduled rerun read the decision from
+    # Airflow's metadata, never from the record in the root. A mapped task can only map over a return
+    # value, so the run travels beside it under its own key.
+    _context()["ti"].xcom_push(key=DECIDED_RUN_KEY, value=decided.to_json())
     if not made.continues:
         # Recorded above; skipped, not failed: the reviewer's stop (or the question's timeout) is the gate
         # doing its job, and the chunks at a decided cap are skipped with it.
         raise AirflowSkipException(f"{STOPPED_BY_GATE}: {made.summary()}")
     log.info("%s; %d chunks to generate at max_tokens=%d", made.summary(), len(work), decided.config.max_tokens)
-    # A mapped task can only map over a return value, so the run travels beside it under its own key.
-    _context()["ti"].xcom_push(key=DECIDED_RUN_KEY, value=decided.to_json())
     return [w.to_json() for w in work]
+
+
+def _as_decided(run: dict[str, Any]):
+    """The run this task was handed, as decided: `apply_decision`'s XCom once the reviewer (or a raise)
+    chose its cap, else the run `prepare_run` described. Airflow's metadata, never the record in the root."""
+    decided = _context()["ti"].xcom_pull(task_ids="apply_decision", key=DECIDED_RUN_KEY)
+    return _spec(decided) if decided else _spec(run)
 
 
 def resample_runaways(run: dict[str, Any]) -> dict[str, Any]:
@@ -362,36 +371,27 @@ def resample_runaways(run: dict[str, Any]) -> dict[str, Any]:
     from airflow.sdk.exceptions import AirflowSkipException
 
     from tracegen.generate.resample import resample_runaways as resample
-    from tracegen.run.records import read_run_record, stopped_at_gate
+    from tracegen.run.records import stopped_at_gate
     from tracegen.store.ledger import open_ledger
 
-    spec = _spec(run)
+    spec = _as_decided(run)
     if spec.config.runaway_policy != "resample":
         raise AirflowSkipException(f"runaway_policy={spec.config.runaway_policy}: nothing to resample")
-    config = spec.config
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    # The cap as decided: the reviewer's answer is in the record, not in the run this task was handed.
-    recorded = read_run_record(ledger, spec.run_id, config.aws_conn_id).rebased(config.output_uri, config.aws_conn_id)
-    if stopped_at_gate(ledger, recorded):
+    if stopped_at_gate(open_ledger(spec.config.output_uri, spec.config.aws_conn_id), spec):
         # A run its gate or its reviewer stopped spends no more GPU time (a stop is a skip, not a failure).
         raise AirflowSkipException("the run stopped at its gate: nothing is resampled")
-    return resample(recorded, fleet=_fleet(recorded))
+    return resample(spec, fleet=_fleet(spec))
 
 
 def final_report(run: dict[str, Any]) -> dict[str, Any]:
     """Audit the whole output root at the run's cap and write report.json / report.html beside the data.
 
-    The cap, and the reviewer's decision when the gate asked, are those of the run's record: this task
-    runs whatever happened, so it cannot wait for `apply_decision`'s XCom, which a stopped run never has;
-    `apply_decision` stores the decided run as the record first."""
+    The cap, and the reviewer's decision when the gate asked, are the decided run's (`apply_decision`'s
+    XCom, pushed for a stop too): this task runs whatever happened, so a run that never decided is
+    audited at the cap it was prepared with."""
     from tracegen.audit.run_report import audit_and_report
-    from tracegen.run.records import read_run_record
-    from tracegen.store.ledger import open_ledger
 
-    spec = _spec(run)
-    config = spec.config
-    recorded = read_run_record(open_ledger(config.output_uri, config.aws_conn_id), spec.run_id, config.aws_conn_id)
-    return audit_and_report(recorded.rebased(config.output_uri, config.aws_conn_id), name="report").to_json()
+    return audit_and_report(_as_decided(run), name="report").to_json()
 
 
 def teardown_fleet(run: dict[str, Any]) -> str:
@@ -515,43 +515,75 @@ def _taken(ti, run_id: str, raised) -> bool:
 # ---- tracegen_rerun_failed -------------------------------------------------------------------------
 
 
+class _AirflowRuns:
+    """`run.rerun.AirflowRuns` over the task API: which `tracegen_generate` runs exist, their state, and the
+    run each handed its tasks (the decided run once `apply_decision` ran, else `prepare_run`'s)."""
+
+    def __init__(self, ti) -> None:
+        self.ti = ti
+
+    def state(self, run_id: str) -> str | None:
+        return _dagrun_state(self.ti, run_id)
+
+    def spec(self, run_id: str):
+        from tracegen.run.spec import RunSpec, RunSpecError
+
+        for task_id in ("apply_decision", "prepare_run"):
+            doc = self.ti.xcom_pull(task_ids=task_id, dag_id=GENERATE_DAG, run_id=run_id, key=DECIDED_RUN_KEY)
+            if doc:
+                try:
+                    return RunSpec.from_json(doc, f"{GENERATE_DAG} run {run_id!r}'s {task_id}")
+                except RunSpecError as exc:
+                    log.warning("%s", exc)
+                    return None
+        return None
+
+
 def find_unfinished_work() -> list[dict[str, Any]]:
-    """Chunks with failed or missing rows in the newest run of each output root; [] when all is done."""
+    """Chunks with failed or missing rows in the newest run of each output root, as Airflow knows the run;
+    [] when all is done, and nothing for a root a live run or another writer owns (`run.rerun`)."""
     from tracegen.run.rerun import unfinished_work
 
+    airflow = _AirflowRuns(_context()["ti"])
     work: list[dict[str, Any]] = []
     for root in output_roots():
         if not root.startswith("s3://") and not Path(root.removeprefix("file://")).exists():
             log.info("%s: no output yet", root)
             continue
-        work.extend(w.to_json() for w in unfinished_work(root))
+        work.extend(w.to_json() for w in unfinished_work(root, airflow))
     # One mapped task per chunk, bounded well under max_map_length; the next hourly run takes the rest.
     return work[:500]
 
 
 def rerun_unfinished(work: dict[str, Any]) -> dict[str, Any]:
-    """Generate what is left of one chunk with the config its run was meant to have, on the operator's
-    fleet (TRACEGEN_FLEET): never a fleet named by the record, which is data read back from storage. A
-    fleet that changed since the run began is refused, naming both digests."""
-    from airflow.sdk.exceptions import AirflowFailException
+    """Generate what is left of one chunk with the config Airflow handed its run, on the operator's fleet
+    (TRACEGEN_FLEET): never a fleet or config read back from storage. A fleet that changed since the run
+    began is refused, naming both digests. Skipped, naming who, when the root has another writer (a live
+    run, another deployment's lease) or the run's gate is closed; it holds the root's lease while it writes."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
     from tracegen.fleet import FleetSpecError
     from tracegen.fleet.sources import resolve
-    from tracegen.generate.chunk import run_chunk
-    from tracegen.run.records import read_run_record
-    from tracegen.run.rerun import RerunWork
-    from tracegen.store.ledger import open_ledger
+    from tracegen.generate.chunk import GateClosed, generate_chunk_work
+    from tracegen.run.rerun import RerunRefused, RerunWork, run_for_rerun
+    from tracegen.store.lease import RootHeld
 
+    ctx = _context()
     item = RerunWork.from_json(work)
-    _context()["chunk_label"] = item.label
-    spec = read_run_record(open_ledger(item.output_uri), item.run_id)
+    ctx["chunk_label"] = item.label
     try:
+        spec = run_for_rerun(item, _AirflowRuns(ctx["ti"]))
         fleet = resolve(spec.fleet, default_fleet_source())
+    except RerunRefused as exc:
+        raise AirflowSkipException(f"{item.label}: {exc}") from None
     except FleetSpecError as exc:
         # Not retried: the operator's fleet must change back (or a new run start) before this can succeed.
         raise AirflowFailException(f"{item.label}: {exc}") from None
-    summary = run_chunk(spec, chunk=item.work.chunk, label=f"rerun {item.work.label}",
-                        indices=range(item.work.start, item.work.stop), fleet=fleet)
+    try:
+        summary = generate_chunk_work(spec, item.work, fleet=fleet, writer=f"tracegen_rerun_failed run {ctx['run_id']}",
+                                      lease_wait_s=0)
+    except (RootHeld, GateClosed) as exc:
+        raise AirflowSkipException(f"{item.label}: yields: {exc}") from None
     return summary.to_json()
 
 

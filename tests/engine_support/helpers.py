@@ -193,3 +193,32 @@ def start_driver(config: RunConfig, run_id: str, servers: Sequence[ServerEndpoin
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen([sys.executable, str(DRIVER), json.dumps(job)], stdout=o, stderr=e, env=env)
     return Driver(proc, out, err, ready)
+
+
+class KnownRuns:
+    """Airflow's metadata as the scheduled rerun reads it (`run.rerun.AirflowRuns`), for tests without a
+    scheduler: the runs it knows, their DagRun states, and each run as Airflow handed it to its tasks
+    (given, or as `prepare_run` recorded it in `ledger`)."""
+
+    def __init__(self, ledger: Ledger, states: dict[str, str], specs: dict[str, RunSpec] | None = None) -> None:
+        from tracegen.run.records import read_run_record
+
+        self.states = dict(states)
+        self.specs = {run_id: read_run_record(ledger, run_id) for run_id in states if run_id not in (specs or {})}
+        self.specs.update(specs or {})
+
+    def state(self, run_id: str) -> str | None:
+        return self.states.get(run_id)
+
+    def spec(self, run_id: str) -> RunSpec | None:
+        return self.specs.get(run_id)
+
+
+def rerun_work(output_uri: str, states: dict[str, str] | None = None) -> list[Any]:
+    """What the scheduled rerun finds in `output_uri` when Airflow knows every run recorded there, in
+    `states` (default: each run ended, failed), as they recorded themselves."""
+    from tracegen.run.rerun import unfinished_work
+
+    ledger = open_root(output_uri)
+    known = KnownRuns(ledger, states if states is not None else dict.fromkeys(ledger.runs(), "failed"))
+    return unfinished_work(output_uri, known)

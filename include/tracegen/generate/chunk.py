@@ -62,12 +62,15 @@ def run_chunk(
     endpoints: Sequence[ServerEndpoint] | None = None,
     spool_dir: str | None = None,
     stop_check: Callable[[int, int], str | None] | None = None,
+    writer: str | None = None,
+    lease_wait_s: float | None = None,
 ) -> ChunkSummary:
     """Generate and commit every row of `indices` not done yet for this run's cap, on `endpoints` or on
     the servers of `fleet`.
 
     `stop_check` (polled while generating) may stop the chunk early; it then raises `ChunkInterrupted`
-    after committing what finished."""
+    after committing what finished. `writer` and `lease_wait_s`: who holds the root's lease while this
+    runs (the run's own tasks by default) and how long to wait for another writer's (`ChunkEngine`)."""
     config = spec.config
     ledger = open_ledger(config.output_uri, config.aws_conn_id)
     index = load_index(ledger)
@@ -76,6 +79,7 @@ def run_chunk(
         engine = ChunkEngine(
             config=config, run_id=spec.run_id, chunk=chunk, label=label, ledger=ledger, dataset=index,
             servers=servers, model=spec.fleet.model, spool_dir=spool_dir, stop_check=stop_check,
+            writer=writer, lease_wait_s=lease_wait_s,
         )
         return engine.run(np.asarray(indices, dtype=np.int64))
 
@@ -117,11 +121,14 @@ def generate_chunk_work(
     alongside_pilot: bool = False,
     fleet: FleetSpec | None = None,
     endpoints: Sequence[ServerEndpoint] | None = None,
+    writer: str | None = None,
+    lease_wait_s: float | None = None,
 ) -> ChunkSummary:
     """One mapped generation task: what is left of `work`, unless a gate is closed.
 
     `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
-    leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes.
+    leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes. The scheduled
+    rerun comes through here too, as its own `writer`, so it applies the run's gates as its chunks do.
     """
     config = spec.config
     ledger = open_ledger(config.output_uri, config.aws_conn_id)
@@ -141,7 +148,7 @@ def generate_chunk_work(
             indices = np.setdiff1d(indices, pilot, assume_unique=True)
     try:
         return run_chunk(spec, chunk=work.chunk, label=work.label, indices=indices, fleet=fleet,
-                         endpoints=endpoints, stop_check=watch)
+                         endpoints=endpoints, stop_check=watch, writer=writer, lease_wait_s=lease_wait_s)
     except ChunkInterrupted as exc:
         if watch is not None and watch.closed == exc.reason:
             raise GateClosed(str(exc)) from None

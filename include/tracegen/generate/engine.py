@@ -42,6 +42,7 @@ from tracegen.generate.extend import (
 )
 from tracegen.sglang.autotune import InFlightLimit
 from tracegen.sglang.client import ClientConfig, FatalClientError, Sampling, ServerEndpoint, SGLangClient
+from tracegen.store.lease import RootLease, holding_root, lease_ttl_s
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import (
     EXTENDED,
@@ -145,6 +146,11 @@ class Progress:
         )
 
 
+def run_writer(run_id: str) -> str:
+    """The lease owner of a `tracegen_generate` run's generation tasks: they share the root."""
+    return f"tracegen_generate run {run_id}"
+
+
 class ChunkEngine:
     """Generates and commits the rows of one chunk (or the pilot sample) that are not done yet."""
 
@@ -164,6 +170,8 @@ class ChunkEngine:
         progress_interval_s: float = 15.0,
         stop_check: Callable[[int, int], str | None] | None = None,
         stop_check_interval_s: float = 5.0,
+        writer: str | None = None,
+        lease_wait_s: float | None = None,
     ) -> None:
         self.config, self.run_id, self.chunk, self.label = config, run_id, chunk, label
         self.ledger, self.dataset, self.servers, self.model = ledger, dataset, list(servers), model
@@ -177,6 +185,10 @@ class ChunkEngine:
         # Polled from a thread while generating (it may read storage) with (truncated, ok) rows so far; a
         # reason it returns stops the chunk.
         self.stop_check, self.stop_check_interval_s = stop_check, stop_check_interval_s
+        # Who generates into the root (`store.lease`): the run's tasks share it, any other writer yields.
+        self.writer = writer or run_writer(run_id)
+        self.lease_wait_s = lease_wait_s
+        self.lease: RootLease | None = None
         self.stop_requested: str | None = None
         self.summary = ChunkSummary(run_id=run_id, chunk=chunk)
         self._pending_rows = 0
@@ -201,7 +213,11 @@ class ChunkEngine:
                 loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM received")
         # Opening the spool takes its lock: a second live attempt at this chunk fails fast here.
         self.spool = Spool(self.config.output_uri, self.run_id, self.chunk, base_dir=self.spool_dir)
+        root = contextlib.ExitStack()
         try:
+            # Before the spool's rows are committed and before what is left is read: another writer's
+            # commits land first, and this task then generates only what they left.
+            self.lease = await asyncio.to_thread(root.enter_context, self._hold_root())
             self.summary.recovered_rows = await asyncio.to_thread(recover, self.spool, self.ledger)
             if self.summary.recovered_rows:
                 log.info("%s: committed %d rows an earlier attempt left in the spool", self.label,
@@ -218,6 +234,7 @@ class ChunkEngine:
                 await self._generate(todo)
         finally:
             self.spool.close()
+            await asyncio.to_thread(root.close)
             if handle_sigterm:
                 with contextlib.suppress(ValueError, RuntimeError):
                     loop.remove_signal_handler(signal.SIGTERM)
@@ -237,6 +254,12 @@ class ChunkEngine:
             self.summary.interrupted = self.summary.interrupted or reason
 
     # ---- steps ----------------------------------------------------------------------------------
+
+    def _hold_root(self) -> contextlib.AbstractContextManager[RootLease]:
+        wait_s = self.lease_wait_s
+        if wait_s is None:  # a stale lease of a writer that died expires within one TTL
+            wait_s = 2 * lease_ttl_s()
+        return holding_root(self.ledger.storage, self.writer, f"{self.writer}, {self.label}", wait_s=wait_s)
 
     def _remaining(self, indices: np.ndarray) -> np.ndarray:
         # Only this chunk's rows and the columns "done" needs: memory follows the chunk, not the dataset.
@@ -377,6 +400,8 @@ class ChunkEngine:
             await asyncio.sleep(0.2)
             await self._maybe_commit()
             progress.maybe_log()
+            if self.lease is not None and not self.lease.held:
+                self.request_stop("this task's lease on the output root went stale; another writer may hold it")
             if self.stop_check is not None and time.monotonic() - checked >= self.stop_check_interval_s:
                 checked = time.monotonic()
                 reason = await self._run_stop_check(progress)

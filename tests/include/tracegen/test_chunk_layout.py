@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_support.helpers import make_config, open_ledger, write_dataset
+from engine_support.helpers import make_config, open_ledger, rerun_work, write_dataset
 
 from tracegen.fleet import FleetSpec
 from tracegen.fleet.spec import HostSpec
 from tracegen.plan import ChunkLayout, choose_layout
 from tracegen.run.prepare import prepare_run
 from tracegen.run.records import read_run_record
-from tracegen.run.rerun import unfinished_work
 from tracegen.run.spec import FleetRef
 
 
@@ -50,7 +49,7 @@ def test_the_layout_is_recorded_and_the_rerun_finds_the_same_chunks(tmp_path: Pa
     assert [w.stop - w.start for w in planned] == [512, 512, 512, 171, 293]
     ledger = open_ledger(config)
     assert read_run_record(ledger, "run-1").layout == ChunkLayout(512, 3, 512)
-    rerun = unfinished_work(str(tmp_path / "out"))
+    rerun = rerun_work(str(tmp_path / "out"))
     assert [w.work for w in rerun] == planned
 
 

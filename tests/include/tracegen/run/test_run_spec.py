@@ -7,12 +7,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from engine_support.helpers import fleet, fleet_ref, make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import (
+    fleet,
+    fleet_ref,
+    make_config,
+    open_ledger,
+    prepare,
+    rerun_work,
+    write_dataset,
+)
 
 from tracegen.fleet.sources import FleetChangedError, reference, resolve
 from tracegen.run import RUN_FILE
 from tracegen.run.records import latest_run, read_run_record
-from tracegen.run.rerun import unfinished_work
 from tracegen.run.spec import RunSpec, RunSpecError
 
 
@@ -56,7 +63,7 @@ def test_a_copied_root_is_worked_on_where_it_is(spec: RunSpec, tmp_path: Path) -
     shutil.copytree(tmp_path / "out", copy)
     stored = read_run_record(open_ledger(replace(spec.config, output_uri=str(copy))), "run-1")
     assert stored.config.output_uri == copy.as_uri() + "/"  # not the root named inside run.json
-    work = unfinished_work(str(copy))
+    work = rerun_work(str(copy))
     assert {w.output_uri for w in work} == {str(copy)} and sum(w.work.remaining for w in work) == 50
 
 

@@ -1,0 +1,218 @@
+"""Who is generating into an output root right now: one writer per root, arbitrated in the root itself.
+
+Airflow's metadata says whether a `tracegen_generate` run is live, but only to the Airflow that runs it: a
+second deployment on the same bucket, or a run whose worker and scheduler died together, is invisible
+there. So every task that generates holds a lease on the root while it does:
+
+- A lease is one object per holding task, `lease/<owner digest>.<token>.json`, created exclusively
+  (`Storage.create`) and renewed by rewriting it every `ttl_s / 4`. All tasks of one owner (one run, or
+  one run of the rerun DAG) share the root; a task of any other owner yields while any of their objects
+  is fresh.
+- Acquiring is create-then-look: create our object, then list. If another owner's fresh object is
+  there, delete ours and yield. Of two owners racing, the later lister always sees the other's object,
+  so they never both hold; both may yield, and a caller that waits retries after a random delay.
+- A lease is data, not authority. Its freshness is the storage's own modification time plus the
+  *reader's* TTL, never what the object says, and a time in the future is ignored: a planted or stale
+  lease can only delay work by one TTL after it was last written, and never chooses what runs, where,
+  or with which config. Its text only names the holder in the log of the one that yields.
+- Released (deleted) when the task ends. A task killed with SIGKILL leaves its object, which expires.
+
+The clock compared with the storage's modification times is this machine's: workers and the storage
+must agree within `CLOCK_SKEW_S`, which also bounds how long a lease stamped in the future is trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from tracegen.store.storage import Storage, StorageError, StorageKeyError
+
+log = logging.getLogger(__name__)
+
+LEASE_PREFIX = "lease/"
+# How long a holder may go without renewing before its lease is void. Renewals come every quarter of it,
+# so a worker stalls for three renewals before another writer may start. Operators with slow storage or
+# long stop-the-world pauses raise it (TRACEGEN_LEASE_TTL_S).
+DEFAULT_TTL_S = 300.0
+CLOCK_SKEW_S = 60.0
+_KEY = re.compile(r"lease/([0-9a-f]{16})\.([0-9a-f]{32})\.json")
+_HOLDER_TEXT_MAX = 300
+
+
+def lease_ttl_s() -> float:
+    raw = os.environ.get("TRACEGEN_LEASE_TTL_S", "")
+    try:
+        ttl = float(raw) if raw else DEFAULT_TTL_S
+    except ValueError:
+        raise ValueError(f"TRACEGEN_LEASE_TTL_S={raw!r} is not a number of seconds") from None
+    if not 1.0 <= ttl <= 86_400.0:
+        raise ValueError(f"TRACEGEN_LEASE_TTL_S={raw!r} must be between 1 and 86400 seconds")
+    return ttl
+
+
+def owner_digest(owner: str) -> str:
+    return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A fresh lease object of some owner: who (as its text says, for messages only) and since when."""
+
+    key: str
+    digest: str
+    text: str
+    age_s: float
+
+    def describe(self) -> str:
+        return f"{self.text} (lease {self.key}, renewed {self.age_s:.0f}s ago)"
+
+
+class RootHeld(RuntimeError):
+    """Another owner generates into this root; the message names it."""
+
+    def __init__(self, uri: str, holders: list[Holder]) -> None:
+        self.holders = holders
+        named = "; ".join(h.describe() for h in holders[:3])
+        super().__init__(f"{uri} is held by another writer: {named}")
+
+
+class LeaseLost(RuntimeError):
+    """Our lease went stale (not renewed within its TTL) and may have been taken."""
+
+
+def _printable(text: str) -> str:
+    """A holder's text as read from storage, safe for a log line: printable, bounded."""
+    clean = "".join(c if c.isprintable() else "?" for c in text)
+    return clean[:_HOLDER_TEXT_MAX] + ("…" if len(clean) > _HOLDER_TEXT_MAX else "")
+
+
+def fresh_holders(storage: Storage, ttl_s: float, *, now: float | None = None) -> list[Holder]:
+    """Every fresh lease object in the root, of any owner. Objects whose name is not a lease's, whose
+    time is past its TTL, or stamped in the future beyond the clock skew are not holders."""
+    now = time.time() if now is None else now
+    holders = []
+    for key in storage.list(LEASE_PREFIX):
+        match = _KEY.fullmatch(key)
+        if match is None:
+            continue
+        try:
+            age = now - storage.modified(key)
+        except StorageKeyError:
+            continue  # released between the listing and the look
+        if age > ttl_s or age < -CLOCK_SKEW_S:
+            continue
+        holders.append(Holder(key, match.group(1), _holder_text(storage, key), max(age, 0.0)))
+    return holders
+
+
+def _holder_text(storage: Storage, key: str) -> str:
+    try:
+        doc = json.loads(storage.get_range(key, 0, 4096))
+        return _printable(str(doc.get("holder", "?"))) if isinstance(doc, dict) else "?"
+    except (StorageError, ValueError, UnicodeDecodeError):
+        return "?"
+
+
+class RootLease:
+    """This task's lease on a root for `owner` (`acquire`, then `renew` from a heartbeat, then `release`)."""
+
+    def __init__(self, storage: Storage, owner: str, holder: str, *, ttl_s: float | None = None) -> None:
+        self.storage, self.owner = storage, owner
+        self.ttl_s = lease_ttl_s() if ttl_s is None else ttl_s
+        self.digest = owner_digest(owner)
+        self.key = f"{LEASE_PREFIX}{self.digest}.{uuid.uuid4().hex}.json"
+        self._doc = json.dumps({"owner": owner, "holder": holder, "host": socket.gethostname(),
+                                "pid": os.getpid(), "token": self.key}).encode()
+        self._renewed = 0.0
+        self.held = False
+
+    def others(self) -> list[Holder]:
+        return [h for h in fresh_holders(self.storage, self.ttl_s) if h.digest != self.digest]
+
+    def try_acquire(self) -> list[Holder]:
+        """Hold the root, or return the other owners' fresh leases that keep us from it (ours withdrawn)."""
+        if others := self.others():
+            return others
+        if not self.storage.create(self.key, self._doc):
+            raise StorageError(f"lease {self.storage.uri_for(self.key)} exists already (a token collision)")
+        self._renewed = time.monotonic()
+        if others := self.others():
+            self.storage.delete(self.key)
+            return others
+        self.held = True
+        return []
+
+    def acquire(self, wait_s: float = 0.0) -> None:
+        """Hold the root, waiting up to `wait_s` for others' leases to be released or expire; raises
+        `RootHeld` naming them otherwise."""
+        deadline = time.monotonic() + wait_s
+        logged = 0.0
+        while True:
+            others = self.try_acquire()
+            if not others:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                raise RootHeld(self.storage.uri, others)
+            if now - logged > 60:
+                log.warning("waiting for %s", RootHeld(self.storage.uri, others))
+                logged = now
+            time.sleep(min(deadline - now, min(5.0, self.ttl_s / 4) * (0.5 + random.random())))
+
+    def renew(self) -> None:
+        """Rewrite our object (its modification time is the lease's freshness). Raises `LeaseLost` when the
+        last renewal is older than the TTL: another writer may have taken the root meanwhile."""
+        if time.monotonic() - self._renewed > self.ttl_s:
+            self.held = False
+            raise LeaseLost(f"lease {self.storage.uri_for(self.key)} was not renewed for over {self.ttl_s:.0f}s")
+        self.storage.put(self.key, self._doc)
+        self._renewed = time.monotonic()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.storage.delete(self.key)
+
+
+@contextmanager
+def holding_root(storage: Storage, owner: str, holder: str, *, wait_s: float = 0.0,
+                 ttl_s: float | None = None) -> Iterator[RootLease]:
+    """Hold `storage`'s root for `owner` inside the block, renewed by a heartbeat thread. The lease's
+    `held` turns False if a renewal finds it lost; callers that can stop early poll it."""
+    lease = RootLease(storage, owner, holder, ttl_s=ttl_s)
+    lease.acquire(wait_s)
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(lease.ttl_s / 4):
+            try:
+                lease.renew()
+            except LeaseLost as exc:
+                log.error("%s: stopping generation into this root", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - a failed renewal is retried at the next beat
+                log.warning("lease %s: renewal failed (%s); retrying", lease.key, exc)
+
+    thread = threading.Thread(target=heartbeat, name="root-lease", daemon=True)
+    thread.start()
+    try:
+        yield lease
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        try:
+            lease.release()
+        except Exception as exc:  # noqa: BLE001 - an unreleased lease only expires
+            log.warning("lease %s: release failed (%s); it expires in %.0fs", lease.key, exc, lease.ttl_s)
