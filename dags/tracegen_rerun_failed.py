@@ -1,15 +1,19 @@
 """
 ### tracegen_rerun_failed — finish what failed, on a schedule
 
-Every hour, for each output root with an unfinished run, reads the ledger and regenerates the rows
-that failed (transient errors that exhausted their retries) and the rows never committed in chunks
-whose task failed, with the config those rows were meant to have (the run's record, `runs/<run_id>/run.json`), on the
-operator's own fleet (`TRACEGEN_FLEET`), which must still be the fleet the run recorded.
+Every hour (`TRACEGEN_RERUN_SCHEDULE` overrides), for each output root with an unfinished run, reads the
+ledger and regenerates the rows that failed (transient errors that exhausted their retries) and the rows
+never committed in chunks whose task failed, with the config Airflow handed that run (never the record in
+the root), on the operator's own fleet (`TRACEGEN_FLEET`), which must still be the fleet the run began with.
+A root whose newest run is still queued or running, or that another writer holds a lease on, is left alone:
+the log of the task that yields names the holder.
 When nothing failed it does nothing, quickly. Output roots are listed in the `tracegen_output_roots`
 Airflow Variable (JSON list) or default to the local demo root.
 """
 
 from __future__ import annotations
+
+import os
 
 import pendulum
 from airflow.sdk import dag, task
@@ -19,7 +23,7 @@ from tracegen import steps
 
 @dag(
     dag_id="tracegen_rerun_failed",
-    schedule="@hourly",
+    schedule=os.environ.get("TRACEGEN_RERUN_SCHEDULE", "@hourly"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,

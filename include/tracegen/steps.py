@@ -68,7 +68,8 @@ def prepare_run(lead: int) -> dict[str, Any]:
     run_id = safe_run_id(ctx["run_id"])
     log.info("run %s: max_tokens=%d, dataset %s, output %s, %d GPUs", run_id, config.max_tokens,
              config.dataset_uri, config.output_uri, len(fleet.servers()))
-    spec, work = prepare(config, run_id, ref, stagger=lead, teardown=bool(params.get("teardown", False)))
+    spec, work = prepare(config, run_id, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
+                         airflow_run_id=ctx["run_id"])
     return {"run": spec.to_json(), "chunks": [w.to_json() for w in work]}
 
 

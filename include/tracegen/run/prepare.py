@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 
 def prepare_run(
-    config: RunConfig, run_id: str, fleet: FleetRef, *, stagger: int = 0, teardown: bool = False
+    config: RunConfig, run_id: str, fleet: FleetRef, *, stagger: int = 0, teardown: bool = False,
+    airflow_run_id: str | None = None,
 ) -> tuple[RunSpec, list[plan.ChunkWork]]:
     """The run's spec and its chunks with work left. `stagger`: chunk tasks in flight at once (see
     `plan.chunks`); 0 for equal chunks."""
@@ -28,7 +29,7 @@ def prepare_run(
         run_id=run_id, created_at=time.time(), config=config, fleet=fleet,
         dataset=DatasetIdentity(config.dataset_uri, index.fingerprint, index.n_rows, index.source_size,
                                 index.source_version), layout=layout,
-        teardown=teardown,
+        teardown=teardown, airflow_run_id=airflow_run_id,
     )
     write_run_record(ledger, spec)
     work = plan.chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), index.n_rows, layout, config)

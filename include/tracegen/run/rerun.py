@@ -14,6 +14,7 @@ root it reads:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from tracegen import plan
+from tracegen.run import RUN_FILE
 from tracegen.run.records import stopped_at_gate
 from tracegen.run.spec import RunSpec
 from tracegen.store.lease import fresh_holders, lease_ttl_s
 from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
+from tracegen.store.storage import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +100,12 @@ def newest_known_run(ledger: Ledger, output_uri: str, airflow: AirflowRuns) -> R
     bound = (ledger.dataset() or {}).get("fingerprint")
     newest: RootRun | None = None
     for run_id in ledger.runs():
-        state = airflow.state(run_id)
-        spec = airflow.spec(run_id) if state is not None else None
-        if spec is None:
-            log.warning("%s: runs/%s is not a tracegen_generate run Airflow knows; ignored", output_uri, run_id)
+        key = _airflow_key(ledger, run_id)
+        state = airflow.state(key)
+        spec = airflow.spec(key) if state is not None else None
+        if spec is None or spec.run_id != run_id:
+            log.warning("%s: runs/%s is not a tracegen_generate run Airflow knows (as %r); ignored", output_uri,
+                        run_id, key)
             continue
         if spec.dataset.fingerprint != bound:
             log.warning("%s: runs/%s is run %s of another dataset (%s, this root holds %s); ignored", output_uri,
@@ -111,6 +116,17 @@ def newest_known_run(ledger: Ledger, output_uri: str, airflow: AirflowRuns) -> R
         if newest is None or spec.created_at > newest.spec.created_at:
             newest = RootRun(spec, state)
     return newest
+
+
+def _airflow_key(ledger: Ledger, run_id: str) -> str:
+    """The id to ask Airflow about the run stored as `runs/<run_id>/`: the record's `airflow_run_id` (the
+    stored id is its file-safe form) or the stored id itself. Only a key: the run Airflow returns for it
+    must be the one stored under `run_id`, or it is not this record's run."""
+    try:
+        hint = json.loads(ledger.get_run_file(run_id, RUN_FILE)).get("airflow_run_id")
+    except (StorageError, ValueError, AttributeError):
+        hint = None
+    return hint if isinstance(hint, str) and 0 < len(hint) <= 250 else run_id
 
 
 def root_owner(ledger: Ledger, newest: RootRun | None) -> str | None:

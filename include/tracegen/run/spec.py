@@ -79,6 +79,10 @@ class RunSpec:
     teardown: bool = False  # stop the servers when the run ends
     # The reviewer's answers to the gate's questions (gate_mode=ask), oldest first; `config` is as decided.
     decisions: tuple[CapDecision, ...] = ()
+    # The DagRun's id as Airflow spells it (`run_id` is its file-safe form). Read back from a record it is
+    # only a key to look the run up in Airflow's metadata, which then says whether the run exists and what
+    # it is (`run.rerun`); None for runs not started by Airflow.
+    airflow_run_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +95,7 @@ class RunSpec:
             "layout": self.layout.to_json(),
             "teardown": self.teardown,
             "decisions": [d.to_json() for d in self.decisions],
+            "airflow_run_id": self.airflow_run_id,
         }
 
     @classmethod
@@ -119,6 +124,8 @@ class RunSpec:
                 layout=ChunkLayout.from_json(doc["layout"]),
                 teardown=bool(doc.get("teardown", False)),
                 decisions=tuple(CapDecision.from_json(d) for d in doc.get("decisions") or ()),
+                airflow_run_id=None if doc.get("airflow_run_id") is None
+                else _str(doc["airflow_run_id"], "airflow_run_id"),
             )
         except KeyError as exc:
             raise RunSpecError(f"{where}: missing field {exc}") from None

@@ -201,3 +201,25 @@ def test_a_chunk_engine_of_another_writer_yields_before_sending_anything(tmp_pat
         with pytest.raises(RootHeld, match="live-run, chunk 0003|chunk 0003"):
             e.run(range(0, 20))
     assert open_ledger(spec.config).entries() == []
+
+
+def test_a_record_is_looked_up_by_its_airflow_run_id_and_must_be_that_runs(tmp_path) -> None:
+    """Airflow spells run ids with ':' and '+'; the root stores their file-safe form, so a record names the
+    DagRun to ask about. A planted record naming a real run is not that run's: Airflow's run must be the
+    one stored under the record's directory."""
+    config = make_config(write_dataset(tmp_path / "d.jsonl", N_ROWS), tmp_path / "out", pilot_size=0, chunk_size=100)
+    from engine_support.helpers import fleet_ref
+
+    from tracegen.run.prepare import prepare_run
+
+    airflow_id = "manual__2026-12-01T17:00:00+00:00"
+    spec, _ = prepare_run(config, "manual__2026-12-01T17_00_00_00_00", fleet_ref(), airflow_run_id=airflow_id)
+    ledger = open_ledger(config)
+    known = KnownRuns(ledger, {}, specs={airflow_id: spec})
+    known.states[airflow_id] = "failed"
+    work = unfinished_work(config.output_uri, known)
+    assert {w.run_id for w in work} == {spec.run_id} and sum(w.work.remaining for w in work) == N_ROWS
+    # The same hint in a record planted under another name: Airflow's run is not stored there; ignored.
+    planted = replace(spec, run_id="planted", created_at=spec.created_at + 10)
+    ledger.put_run_file("planted", RUN_FILE, json.dumps(planted.to_json()).encode())
+    assert {w.run_id for w in unfinished_work(config.output_uri, known)} == {spec.run_id}
