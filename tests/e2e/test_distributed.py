@@ -3,7 +3,9 @@
 Every Airflow component runs as a real process (tests/e2e/airflow_cluster.py) on a fresh database; the
 DAGs are triggered through the REST API with a token from /auth/token, as a person or a CI job would.
 The tests run in file order and share the cluster: a full run, a run that loses a Celery worker to
-SIGKILL mid-generation, then the scheduled rerun DAG finding nothing left to do.
+SIGKILL mid-generation, the scheduled rerun DAG finding nothing left to do, then the rerun on a one-minute
+schedule during a live run (it never writes the live run's root) and after that run's worker and
+scheduler died (it finishes the run once the dead run's lease expires).
 PostgreSQL or Redis missing is a failure, not a skip: CI runs both.
 """
 
@@ -14,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, running_cluster, sample_prompts
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError, running_cluster, sample_prompts
 
 from tracegen.status import dataset_status
 from tracegen.store.ledger import Ledger
@@ -33,7 +35,10 @@ RUN_CONF = {"max_tokens": 8192, "pilot_size": 40, "chunk_size": 50, "teardown": 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cluster")
-    with running_cluster(root, workers=2, worker_concurrency=2) as cluster:
+    # The rerun every minute, and leases void after 20 s without renewal, so a crashed run's hold expires
+    # within the test.
+    extra_env = {"TRACEGEN_RERUN_SCHEDULE": "* * * * *", "TRACEGEN_LEASE_TTL_S": "20"}
+    with running_cluster(root, workers=2, worker_concurrency=2, extra_env=extra_env) as cluster:
         yield cluster
 
 
@@ -151,7 +156,7 @@ def test_run_survives_sigkill_of_a_celery_worker(cluster: AirflowCluster, api: A
 @pytest.mark.timeout(240)
 def test_rerun_failed_finds_nothing_to_do(cluster: AirflowCluster, api: AirflowApi) -> None:
     roots = [str(cluster.root / "out-full"), str(cluster.root / "out-kill")]
-    api.set_variable("tracegen_output_roots", json.dumps(roots))
+    _set_variable(api, "tracegen_output_roots", json.dumps(roots))
     api.wait_for_dag(RERUN)
     api.unpause(RERUN)
     run_id = api.trigger(RERUN, {})
@@ -163,3 +168,84 @@ def test_rerun_failed_finds_nothing_to_do(cluster: AirflowCluster, api: AirflowA
     assert all(t["state"] == "skipped" for t in reruns), reruns
     for root in roots:
         assert dataset_status(root)["left"] == 0
+
+
+def _set_variable(api: AirflowApi, key: str, value: str) -> None:
+    try:
+        api.set_variable(key, value)
+    except ClusterError:  # it exists: replace its value
+        api._call("PATCH", f"/variables/{key}", json={"key": key, "value": value})
+
+
+def _rerun_runs(api: AirflowApi) -> list[dict]:
+    body = api._call("GET", f"/dags/{RERUN}/dagRuns", params={"limit": 100, "order_by": "start_date"})
+    return body["dag_runs"]
+
+
+def _generated(api: AirflowApi, rerun_id: str) -> list[dict]:
+    """The rerun run's generation tasks that ran (not skipped)."""
+    return [t for t in api.task_instances(RERUN, rerun_id)
+            if t["task_id"] == "rerun_unfinished" and t["state"] not in ("skipped", None, "removed")]
+
+
+ONE_WRITER_ROWS = 600
+
+
+@pytest.mark.timeout(900)
+def test_the_rerun_never_races_a_live_run_and_finishes_a_crashed_one(cluster: AirflowCluster,
+                                                                      api: AirflowApi) -> None:
+    """#25: the rerun DAG unpaused on a one-minute schedule during a live multi-minute run generates none
+    of its rows; the run's worker and scheduler then die (the run marked failed, as its retries would end
+    it), and once the dead tasks' lease expires the next rerun finishes the run. No index is ever
+    committed twice under one cap."""
+    dataset = sample_prompts(cluster.root / "prompts-one-writer.jsonl", ONE_WRITER_ROWS)
+    output = cluster.root / "out-one-writer"
+    _set_variable(api, "tracegen_output_roots", json.dumps([str(output)]))
+    api.unpause(RERUN)
+    before = {r["dag_run_id"] for r in _rerun_runs(api)}
+    run_id = api.trigger(GENERATE, {**_conf(dataset, output), "teardown": False})
+
+    # 1. Live: wait for a scheduled rerun that started and ended while the run was generating.
+    live: list[str] = []
+    deadline = time.monotonic() + 240
+    while not live and time.monotonic() < deadline:
+        assert api.run(GENERATE, run_id)["state"] == "running", (
+            f"the run ended before a rerun ran beside it: {api.describe(GENERATE, run_id)}")
+        for r in _rerun_runs(api):
+            if r["dag_run_id"] not in before and r["state"] in ("success", "failed"):
+                live.append(r["dag_run_id"])
+        time.sleep(2)
+    assert live, "no scheduled rerun ran during the live run"
+    assert api.run(GENERATE, run_id)["state"] == "running"
+    for rerun_id in live:
+        assert api.xcom(RERUN, rerun_id, "find_unfinished_work") == [], rerun_id
+        assert _generated(api, rerun_id) == [], rerun_id
+
+    # 2. The run's worker and the scheduler die; the run is failed (what its retries would come to).
+    killed, _, _ = _kill_worker_running(cluster, api, run_id, timeout=120)
+    cluster.components["scheduler"].kill()
+    api._call("PATCH", f"/dags/{GENERATE}/dagRuns/{run_id}", json={"state": "failed"})
+    crashed_at = time.time()
+    left_at_crash = dataset_status(str(output))["left"]
+    assert left_at_crash > 0, "the run finished before the crash"
+    cluster.restart("scheduler")
+    cluster.restart(killed)
+
+    # 3. A rerun finishes it, once the dead tasks' leases (20 s) have expired.
+    deadline = time.monotonic() + 480
+    while dataset_status(str(output))["left"] and time.monotonic() < deadline:
+        time.sleep(5)
+    status = dataset_status(str(output))
+    assert status["left"] == 0, f"{status}; reruns: {[(r['dag_run_id'], r['state']) for r in _rerun_runs(api)]}"
+    finishers = [r["dag_run_id"] for r in _rerun_runs(api) if r["dag_run_id"] not in before
+                 and r["dag_run_id"] not in live and _generated(api, r["dag_run_id"])]
+    assert finishers, "rows were finished, but by no rerun task"
+    ledger = Ledger(open_storage(str(output)))
+    assert ledger.check_invariants(deep=True) == []
+    frame = ledger.frame()
+    kept = frame[frame["status"] != FAILED]
+    twice = kept.groupby(["index", "max_tokens"]).size()
+    assert (twice == 1).all(), f"indices committed twice under one cap: {twice[twice > 1].head()}"
+    assert sorted(set(kept["index"])) == list(range(ONE_WRITER_ROWS))
+    print(f"one writer: {len(live)} live reruns found nothing; {left_at_crash} rows left at the crash "
+          f"({crashed_at:.0f}) finished by {len(finishers)} rerun runs")
