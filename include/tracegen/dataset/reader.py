@@ -186,7 +186,7 @@ def parse_row(index: int, item: bytes | str | dict[str, Any], *, columnar: bool 
         return InvalidRow(index, str(exc))
     except RecursionError:
         return InvalidRow(index, _nested_too_deeply())
-    except Exception as exc:  # noqa: BLE001 - the principle: a row's content never raises past its row
+    except Exception as exc:  # the principle: what a row holds never raises past its row
         detail = str(exc)
         if len(detail) > _REASON_CHARS:
             detail = detail[:_REASON_CHARS] + "..."

@@ -75,7 +75,7 @@ def test_a_hostile_row_is_invalid_naming_its_row_and_the_chunk_reads_on(tmp_path
     bad = {r.index: r.reason for r in rows if isinstance(r, InvalidRow)}
     assert set(bad) == set(HOSTILE), bad
     assert all(isinstance(r, PromptRow) for r in rows if r.index not in HOSTILE)
-    for i, reason in bad.items():
+    for reason in bad.values():
         assert "nested" in reason, reason
         assert len(reason) < 300, "the reason must not quote the row"
     # A sample read (the pilot's) takes the same path.
