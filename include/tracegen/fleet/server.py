@@ -7,6 +7,9 @@ for the life of a task, and answers which URLs the HTTP client should use. The f
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -17,7 +20,7 @@ from typing import Any, TypeVar
 import httpx
 
 from tracegen.fleet import command
-from tracegen.fleet.spec import FleetSpec, HostSpec, SecretRef
+from tracegen.fleet.spec import SECRET_CONNECTION_TYPES, FleetSpec, HostSpec, SecretRef
 from tracegen.fleet.transport import FleetError, Transport, open_transport
 
 T = TypeVar("T")
@@ -39,17 +42,32 @@ def resolve_secret(name: str, ref: SecretRef) -> str:
             value = Variable.get(ref.variable)
         else:
             conn = BaseHook.get_connection(ref.connection)
+            # Only a connection meant to hold a bare credential (spec.SECRET_CONNECTION_TYPES says why).
+            kind = (conn.conn_type or "").strip().lower()
+            if kind not in SECRET_CONNECTION_TYPES:
+                raise _Refused(
+                    f"{where} is of type {kind or 'none'!r}: a secret for the servers is read only from a "
+                    f"connection of type {' or '.join(sorted(SECRET_CONNECTION_TYPES))} (Generic), never from one "
+                    "a hook of this deployment uses; store the secret in a Generic connection or a Variable"
+                )
             if ref.field.startswith("extra."):
                 value = (conn.extra_dejson or {}).get(ref.field[len("extra."):])
             else:
                 value = getattr(conn, ref.field)
+    except _Refused as exc:
+        raise FleetError(str(exc)) from None
     except Exception as exc:  # the SDK raises its own not-found types; say which reference failed
         raise FleetError(f"{where} could not be read ({type(exc).__name__}: {exc})") from None
     if value is None or value == "":
         raise FleetError(f"{where} is empty or not set")
     value = str(value)
-    _mask(value, name)
+    for form in secret_forms(value):
+        _mask(form, name)
     return value
+
+
+class _Refused(Exception):
+    """A reference resolved to something the fleet must not send (its message says what)."""
 
 
 def _mask(value: str, name: str) -> None:
@@ -63,6 +81,37 @@ def _mask(value: str, name: str) -> None:
         pass
 
 
+def secret_forms(value: str) -> list[str]:
+    """The spellings of `value` a log can hold, longest first: as it is; inside a Python repr (SGLang logs
+    `server_args=ServerArgs(..., api_key='...')`, so `a\\b` appears as `a\\\\b`), with either quote and as
+    ascii() writes it; inside a JSON string (ensure_ascii on and off); and shell-quoted (shlex.quote, as a
+    command line echoed by a launcher shows it). Each form is what appears between the delimiters, so a
+    form also matches inside a larger repr or JSON document."""
+    forms = {value}
+    for text in (repr(value), ascii(value), json.dumps(value), json.dumps(value, ensure_ascii=False)):
+        forms.add(text[1:-1])  # the quotes are the surrounding document's, not the secret's
+    forms.add(value.replace("\\", "\\\\").replace("'", "\\'"))  # repr's escaping under the other quote
+    forms.add(value.replace("\\", "\\\\").replace('"', '\\"'))
+    quoted = shlex.quote(value)
+    forms.add(quoted)
+    forms.add(quoted.replace("'\"'\"'", "'\\''"))  # the other common spelling of a quote in single quotes
+    return sorted((f for f in forms if f), key=len, reverse=True)
+
+
+def redact(text: str, secrets: dict[str, str]) -> str:
+    """`text` with every form of every secret value (`secret_forms`) replaced by `<label>`, in one pass that
+    tries the longest form first: no form is left half-replaced by a shorter one, and no label is taken for a
+    secret and replaced again."""
+    labels: dict[str, str] = {}
+    for label, value in secrets.items():
+        for form in secret_forms(value) if value else ():
+            labels.setdefault(form, label)
+    if not labels:
+        return text
+    pattern = re.compile("|".join(re.escape(form) for form in sorted(labels, key=len, reverse=True)))
+    return pattern.sub(lambda m: f"<{labels[m.group()]}>", text)
+
+
 def resolve_api_key(conn_id: str) -> str:
     """The API key stored as the password of an Airflow connection."""
     from airflow.sdk import BaseHook
@@ -73,6 +122,8 @@ def resolve_api_key(conn_id: str) -> str:
         raise FleetError(f"api key connection {conn_id!r} not found: {exc}") from None
     if not conn.password:
         raise FleetError(f"api key connection {conn_id!r} has no password (the API key goes there)")
+    for form in secret_forms(conn.password):  # SGLang logs it in its server args, as a repr
+        _mask(form, "api_key")
     return conn.password
 
 
@@ -193,6 +244,14 @@ class FleetConnection:
             self._secrets = {name: resolve_secret(name, ref) for name, ref in self.spec.secret_refs().items()}
         return self._secrets
 
+    def redact(self, text: str) -> str:
+        """`text` with the API key and the env secrets already resolved masked in every form a log writes them
+        (`redact`). SGLang logs its resolved server args (api_key included) at start as a repr, and log tails
+        end up in task logs. Only values already resolved: resolving here could fail and hide the real error."""
+        secrets = {"api key": self._api_key} if self._api_key else {}
+        secrets.update(self._secrets or {})
+        return redact(text, secrets) if secrets else text
+
     def headers(self) -> dict[str, str]:
         key = self.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
@@ -219,7 +278,7 @@ class FleetConnection:
         result = self.transport(host).run(script, timeout or self.spec.ssh_cmd_timeout_s)
         values = command.parse_kv(result.stdout)
         if result.exit_status != 0:
-            reason = (
+            reason = self.redact(
                 values.get("error") or result.stderr.strip()[-500:] or f"exit status {result.exit_status}"
             )
             raise FleetError(f"{host.conn_id}:gpu{gpu}: {what} failed: {reason}")
@@ -270,13 +329,7 @@ def log_tail(fleet: FleetConnection, host: HostSpec, gpu: int, lines: int = LOG_
     except FleetError as exc:
         return f"(log unavailable: {exc})"
     text = result.stdout.rstrip() or "(log is empty)"
-    # SGLang logs its resolved server args (api_key included) at start; the tail ends up in task logs.
-    # The key already resolved for the launch: resolving it here could fail and hide the real error.
-    key = fleet._api_key
-    text = text.replace(key, "<api key>") if key else text
-    for name, value in (fleet._secrets or {}).items():
-        text = text.replace(value, f"<{name}>")
-    return text
+    return fleet.redact(text)
 
 
 def model_matches(spec: FleetSpec, info: dict[str, Any]) -> bool:

@@ -3,7 +3,9 @@
 `FleetSpec` is validated on construction so that every value that later reaches a remote
 shell has already passed a strict pattern (names, paths) or is a plain value that the
 command builder quotes. Build it from a dict or JSON with `FleetSpec.from_dict` /
-`FleetSpec.from_json`; errors name the offending field and value.
+`FleetSpec.from_json`; errors name the offending field, and quote the value (escaped, bounded: `shown`)
+only where it cannot be a credential: an env value, a secret reference's name, field or keys are never
+quoted, since a secret pasted in the wrong place would otherwise be printed by `fleet validate`.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _CONN_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0, DEL and C1 controls (U+0080..U+009F: a terminal reads U+009B as CSI, like ESC [), and the Unicode line and
+# paragraph separators: never legitimate in a name, a flag or an env value.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # What argparse (SGLang's parser) reads as a negative number rather than as an option.
 _NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
 
@@ -71,8 +75,34 @@ _SECRET_WORDS = frozenset({"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CRED
                            "APIKEY", "PAT", "AUTH"})
 # Values that are credentials whatever their name: Hugging Face, OpenAI-style and AWS access key ids.
 _SECRET_VALUE = re.compile(r"hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|(AKIA|ASIA)[0-9A-Z]{16}|ghp_[A-Za-z0-9]{20,}")
-_VARIABLE_KEY = re.compile(r"[A-Za-z0-9_.-]+")
-_EXTRA_FIELD = re.compile(r"extra\.[A-Za-z0-9_.-]+")
+# The name of an Airflow Variable or connection a secret is read from. Airflow itself takes up to 250 of
+# [A-Za-z0-9_.-]; a reference is stricter: a letter first and at most REF_NAME_MAX characters (the ids operators
+# type: `hf_token`, `wandb-prod`), so a credential pasted where its name goes is refused, not printed back.
+REF_NAME_MAX = 64
+_REF_NAME = re.compile(rf"[A-Za-z][A-Za-z0-9_.-]{{0,{REF_NAME_MAX - 1}}}")
+# A run of 20+ letters and digits with no separator that mixes both: how generated tokens look, not names.
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9]{20,}")
+_EXTRA_FIELD = re.compile(r"extra\.[A-Za-z][A-Za-z0-9_.-]{0,63}")
+
+# Which connections a secret may be read from. A `from_connection` reference copies a field of the connection
+# into the environment of a process on a GPU host: whoever runs code there (the model's own code, with
+# trust_remote_code; a log line; a debugger) holds it. So:
+# - Airflow's own connections are refused by name when the fleet is validated: `airflow*` (airflow_db is the
+#   metadata database: every connection and Variable, in clear once the Fernet key leaks too) and `*_default`
+#   (the ids Airflow creates and its hooks fall back on: aws_default, google_cloud_default, ssh_default, ...,
+#   credentials the deployment uses for itself).
+# - The fleet's own connections are refused too: a host's SSH connection (its key logs into every GPU host) and
+#   the API key's connection (the fleet hands the key to SGLang through --config, readable by the server only).
+# - On the worker, the connection read must be of a type in SECRET_CONNECTION_TYPES: Generic, Airflow's type
+#   for "a bare credential". Any other type is a connection to some service (postgres, aws, ssh, http, ...) that
+#   a hook of the deployment uses, and its fields are that service's credentials. The type is known only where
+#   Airflow's connections are (the worker), so this half is checked when the secret is resolved; an operator
+#   who stores a token for the servers creates a Generic connection for it (or uses a Variable).
+SECRET_CONNECTION_TYPES = frozenset({"generic"})
+_AIRFLOW_OWN_CONNECTION = re.compile(r"airflow.*|.*_default", re.IGNORECASE)
+
+# How much of a refused value an error may quote (non-secret fields only; escaped, see `shown`).
+_SHOWN_MAX = 120
 
 
 # Switch values no credential takes: HF_HUB_DISABLE_IMPLICIT_TOKEN=1 names a token but holds none.
@@ -87,6 +117,44 @@ def looks_secret(name: str, value: str | None = None) -> bool:
         return False
     words = {w for w in name.upper().split("_") if w}
     return bool(words & _SECRET_WORDS) or any(w.endswith(("TOKEN", "PASSWORD", "SECRET", "APIKEY")) for w in words)
+
+
+def shown(value: Any) -> str:
+    """A value as an error may quote it: its repr (control and other non-printable characters escaped, so
+    nothing reaches a terminal raw) cut to a bounded length."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", repr(value))  # a repr of our own types too
+    return text if len(text) <= _SHOWN_MAX else text[: _SHOWN_MAX - 3] + "..."
+
+
+def _control_refusal(value: str) -> str:
+    """Which control character `value` holds and where, without the value."""
+    found = _CONTROL.search(value)
+    where = f" (U+{ord(found.group()):04X} at position {found.start()})" if found else ""
+    return f"contains a control character{where}"
+
+
+def looks_like_token(text: str) -> bool:
+    """Whether `text`, given as a name, looks like a credential instead: a known token shape (hf_, sk-, AKIA,
+    ghp_) or a long run of mixed letters and digits."""
+    if _SECRET_VALUE.search(text):
+        return True
+    return any(any(c.isdigit() for c in run) and any(c.isalpha() for c in run) for run in _TOKEN_RUN.findall(text))
+
+
+def _check_ref_name(where: str, value: Any, what: str) -> None:
+    """A reference name: an id, never echoed when refused (it may be the secret pasted in its place)."""
+    if not isinstance(value, str):
+        raise FleetSpecError(f"{where}: must be a string, {what}")
+    if looks_like_token(value):
+        raise FleetSpecError(
+            f"{where}: looks like a credential, not the name of one (the value, {len(value)} characters, is not "
+            f"shown). Keep the secret in Airflow and give {what} here"
+        )
+    if not _REF_NAME.fullmatch(value):
+        raise FleetSpecError(
+            f"{where}: is not {what}: a letter, then letters, digits, '_', '.' or '-', at most {REF_NAME_MAX} "
+            f"characters (the value, {len(value)} characters, is not shown)"
+        )
 
 
 @dataclass(frozen=True)
@@ -104,24 +172,35 @@ class SecretRef:
 
 
 def parse_secret_ref(name: str, value: Any) -> SecretRef:
-    """The reference an `env` object names; errors say which entry and what is wrong."""
+    """The reference an `env` object names; errors say which entry and what is wrong, and never quote a name,
+    a field or a key given in it (any of them may be a credential pasted in the wrong place)."""
     where = f"env[{name}]"
     keys = set(value)
     if keys == {FROM_VARIABLE}:
         key = value[FROM_VARIABLE]
-        _check_pattern(f"{where}.{FROM_VARIABLE}", key, _VARIABLE_KEY, "an Airflow Variable key")
+        _check_ref_name(f"{where}.{FROM_VARIABLE}", key, "an Airflow Variable key")
         return SecretRef(variable=key)
     if FROM_CONNECTION in keys and keys <= {FROM_CONNECTION, "field"}:
-        _check_pattern(f"{where}.{FROM_CONNECTION}", value[FROM_CONNECTION], _CONN_ID, "an Airflow connection id")
+        conn_id = value[FROM_CONNECTION]
+        _check_ref_name(f"{where}.{FROM_CONNECTION}", conn_id, "an Airflow connection id")
+        if _AIRFLOW_OWN_CONNECTION.fullmatch(conn_id):
+            raise FleetSpecError(
+                f"{where}.{FROM_CONNECTION}: {conn_id!r} is one of Airflow's own connections (airflow*, *_default), "
+                "never sent to a GPU host; create a Generic connection holding only this secret, or use "
+                f'{{"{FROM_VARIABLE}": ...}}'
+            )
         field_name = value.get("field", "password")
         if field_name not in CONNECTION_FIELDS and not (
-            isinstance(field_name, str) and _EXTRA_FIELD.fullmatch(field_name)
+            isinstance(field_name, str) and _EXTRA_FIELD.fullmatch(field_name) and not looks_like_token(field_name)
         ):
             raise FleetSpecError(
-                f"{where}.field: {field_name!r} is not one of {list(CONNECTION_FIELDS)} or extra.<key>"
+                f"{where}.field: is not one of {list(CONNECTION_FIELDS)} or extra.<key> (the value is not shown)"
             )
-        return SecretRef(connection=value[FROM_CONNECTION], field=field_name)
-    raise FleetSpecError(f"{where}: {sorted(keys)} is not a secret reference; use {SECRET_REFERENCE_HELP}")
+        return SecretRef(connection=conn_id, field=field_name)
+    known = sorted(keys & {FROM_VARIABLE, FROM_CONNECTION, "field"})
+    others = len(keys) - len(known)
+    given = f"keys {known}" + (f" and {others} other key(s), not shown" if others else "")
+    raise FleetSpecError(f"{where}: not a secret reference ({given}); use {SECRET_REFERENCE_HELP}")
 
 
 class FleetSpecError(ValueError):
@@ -130,18 +209,21 @@ class FleetSpecError(ValueError):
 
 def _check_pattern(name: str, value: Any, pattern: re.Pattern[str], what: str) -> None:
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise FleetSpecError(f"{name}: {value!r} is not {what}")
+        raise FleetSpecError(f"{name}: {shown(value)} is not {what}")
     if ".." in value.split("/"):
-        raise FleetSpecError(f"{name}: {value!r} must not contain '..' path components")
+        raise FleetSpecError(f"{name}: {shown(value)} must not contain '..' path components")
 
 
-def _check_plain_value(name: str, value: Any) -> None:
-    # Quoting makes any printable value safe for the shell; control characters (newline, NUL)
-    # are never legitimate in a flag or env value and would corrupt the pid/log protocol.
+def _check_plain_value(name: str, value: Any, *, secret: bool = False) -> None:
+    # Quoting makes any printable value safe for the shell; control characters (newline, NUL, ESC, CSI)
+    # are never legitimate in a flag or env value and would corrupt the pid/log protocol. An env value may be
+    # a credential that does not look like one (`secret`): its refusals never quote it.
     if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise FleetSpecError(f"{name}: {value!r} must be a string or a number")
+        what = f"a {type(value).__name__}" if secret else shown(value)
+        raise FleetSpecError(f"{name}: {what} must be a string or a number")
     if isinstance(value, str) and _CONTROL.search(value):
-        raise FleetSpecError(f"{name}: {value!r} contains a control character (newline, NUL, ...)")
+        quoted = "the value is not shown" if secret else f"value {shown(value)}"
+        raise FleetSpecError(f"{name}: {_control_refusal(value)} ({quoted})")
 
 
 def _check_flag_value(name: str, value: Any) -> None:
@@ -150,7 +232,7 @@ def _check_flag_value(name: str, value: Any) -> None:
     # option: `[8, "--host=0.0.0.0"]` would rebind the server after the fleet's own --host.
     if isinstance(value, str) and value.startswith("-") and not _NEGATIVE_NUMBER.fullmatch(value):
         raise FleetSpecError(
-            f"{name}: {value!r} looks like a flag; a value starting with '-' would reach SGLang as an "
+            f"{name}: {shown(value)} looks like a flag; a value starting with '-' would reach SGLang as an "
             "option of its own (give every flag its own key in sglang_flags)"
         )
 
@@ -162,10 +244,10 @@ def check_sglang_flags(flags: Any) -> None:
     validation still cannot reach a server.
     """
     if not isinstance(flags, dict):
-        raise FleetSpecError(f"sglang_flags: {flags!r} must be a mapping of flag to value")
+        raise FleetSpecError(f"sglang_flags: {shown(flags)} must be a mapping of flag to value")
     for flag, value in flags.items():
         if not isinstance(flag, str) or not _FLAG_NAME.fullmatch(flag):
-            raise FleetSpecError(f"sglang_flags: flag name {flag!r} must look like --[a-z0-9-]+")
+            raise FleetSpecError(f"sglang_flags: flag name {shown(flag)} must look like --[a-z0-9-]+")
         if flag in MANAGED_FLAGS:
             raise FleetSpecError(
                 f"sglang_flags: {flag} is set by the fleet itself (model_path, served_model_name, "
@@ -238,14 +320,14 @@ class HostSpec:
         if isinstance(self.gpus, list):
             object.__setattr__(self, "gpus", tuple(self.gpus))
         if not isinstance(self.gpus, tuple) or not self.gpus:
-            raise FleetSpecError(f"hosts[{self.conn_id}].gpus: {self.gpus!r} must be a non-empty list of ids")
+            raise FleetSpecError(f"hosts[{self.conn_id}].gpus: {shown(self.gpus)} must be a non-empty list of ids")
         for gpu in self.gpus:
             if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu < 1024:
-                raise FleetSpecError(f"hosts[{self.conn_id}].gpus: {gpu!r} is not a GPU id (0..1023)")
+                raise FleetSpecError(f"hosts[{self.conn_id}].gpus: {shown(gpu)} is not a GPU id (0..1023)")
         if len(set(self.gpus)) != len(self.gpus):
             raise FleetSpecError(f"hosts[{self.conn_id}].gpus: {list(self.gpus)} lists a GPU twice")
         if not isinstance(self.base_port, int) or isinstance(self.base_port, bool):
-            raise FleetSpecError(f"hosts[{self.conn_id}].base_port: {self.base_port!r} must be an integer")
+            raise FleetSpecError(f"hosts[{self.conn_id}].base_port: {shown(self.base_port)} must be an integer")
         if self.base_port < 1024 or self.base_port + max(self.gpus) > 65535:
             raise FleetSpecError(
                 f"hosts[{self.conn_id}].base_port: {self.base_port} + GPU id must stay within 1024..65535"
@@ -285,7 +367,7 @@ class FleetSpec:
             hosts = tuple(HostSpec(**h) if isinstance(h, dict) else h for h in hosts)
             object.__setattr__(self, "hosts", hosts)
         if not isinstance(hosts, tuple) or not hosts or not all(isinstance(h, HostSpec) for h in hosts):
-            raise FleetSpecError(f"hosts: {self.hosts!r} must be a non-empty list of hosts")
+            raise FleetSpecError(f"hosts: {shown(self.hosts)} must be a non-empty list of hosts")
         seen = [h.conn_id for h in hosts]
         if len(set(seen)) != len(seen):
             raise FleetSpecError(f"hosts: {seen} lists a host twice; put all its GPUs in one entry")
@@ -315,7 +397,7 @@ class FleetSpec:
         batch = self.sglang_flags.get(BATCH_FLAG)
         if batch is not None and batch is not False and _positive_int(batch) is None:
             raise FleetSpecError(
-                f"sglang_flags[{BATCH_FLAG}]: {batch!r} must be a positive integer, the requests each server "
+                f"sglang_flags[{BATCH_FLAG}]: {shown(batch)} must be a positive integer, the requests each server "
                 "decodes at once (tracegen sizes chunks from it)"
             )
         refusal = self._launch_refusal()
@@ -323,14 +405,20 @@ class FleetSpec:
             raise FleetSpecError(f"sglang_flags: {refusal}")
 
         if not isinstance(self.env, dict):
-            raise FleetSpecError(f"env: {self.env!r} must be a mapping of name to value")
+            raise FleetSpecError(f"env: a {type(self.env).__name__} (not shown) must be a mapping of name to value")
         for name, value in self.env.items():
             if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-                raise FleetSpecError(f"env: {name!r} is not an environment variable name")
+                raise FleetSpecError(f"env: {shown(name)} is not an environment variable name")
             if name == "CUDA_VISIBLE_DEVICES":
                 raise FleetSpecError("env: CUDA_VISIBLE_DEVICES is set per server from hosts[].gpus")
             if isinstance(value, dict):
-                parse_secret_ref(name, value)
+                ref = parse_secret_ref(name, value)
+                own = self._own_connection(ref.connection)
+                if own is not None:
+                    raise FleetSpecError(
+                        f"env[{name}].{FROM_CONNECTION}: {ref.connection!r} is {own}; the fleet never sends it to "
+                        "a server's environment (create a Generic connection holding only this secret)"
+                    )
                 continue
             if not isinstance(value, str):
                 raise FleetSpecError(f"env[{name}]: must be a string or a secret reference ({SECRET_REFERENCE_HELP})")
@@ -342,12 +430,22 @@ class FleetSpec:
                     f"Airflow and reference it instead: {SECRET_REFERENCE_HELP}. It is resolved on the worker "
                     "when the server is launched and reaches only the server's environment"
                 )
-            _check_plain_value(f"env[{name}]", value)
+            _check_plain_value(f"env[{name}]", value, secret=True)
 
         for name, low in (("health_timeout_s", 1.0), ("stop_timeout_s", 0.5), ("ssh_cmd_timeout_s", 5.0)):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= 86400:
-                raise FleetSpecError(f"{name}: {value!r} must be a number of seconds in {low}..86400")
+                raise FleetSpecError(f"{name}: {shown(value)} must be a number of seconds in {low}..86400")
+
+    def _own_connection(self, conn_id: str | None) -> str | None:
+        """What `conn_id` is to this fleet when it is one of its own connections (see SECRET_CONNECTION_TYPES)."""
+        if conn_id is None:
+            return None
+        if any(conn_id == host.conn_id for host in self.hosts):
+            return "a host's SSH connection"
+        if conn_id == self.api_key_conn_id:
+            return "the connection of the servers' API key"
+        return None
 
     def _server_argv(self) -> list[str]:
         """The launch argv after `-m MODULE` of the first server, less the API key's --config (what the
@@ -415,11 +513,11 @@ class FleetSpec:
             raise FleetSpecError(f"unknown field(s) {unknown}; known fields are {sorted(known)}")
         hosts = data.get("hosts")
         if not isinstance(hosts, list):
-            raise FleetSpecError(f"hosts: {hosts!r} must be a list of host objects")
+            raise FleetSpecError(f"hosts: {shown(hosts)} must be a list of host objects")
         parsed = []
         for i, host in enumerate(hosts):
             if not isinstance(host, dict):
-                raise FleetSpecError(f"hosts[{i}]: {host!r} must be an object with conn_id and gpus")
+                raise FleetSpecError(f"hosts[{i}]: {shown(host)} must be an object with conn_id and gpus")
             extra = sorted(set(host) - set(HostSpec.__dataclass_fields__))
             if extra:
                 raise FleetSpecError(f"hosts[{i}]: unknown field(s) {extra}")
