@@ -208,6 +208,7 @@ class RootListing:
     uri: str
     runs: tuple[RunSummary, ...]
     problem: str | None = None
+    missing: str | None = None  # why the root holds no runs when it does not exist (nothing is created)
 
 
 def _created(run_doc: dict[str, Any] | None, report: dict[str, Any] | None) -> str | None:
@@ -218,6 +219,10 @@ def _created(run_doc: dict[str, Any] | None, report: dict[str, Any] | None) -> s
     return generated if isinstance(generated, str) else None
 
 
+class StoredFileError(ValueError):
+    """A run's stored JSON file does not parse, or is not an object: a page that needs it says so (422)."""
+
+
 def _get_json(ledger: Any, run_id: str, name: str) -> dict[str, Any] | None:
     from tracegen.store.storage import StorageKeyError
 
@@ -226,9 +231,9 @@ def _get_json(ledger: Any, run_id: str, name: str) -> dict[str, Any] | None:
     except StorageKeyError:
         return None
     except ValueError as exc:
-        raise ValueError(f"{name} is not valid JSON ({exc})") from None
+        raise StoredFileError(f"{name} is not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"{name} is not a JSON object")
+        raise StoredFileError(f"{name} is not a JSON object")
     return doc
 
 
@@ -291,11 +296,15 @@ def summarise_run(ledger: Any, run_id: str, present: set[str]) -> RunSummary:
 def list_root(uri: str, limit: int = MAX_RUNS_PER_ROOT) -> RootListing:
     """Runs of one output root, newest first. A root that cannot be read says why instead of failing."""
     from tracegen.store.ledger import RUNS_DIR, Ledger
-    from tracegen.store.storage import open_storage
+    from tracegen.store.storage import StorageRootError, open_storage
 
     key = root_key(uri)
     try:
-        ledger = Ledger(open_storage(uri))
+        try:
+            # Read-only: a root that does not exist is listed as such, never created.
+            ledger = Ledger(open_storage(uri, must_exist=True))
+        except StorageRootError as exc:
+            return RootListing(key, uri, (), missing=str(exc))
         files: dict[str, set[str]] = {}
         for k in ledger.storage.list(RUNS_DIR):
             parts = k.split("/")
@@ -380,6 +389,8 @@ def render_index(request: Request, listings: list[RootListing], problems: list[s
             continue
         if not listing.runs:
             out.append("<p>No runs yet.</p>")
+            if listing.missing:
+                out.append(f'<p class="uri">{_e(listing.missing)}</p>')
             continue
         out.append('<table><tr><th class="l">run id</th><th class="l">created</th><th>cap</th>'
                    '<th class="l">state</th><th class="l">pilot gate</th><th class="l">verdict</th><th>rows</th>'
@@ -610,6 +621,14 @@ def create_app(roots: Callable[[], list[str]] = configured_roots,
                 continue
         return None
 
+    @app.exception_handler(StoredFileError)
+    async def stored_file_error(request: Request, exc: StoredFileError) -> Response:
+        # A run's stored JSON that a page needs does not parse: say which file and what is wrong (escaped by
+        # the error page), not a 500.
+        run_id = request.path_params.get("run_id", "?")
+        detail = f"run {run_id!r}: {exc}; the page cannot be shown until the audit writes the file again"
+        return await http_error(request, HTTPException(422, detail))
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # A person in a browser who is not logged in goes to Airflow's login page and comes back.
@@ -644,6 +663,7 @@ def create_app(roots: Callable[[], list[str]] = configured_roots,
         for uri in by_key.values():
             listing = list_root(uri)
             roots_out.append({"key": listing.key, "uri": listing.uri, "problem": listing.problem,
+                              "missing": listing.missing,
                               "runs": [asdict(r) | {"verdict": r.verdict} for r in listing.runs]})
         return {"roots": roots_out, "problems": problems}
 
@@ -683,7 +703,7 @@ def create_app(roots: Callable[[], list[str]] = configured_roots,
 
     @app.get("/roots/{root}/runs/{run_id}/{name}", name="report_file")
     def report_file(request: Request, root: str, run_id: str, name: str) -> Response:
-        from tracegen.store.storage import StorageError, StorageKeyError
+        from tracegen.store.storage import StorageError, StorageKeyError, StorageLinkError
 
         require_dag_read(request)
         check_run_id(run_id)
@@ -693,6 +713,9 @@ def create_app(roots: Callable[[], list[str]] = configured_roots,
         try:
             data = ledger.get_run_file(run_id, name)
             present = run_files(ledger, run_id)
+        except StorageLinkError as exc:
+            # A link planted in the output root is data, never followed (tracegen.store.storage).
+            raise HTTPException(404, f"run {run_id!r} has no {name} the pages can serve: {exc}") from None
         except StorageKeyError:
             raise HTTPException(404, f"run {run_id!r} has no {name} in {ledger.storage.uri}") from None
         except StorageError as exc:
