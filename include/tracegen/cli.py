@@ -2,8 +2,9 @@
 without a scheduler.
 
 Every command reads the output root (ledger, run records, reports) and nothing else, so what it prints
-can never disagree with the data. Exit codes: 0 fine, 1 the command found a problem (`verify`: damaged
-parts), 2 it could not do its job (the message, one line on stderr, names the file, field or object).
+can never disagree with the data. Exit codes: 0 fine, 1 the command found a problem (`verify`, `status`,
+`audit`: damaged parts), 2 it could not do its job (the message, one line on stderr, names the file, field or
+object; `export`: also a damaged part, or a destination another export holds).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _status(args: argparse.Namespace) -> int:
 
     status = dataset_status(_uri(args.output_uri), aws_conn_id=args.aws_conn_id)
     print(json.dumps(status, indent=2, default=str) if args.json else format_status(status))
-    return 0
+    return 1 if status.get("damaged") else 0  # parts that no longer match their entries: a problem found
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -47,7 +48,7 @@ def _audit(args: argparse.Namespace) -> int:
     outcome = audit_and_report(record, name=args.name)
     print(outcome.summary)
     print(f"report: {outcome.html_uri}")
-    return 0
+    return 1 if outcome.verdict == "damaged" else 0  # rows counted as done that cannot be exported
 
 
 def _export(args: argparse.Namespace) -> int:

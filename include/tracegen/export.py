@@ -12,6 +12,18 @@ An export never clobbers: a destination that holds anything needs `overwrite`, o
 root (or holding it) is refused, and shards are written under names of their own export, so the
 manifest, published last in one atomic PUT, switches readers from the previous export to the new one.
 Only then are the previous export's shards removed; a failed export leaves the previous one as it was.
+
+Every part is checked against its ledger entry as it is read (size and sha256 of the bytes read): a part
+that is not what was committed stops the export, naming it, before a byte of it is written anywhere.
+
+One export at a time per destination: an export holds `export.lock` in the destination while it writes.
+The lock is created exclusively (O_EXCL-style hard link locally; a conditional PUT, `If-None-Match: *`, on
+S3), names its holder (host, pid, start time) and is rewritten after every shard; a second export refuses,
+naming the holder. A lock not rewritten for LOCK_STALE_S (judged by the lock object's own modification
+time, not by what it says) belongs to an export that died, and the next export takes it over. The manifest
+is published only if it is still the one read at the start (compared locally; `If-Match` on S3), and the
+export then removes only the shards that manifest listed (and shards no manifest lists whose export began
+longer than LOCK_STALE_S before, the leftovers of a killed export).
 """
 
 from __future__ import annotations
@@ -21,7 +33,10 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,20 +54,28 @@ from tracegen.dataset.index import check_unchanged
 from tracegen.dataset.reader import InvalidRow, read_rows
 from tracegen.dataset.stored import load_index
 from tracegen.run.records import latest_run
-from tracegen.store.ledger import Ledger
+from tracegen.store.ledger import Ledger, PartDamageError
 from tracegen.store.records import EXTENDED, OK, GeneratedRow, unpack_token_ids
-from tracegen.store.storage import Storage, open_storage
+from tracegen.store.storage import LocalStorage, S3Storage, Storage, StorageKeyError, fsync_dir, open_storage
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "parquet")
 MANIFEST = "manifest.json"
 # Shards of any export, this version's (`shard-<export id>-00000`) or earlier ones' (`shard-00000`).
-_SHARD_RE = re.compile(r"shard-(?:\d{8}T\d{6}Z-[0-9a-f]{8}-)?\d{5}\.(?:jsonl\.gz|parquet)")
+_SHARD_RE = re.compile(r"shard-(?:(?P<time>\d{8}T\d{6}Z)-[0-9a-f]{8}-)?\d{5}\.(?:jsonl\.gz|parquet)")
+LOCK = "export.lock"
+# A holder rewrites its lock after every shard (seconds apart); a lock left alone this long belongs to an
+# export that died, and the next one takes it over. Generous: a clock skew or a stall never loses a live lock.
+LOCK_STALE_S = 3600.0
 
 
 class ExportError(RuntimeError):
     pass
+
+
+class ExportLockError(ExportError):
+    """Another export holds the destination, or took it over, or published there meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -94,12 +117,28 @@ def export_dataset(
     # Before the destination is touched: an edited dataset would pair these completions with other prompts.
     check_unchanged(index, aws_conn_id)
     dest = open_storage(dest_uri, aws_conn_id=aws_conn_id)
-    before = dest.list("")
+    lock = DestinationLock.of(dest)
+    lock.acquire()
+    try:
+        return _export(ledger, record, index, dest, lock, fmt=fmt, shard_rows=shard_rows,
+                       include_truncated=include_truncated, overwrite=overwrite, with_token_ids=with_token_ids)
+    finally:
+        lock.release()
+
+
+def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: DestinationLock, *, fmt: str,
+            shard_rows: int, include_truncated: bool, overwrite: bool, with_token_ids: bool) -> ExportResult:
+    """The export proper, while `lock` holds `dest`."""
+    started = time.time()
+    before = [k for k in dest.list("") if k != LOCK]
     if before and not overwrite:
         raise ExportError(
             f"export destination {dest.uri} is not empty ({len(before)} objects, e.g. {before[0]}); "
             "pass --overwrite (overwrite=True) to replace the export there"
         )
+    # What this export replaces: it publishes only over this manifest, and removes only its shards.
+    previous, previous_version = lock.read_manifest()
+    replaced = _manifest_shards(dest, previous)
     frame = ledger.frame()
     best = plan.best_rows(frame) if len(frame) else frame
     best = best[best["status"] == OK]
@@ -126,12 +165,22 @@ def export_dataset(
     try:
         for shard_no, start in enumerate(range(0, len(best), shard_rows)):
             part = best.iloc[start : start + shard_rows]
-            rows = list(_rows(ledger, index, part, record.config.aws_conn_id, with_token_ids))
+            try:
+                rows = list(_rows(ledger, index, part, record.config.aws_conn_id, with_token_ids))
+            except PartDamageError as exc:
+                d = exc.damage
+                raise ExportError(
+                    f"part {ledger.storage.uri_for(d.part)} is not what its ledger entry {d.entry} committed: "
+                    f"{d.problem}; not exported, and nothing was published ({dest.uri} holds what it held); "
+                    f"`python -m tracegen verify {ledger.storage.uri}` lists the damaged parts, `--retire` makes "
+                    "their rows work again for the next run or rerun"
+                ) from exc
             data = _encode(rows, fmt)
             name = f"shard-{export_id}-{shard_no:05d}.{'jsonl.gz' if fmt == 'jsonl' else 'parquet'}"
             dest.put(name, data)
             shards.append({"name": name, "rows": len(rows), "sha256": hashlib.sha256(data).hexdigest(),
                            "first_index": int(indices[start]), "last_index": int(indices[start + len(rows) - 1])})
+            lock.refresh()  # still ours: a holder that stopped refreshing may have been taken over
             counts["rows"] += len(rows)
             for r in rows:
                 counts["finish_reasons"][r["finish_reason"]] = counts["finish_reasons"].get(r["finish_reason"], 0) + 1
@@ -170,11 +219,39 @@ def export_dataset(
         "shards": shards,
     }
     manifest_uri = dest.uri_for(MANIFEST)
-    dest.put(MANIFEST, json.dumps(manifest, indent=2).encode())  # the publish: readers switch here
-    # Only shards of earlier exports: another file someone keeps in the destination is not ours to remove.
+    try:
+        # The publish: readers switch here, if the manifest is still the one this export replaces.
+        lock.publish(json.dumps(manifest, indent=2).encode(), previous_version)
+    except BaseException:
+        _remove(dest, [s["name"] for s in shards])
+        raise
+    # Only shards of the manifest replaced, and leftovers of a killed export no manifest lists (older than
+    # any live export's): another export's shards, or a file someone keeps here, are not ours to remove.
     listed = {s["name"] for s in shards}
-    _remove(dest, [k for k in before if _SHARD_RE.fullmatch(k) and k not in listed])
+    leftovers = [k for k in before if k not in replaced and _older_export(k, started - LOCK_STALE_S)]
+    _remove(dest, sorted((set(replaced) | set(leftovers)) - listed))
     return ExportResult(dest.uri, counts["rows"], len(shards), manifest_uri)
+
+
+def _manifest_shards(dest: Storage, manifest: bytes | None) -> list[str]:
+    """The shard names a published manifest lists (a name that is not a shard's is never removed)."""
+    if manifest is None:
+        return []
+    try:
+        names = [s["name"] for s in json.loads(manifest)["shards"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("export: %s does not parse (%s); only unlisted shards of killed exports are removed",
+                    dest.uri_for(MANIFEST), exc)
+        return []
+    return [n for n in names if isinstance(n, str) and _SHARD_RE.fullmatch(n)]
+
+
+def _older_export(key: str, cutoff: float) -> bool:
+    """A shard whose export began before `cutoff` (epoch seconds); False for other keys and undated names."""
+    m = _SHARD_RE.fullmatch(key)
+    if m is None or m["time"] is None:
+        return False
+    return datetime.strptime(m["time"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp() < cutoff
 
 
 def _remove(dest: Storage, keys: list[str]) -> None:
@@ -208,7 +285,7 @@ def _rows(ledger: Ledger, index, best: pd.DataFrame, aws_conn_id: str,
     generated: dict[int, GeneratedRow] = {}
     for part, group in best.groupby("part", sort=False):
         wanted = {(int(i), r) for i, r in zip(group["index"], group["run_id"], strict=True)}
-        for row in ledger.read_part(str(part)):
+        for row in ledger.read_verified_part(str(part)):  # hashed as read: a damaged part raises
             if (row.index, row.run_id) in wanted:
                 generated[row.index] = row
     lo, hi = int(best["index"].min()), int(best["index"].max()) + 1
@@ -258,3 +335,304 @@ def _encode(rows: list[dict[str, Any]], fmt: str) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf)
     return buf.getvalue()
+
+
+# ---- one export at a time per destination ---------------------------------------------------------------
+
+
+class DestinationLock:
+    """`export.lock` in a destination: created exclusively, naming its holder, rewritten while the export
+    writes, taken over once LOCK_STALE_S old (by the object's modification time), removed at the end. It
+    also publishes the manifest, only over the one read at the start."""
+
+    def __init__(self, dest: Storage, stale_s: float | None = None) -> None:
+        self.dest = dest
+        self.stale_s = LOCK_STALE_S if stale_s is None else stale_s
+        self.token = uuid.uuid4().hex
+        self.holder = {"host": socket.gethostname(), "pid": os.getpid(),
+                       "started_at": datetime.now(UTC).isoformat(timespec="seconds"), "token": self.token}
+        self.held = False
+
+    @staticmethod
+    def of(dest: Storage, stale_s: float | None = None) -> DestinationLock:
+        if isinstance(dest, LocalStorage):
+            return _LocalLock(dest, stale_s)
+        if isinstance(dest, S3Storage):
+            return _S3Lock(dest, stale_s)
+        raise ExportError(f"no exclusive lock for {type(dest).__name__} destinations ({dest.uri})")
+
+    def _body(self) -> bytes:
+        return json.dumps(self.holder | {"written_at": datetime.now(UTC).isoformat(timespec="seconds")}).encode()
+
+    def _ours(self, raw: bytes | None) -> bool:
+        return raw is not None and _lock_doc(raw).get("token") == self.token
+
+    def acquire(self) -> None:
+        for _ in range(5):
+            if self._create():
+                self.held = True
+                return
+            found = self._read()
+            if found is None:
+                continue  # released meanwhile
+            raw, version, age = found
+            if self._ours(raw):  # our own create, retried after the storage had written it
+                self._adopt(version)
+                self.held = True
+                return
+            if age < self.stale_s:
+                raise ExportLockError(
+                    f"export destination {self.dest.uri} is held by another export: {_describe(raw)}, lock "
+                    f"{self.dest.uri_for(LOCK)} last written {age:.0f} s ago; one export at a time per "
+                    f"destination: wait for it, or remove the lock if no such export runs (it expires "
+                    f"{self.stale_s - age:.0f} s from now)"
+                )
+            log.warning("export: taking over %s, not written for %.0f s (%s)", self.dest.uri_for(LOCK), age,
+                        _describe(raw))
+            if self._take_over(raw, version):
+                self.held = True
+                return
+        raise ExportLockError(f"export destination {self.dest.uri}: other exports kept taking {LOCK}; try again")
+
+    def refresh(self) -> None:
+        """Rewrite the lock (it stays fresh); ExportLockError when it is no longer ours."""
+        if not self._rewrite():
+            found = self._read()
+            raise ExportLockError(
+                f"export into {self.dest.uri} lost its lock {self.dest.uri_for(LOCK)}: "
+                + (f"now held by {_describe(found[0])}" if found else "it was removed")
+                + "; this export publishes nothing"
+            )
+
+    def publish(self, manifest: bytes, expected: Any) -> None:
+        """Write the manifest if the destination's is still `expected` (as `read_manifest` gave it)."""
+        self.refresh()
+        if not self._put_manifest(manifest, expected):
+            raise ExportLockError(
+                f"{self.dest.uri_for(MANIFEST)} changed while this export wrote (another export published "
+                "there); not published over it, and this export's shards are removed"
+            )
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        try:
+            self._delete_if_ours()
+        except Exception as exc:  # the lock expires; the export's own outcome must not be hidden
+            log.warning("export: could not remove %s: %s", self.dest.uri_for(LOCK), exc)
+
+    # ---- what each storage does; `version` is what a conditional write compares against
+
+    def _create(self) -> bool:
+        """Create the lock if there is none; False if there is one."""
+        raise NotImplementedError
+
+    def _read(self) -> tuple[bytes, Any, float] | None:
+        """(its bytes, its version, seconds since it was last written), or None if there is no lock."""
+        raise NotImplementedError
+
+    def _adopt(self, version: Any) -> None:
+        """The lock found is our own (a create retried after it succeeded): remember its version."""
+
+    def _take_over(self, raw: bytes, version: Any) -> bool:
+        """Replace the stale lock read as (`raw`, `version`) by ours; False if it changed meanwhile."""
+        raise NotImplementedError
+
+    def _rewrite(self) -> bool:
+        """Rewrite our lock; False if it is no longer ours."""
+        raise NotImplementedError
+
+    def _delete_if_ours(self) -> None:
+        raise NotImplementedError
+
+    def read_manifest(self) -> tuple[bytes | None, Any]:
+        """(the published manifest's bytes or None, its version) as this export starts."""
+        raise NotImplementedError
+
+    def _put_manifest(self, manifest: bytes, expected: Any) -> bool:
+        """Write the manifest if the published one is still `expected`; False if it is not."""
+        raise NotImplementedError
+
+
+class _LocalLock(DestinationLock):
+    """A file: created by hard-linking a complete temp file (fails if the lock exists, like O_EXCL, and
+    never leaves a half-written lock); taken over by renaming the stale one away first."""
+
+    dest: LocalStorage
+
+    @property
+    def path(self) -> Path:
+        return self.dest.root / LOCK
+
+    def _tmp(self, data: bytes) -> Path:
+        tmp = self.dest.root / f".tmp-lock-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def _create(self) -> bool:
+        self.dest.root.mkdir(parents=True, exist_ok=True)  # the export's directory: its first object
+        tmp = self._tmp(self._body())
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
+        fsync_dir(self.dest.root)
+        return True
+
+    def _read(self) -> tuple[bytes, Any, float] | None:
+        try:
+            with open(self.path, "rb") as f:
+                return f.read(), None, time.time() - os.fstat(f.fileno()).st_mtime
+        except FileNotFoundError:
+            return None
+
+    def _take_over(self, raw: bytes, version: Any) -> bool:
+        moved = self.dest.root / f".tmp-stale-{uuid.uuid4().hex}"
+        try:
+            os.rename(self.path, moved)
+        except FileNotFoundError:
+            return False
+        if moved.read_bytes() != raw:  # another export took it over first: put its lock back
+            try:
+                os.link(moved, self.path)
+            except FileExistsError:
+                pass
+            moved.unlink()
+            return False
+        moved.unlink()
+        return self._create()
+
+    def _rewrite(self) -> bool:
+        found = self._read()
+        if found is None or not self._ours(found[0]):
+            return False
+        self.dest.put(LOCK, self._body())
+        return True
+
+    def _delete_if_ours(self) -> None:
+        found = self._read()
+        if found is not None and self._ours(found[0]):
+            self.path.unlink(missing_ok=True)
+
+    def read_manifest(self) -> tuple[bytes | None, Any]:
+        try:
+            data = self.dest.get(MANIFEST)
+        except StorageKeyError:
+            return None, None
+        return data, data
+
+    def _put_manifest(self, manifest: bytes, expected: Any) -> bool:
+        current, _ = self.read_manifest()
+        if current != expected:
+            return False
+        self.dest.put(MANIFEST, manifest)
+        return True
+
+
+_CONFLICT = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+
+
+class _S3Lock(DestinationLock):
+    """An object written with conditional PUTs: `If-None-Match: *` creates it, `If-Match: <ETag>` rewrites,
+    takes over and removes it, and publishes the manifest over the one read at the start."""
+
+    dest: S3Storage
+
+    def __init__(self, dest: S3Storage, stale_s: float | None = None) -> None:
+        super().__init__(dest, stale_s)
+        self.etag: str | None = None
+
+    def _conditional(self, what: str, key: str, **kw: Any) -> dict[str, Any] | None:
+        """One S3 call through the storage's retries; None when its condition failed."""
+        from botocore.exceptions import ClientError
+
+        def call() -> dict[str, Any] | None:
+            try:
+                return getattr(self.dest.client, what)(Bucket=self.dest.bucket, Key=self.dest.prefix + key, **kw)
+            except ClientError as exc:
+                error = exc.response.get("Error", {})
+                status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+                if str(error.get("Code", "")) in _CONFLICT or status in ("412", "409"):
+                    return None
+                raise
+
+        return self.dest._call(what, key, call)
+
+    def _create(self) -> bool:
+        resp = self._conditional("put_object", LOCK, Body=self._body(), IfNoneMatch="*")
+        if resp is None:
+            return False
+        self.etag = resp["ETag"]
+        return True
+
+    def _get(self, key: str) -> dict[str, Any] | None:
+        try:
+            return self._conditional("get_object", key)
+        except StorageKeyError:
+            return None
+
+    def _read(self) -> tuple[bytes, Any, float] | None:
+        resp = self._get(LOCK)
+        if resp is None:
+            return None
+        return resp["Body"].read(), resp["ETag"], time.time() - resp["LastModified"].timestamp()
+
+    def _adopt(self, version: Any) -> None:
+        self.etag = version
+
+    def _take_over(self, raw: bytes, version: Any) -> bool:
+        resp = self._conditional("put_object", LOCK, Body=self._body(), IfMatch=version)
+        if resp is None:
+            return False
+        self.etag = resp["ETag"]
+        return True
+
+    def _rewrite(self) -> bool:
+        resp = self._conditional("put_object", LOCK, Body=self._body(), IfMatch=self.etag)
+        if resp is None:
+            found = self._read()  # a retried rewrite the storage had already done is still ours
+            if found is None or not self._ours(found[0]):
+                return False
+            resp = {"ETag": found[1]}
+        self.etag = resp["ETag"]
+        return True
+
+    def _delete_if_ours(self) -> None:
+        if self.etag is not None and self._conditional("delete_object", LOCK, IfMatch=self.etag) is None:
+            log.warning("export: %s is no longer ours; left in place", self.dest.uri_for(LOCK))
+
+    def read_manifest(self) -> tuple[bytes | None, Any]:
+        resp = self._get(MANIFEST)
+        if resp is None:
+            return None, None
+        return resp["Body"].read(), resp["ETag"]
+
+    def _put_manifest(self, manifest: bytes, expected: Any) -> bool:
+        cond = {"IfMatch": expected} if expected is not None else {"IfNoneMatch": "*"}
+        if self._conditional("put_object", MANIFEST, Body=manifest, **cond) is not None:
+            return True
+        current, _ = self.read_manifest()
+        return current == manifest  # a retried PUT the storage had already done: published
+
+
+def _lock_doc(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _describe(raw: bytes) -> str:
+    """Who holds a lock, from what it says (a lock's text names its holder; it decides nothing)."""
+    doc = _lock_doc(raw)
+    if not doc:
+        return "an unreadable lock"
+    return (f"host {str(doc.get('host'))[:100]!r}, pid {str(doc.get('pid'))[:20]}, "
+            f"started {str(doc.get('started_at'))[:40]}")

@@ -34,8 +34,12 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
         return out
     n_rows = record.dataset.n_rows
     cap, policy = record.config.max_tokens, record.config.truncated_policy
-    done = plan.done_mask(frame, n_rows, cap, policy)
-    cur = frame[current_mask(frame)] if len(frame) else frame
+    # The cheap form of `verify` (sizes, from one listing of the parts): a part deleted or cut short since
+    # its commit holds rows no export can write, so they are not done here (as after `verify --retire`).
+    damage = ledger.verify_parts(deep=False)
+    usable = frame[~frame["part"].isin({d.part for d in damage})].reset_index(drop=True) if damage else frame
+    done = plan.done_mask(usable, n_rows, cap, policy)
+    cur = usable[current_mask(usable)] if len(usable) else usable
     status = cur["status"] if len(cur) else pd.Series(dtype=object)
     ok = cur[status == OK] if len(cur) else cur
     finish = ok["finish_reason"].value_counts().to_dict() if len(ok) else {}
@@ -62,8 +66,11 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
             "rows_per_s": rate,
             "eta_s": left / rate if rate else None,
             # Every run's pivots: the rows that replaced a row truncated under a lower cap, and their cost.
-            "pivot": pivot_summary(frame),
+            "pivot": pivot_summary(usable),
             "runs": _history(ledger, frame),
+            # Parts that no longer match their ledger entries: named, with the rows they hold (not done).
+            "damaged": [{"part": d.part, "entry": d.entry, "rows": d.n_rows, "problem": d.problem} for d in damage],
+            "damaged_rows": sum(d.n_rows or 0 for d in damage),
         }
     )
     return out
@@ -166,6 +173,24 @@ def _verdict(ledger: Ledger, run_id: str) -> str | None:
     return None
 
 
+DAMAGE_LISTED = 20  # damaged parts named one per line; `verify` lists them all
+
+
+def _damage_lines(s: dict[str, Any]) -> list[str]:
+    damaged = s.get("damaged") or []
+    if not damaged:
+        return []
+    lines = [f"DAMAGED:     {len(damaged):,} committed parts no longer match their ledger entries: their "
+             f"{s['damaged_rows']:,} rows are not counted as done and cannot be exported"]
+    for d in damaged[:DAMAGE_LISTED]:
+        rows = "?" if d["rows"] is None else f"{d['rows']:,}"
+        lines.append(f"  {d['part']}: {d['problem']} ({rows} rows)")
+    if len(damaged) > DAMAGE_LISTED:
+        lines.append(f"  ... and {len(damaged) - DAMAGE_LISTED:,} more (`python -m tracegen verify` lists them all)")
+    lines.append(f"  `python -m tracegen verify {s['output_uri']} --retire` makes them work again for the rerun")
+    return lines
+
+
 def format_status(s: dict[str, Any]) -> str:
     lines = [f"output root: {s['output_uri']}"]
     ds = s.get("dataset") or {}
@@ -179,6 +204,7 @@ def format_status(s: dict[str, Any]) -> str:
     lines += [
         f"newest run:  {s['newest_run']} (max_tokens={s['max_tokens']}, truncated rows: {s['truncated_policy']})",
         f"done:        {s['done']:,} / {s['total']:,} ({pct:.1f}%), {s['left']:,} left",
+        *_damage_lines(s),
         f"rows:        {s['completed']:,} completed, {s['failed']:,} failed, {s['rejected']:,} rejected, "
         f"{s['invalid']:,} invalid",
         "finish:      " + ", ".join(f"{k} {v:,}" for k, v in sorted(s["finish_reasons"].items())),

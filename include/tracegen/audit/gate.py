@@ -10,6 +10,10 @@ Rule (Wilson score interval at ``confidence`` on the truncated share p = truncat
                                                                excess it hides is smaller than the interval)
    - otherwise                                   -> ``warn``  (inconclusive: a bigger pilot would settle it)
 
+Over parts that no longer match their ledger entries (``damage``, from ``Ledger.verify_parts``) the verdict is
+``damaged`` whatever the truncation: those rows count as done in the ledger but cannot be exported, so no
+audit of them says ``pass``. The reason names the parts and their rows, then gives the truncation's verdict.
+
 So a handful of rows never stops or passes a run on noise: with 3 of 20 truncated against 5% the interval is
 5.2-36%, a stop; with 1 of 20 it is 0.9-24%, a warn, not a pass. ``warn`` does not block (``blocks`` is False):
 the caller logs it loudly and the report shows it first. The default min_sample (300) is where the 95% interval
@@ -19,11 +23,14 @@ around a 5% rate is about +-2.5 points, i.e. it tells 5% from 2.5% or 7.5%.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
 from typing import Any
 
-PASS, STOP, WARN = "pass", "stop", "warn"
+PASS, STOP, WARN, DAMAGED = "pass", "stop", "warn", "damaged"
+VERDICTS = (PASS, STOP, WARN, DAMAGED)
+DAMAGE_NAMED = 5  # damaged parts named in a verdict's reason; the report's notes name every one
 DEFAULT_MIN_SAMPLE = 300
 
 
@@ -60,10 +67,14 @@ class GateDecision:
     max_tokens: int | None = None
     suggested_cap: int | None = None
     suggested_truncation: float | None = None
+    damaged_parts: tuple[str, ...] = ()  # parts that no longer match their ledger entries
+    damaged_rows: int = 0  # the rows they hold (counted as done, not exportable)
 
     def __post_init__(self) -> None:
-        if self.verdict not in (PASS, STOP, WARN):
-            raise ValueError(f"verdict must be one of pass/stop/warn, got {self.verdict!r}")
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {'/'.join(VERDICTS)}, got {self.verdict!r}")
+        if (self.verdict == DAMAGED) != bool(self.damaged_parts):
+            raise ValueError(f"verdict {self.verdict!r} with damaged parts {self.damaged_parts!r}")
 
     @property
     def blocks(self) -> bool:
@@ -95,8 +106,11 @@ def decide(
     suggested_cap: int | None = None,
     suggested_truncation: float | None = None,
     suggestion_basis: str | None = None,
+    damage: Sequence[Any] = (),
 ) -> GateDecision:
     """Judge ``truncated`` of ``total`` rows against ``threshold`` (a share in [0, 1]); see the module rule.
+
+    ``damage`` (``PartDamage`` items: ``part``, ``n_rows``) makes the verdict ``damaged``, naming them.
 
     ``suggested_cap``/``suggested_truncation`` (from the cap table) are only quoted in the reason and action;
     ``suggestion_basis`` says where the suggestion comes from when it was measured rather than predicted
@@ -107,6 +121,38 @@ def decide(
     _check_count("min_sample", min_sample)
     if truncated > total:
         raise ValueError(f"truncated ({truncated}) cannot exceed total ({total})")
+    decision = _judge_truncation(truncated, total, threshold, confidence, min_sample, max_tokens=max_tokens,
+                                 suggested_cap=suggested_cap, suggested_truncation=suggested_truncation,
+                                 suggestion_basis=suggestion_basis)
+    if not damage:
+        return decision
+    damage = list(damage)
+    parts = tuple(str(d.part) for d in damage)
+    rows = sum(d.n_rows or 0 for d in damage)
+    named = ", ".join(f"{d.part} ({'?' if d.n_rows is None else f'{d.n_rows:,}'} rows: {d.problem})"
+                      for d in damage[:DAMAGE_NAMED])
+    more = f" and {len(parts) - DAMAGE_NAMED} more" if len(parts) > DAMAGE_NAMED else ""
+    return replace(
+        decision, verdict=DAMAGED, damaged_parts=parts, damaged_rows=rows,
+        reason=f"{len(parts)} committed part(s) no longer match their ledger entries, {rows:,} rows counted as "
+               f"done that cannot be exported: {named}{more}; truncation: {decision.verdict}, {decision.reason}",
+        action="`python -m tracegen verify OUTPUT_URI --retire` makes their rows work again, which the "
+               f"scheduled rerun (tracegen_rerun_failed) generates; then audit again. Truncation: {decision.action}",
+    )
+
+
+def _judge_truncation(
+    truncated: int,
+    total: int,
+    threshold: float,
+    confidence: float,
+    min_sample: int,
+    *,
+    max_tokens: int | None,
+    suggested_cap: int | None,
+    suggested_truncation: float | None,
+    suggestion_basis: str | None,
+) -> GateDecision:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
         raise ValueError(f"threshold must be a share within [0, 1] (0.05 = 5%), got {threshold!r}")
     if not 0.0 < confidence < 1.0:

@@ -263,7 +263,7 @@ th,td{border:1px solid #dde;padding:3px 8px;text-align:right;vertical-align:top}
 th{background:#f3f5f9}td.l,th.l{text-align:left}
 .verdict{border-radius:8px;padding:12px 16px;margin:10px 0;border:2px solid}
 .pass{background:#eaf7ee;border-color:#2e8b57}.stop{background:#fdecec;border-color:#c0392b}
-.warn{background:#fff6e0;border-color:#d4a017}.none{background:#f3f5f9;border-color:#889}
+.warn{background:#fff6e0;border-color:#d4a017}.damaged{background:#fdecec;border-color:#7b1e12}.none{background:#f3f5f9;border-color:#889}
 .verdict b.v{font-size:20px;text-transform:uppercase;margin-right:8px}
 tr.rec td{background:#eaf7ee;font-weight:600}tr.cur td{background:#f3f5f9}
 .flag{color:#c0392b;font-weight:600}pre{white-space:pre-wrap;word-break:break-word;background:#f7f7fa;
@@ -379,10 +379,11 @@ def _svg_cap_curve(cap_table: dict[str, Any]) -> str:
 def _verdict_html(v: dict[str, Any] | None, final: bool = False) -> str:
     if v is None:
         return '<div class="verdict none"><b class="v">no gate</b> this report has no truncation gate.</div>'
-    cls = v["verdict"] if v["verdict"] in ("pass", "stop", "warn") else "none"
+    cls = v["verdict"] if v["verdict"] in ("pass", "stop", "warn", "damaged") else "none"
     # The gate's action ("proceed with generation", "trigger again with ...") is advice for a run still to
-    # generate; a finished run's next steps follow in their own box (`_final_next_steps`).
-    action = "" if final else f'<div><b>What to do:</b> {_e(v["action"])}</div>'
+    # generate; a finished run's next steps follow in their own box (`_final_next_steps`). Damaged parts are
+    # the exception: what to do about them comes first, finished or not.
+    action = "" if final and cls != "damaged" else f'<div><b>What to do:</b> {_e(v["action"])}</div>'
     return f'<div class="verdict {cls}"><b class="v">{_e(v["verdict"])}</b>{_e(v["reason"])}{action}</div>'
 
 

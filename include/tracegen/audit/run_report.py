@@ -55,10 +55,12 @@ def audit_and_report(
     if indices is not None:
         frame = full[np.isin(full["index"].to_numpy(dtype=np.int64), indices)].reset_index(drop=True)
     result = audit(frame, config.max_tokens, run_id=spec.run_id)
+    damaged = []
     if indices is None:
         # The cheap form of `python -m tracegen verify`: sizes from one listing. Silent loss must show in the
-        # report that says the dataset is complete.
-        for damage in ledger.verify_parts(deep=False):
+        # report that says the dataset is complete, and its verdict (gate.decide) is then `damaged`.
+        damaged = ledger.verify_parts(deep=False)
+        for damage in damaged:
             log.warning("damaged part %s (%s)", damage.part, damage.problem)
             result.notes.append(
                 f"part {damage.part} no longer matches its ledger entry ({damage.problem}): its rows count as "
@@ -90,7 +92,7 @@ def audit_and_report(
         truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens,
         suggested_cap=table.recommended_cap if table else None,
         suggested_truncation=table.recommended_truncation if table else None,
-        suggestion_basis=_measured_basis(spec, frame, table, measurement),
+        suggestion_basis=_measured_basis(spec, frame, table, measurement), damage=damaged,
     )
     measured = measure_report.section(
         measurement, runaways=runaway_counts(runaway_scope, runaways) | {"whole_scope": whole,
@@ -98,7 +100,9 @@ def audit_and_report(
         runaway_examples=[r.to_json() for r in list(runaways.values())[:measure_report.RUNAWAY_EXAMPLES]],
         runaway_policy=config.runaway_policy, cap_table=table.to_json() if table else None,
     )
-    examples = _example_rows(ledger, frame)
+    # Examples are read from their parts: none from a damaged one.
+    examples = _example_rows(
+        ledger, frame[~frame["part"].isin([d.part for d in damaged])].reset_index(drop=True) if damaged else frame)
     meta = {"run_id": spec.run_id, "report": name, "config": config.to_json(),
             "scope_rows": int(frame["index"].nunique()) if len(frame) else 0}
     report_json, html = report.render_report(result, table, decision, meta, examples,

@@ -93,6 +93,14 @@ class PartDamage:
     problem: str
 
 
+class PartDamageError(LedgerError):
+    """A part read back is no longer what its entry committed (`Ledger.read_verified_part`)."""
+
+    def __init__(self, damage: PartDamage) -> None:
+        super().__init__(f"part {damage.part} no longer matches its ledger entry {damage.entry}: {damage.problem}")
+        self.damage = damage
+
+
 def check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise ValueError(f"{kind} {value!r} must match {_NAME_RE.pattern} (no '/', at most 200 chars)")
@@ -295,6 +303,24 @@ class Ledger:
 
     def read_part(self, part: str) -> list[GeneratedRow]:
         return decode_part(self.storage.get(part), self.storage.uri_for(part))
+
+    def read_verified_part(self, part: str) -> list[GeneratedRow]:
+        """A committed part's rows, its bytes checked against its entry first: the size and sha256 of the
+        bytes read (for an entry from before those were recorded, its rows against the entry's). A part that
+        is no longer what was committed raises PartDamageError naming it, and no row of it is returned."""
+        key = _entry_for_part(part)
+        entry = _parse_entry(self.storage.get(key), self.storage.uri_for(key))
+        if entry["part"] != part:
+            raise PartDamageError(PartDamage(key, part, entry["n_rows"], f"its entry points at {entry['part']}"))
+        try:
+            data = self.storage.get(part)
+        except StorageKeyError:
+            raise PartDamageError(PartDamage(key, part, entry["n_rows"], "the part is missing")) from None
+        where = self.storage.uri_for(part)
+        problem, rows = _part_problem(entry, data, where)
+        if problem is not None:
+            raise PartDamageError(PartDamage(key, part, entry["n_rows"], problem))
+        return rows if rows is not None else decode_part(data, where)
 
     def _get_many(self, keys: Sequence[str]) -> list[bytes]:
         if self.read_workers <= 1 or len(keys) < 4:
@@ -573,26 +599,8 @@ class Ledger:
             data = self.storage.get(part)
         except StorageKeyError:
             return PartDamage(key, part, n_rows, "the part is missing")
-        if size is not None:
-            if len(data) != size:
-                return PartDamage(key, part, n_rows, f"the part has {len(data)} bytes, its entry recorded {size}")
-            if hashlib.sha256(data).hexdigest() != entry["part_sha256"]:
-                return PartDamage(key, part, n_rows, "the part's sha256 differs from the one its entry recorded")
-            return None
-        # Committed before sizes and checksums were recorded: the part must still hold the entry's rows.
-        try:
-            rows = decode_part(data, self.storage.uri_for(part))
-        except LedgerError as exc:
-            return PartDamage(key, part, n_rows, str(exc))
-        if len(rows) != n_rows:
-            return PartDamage(key, part, n_rows, f"the part has {len(rows)} rows, its entry {n_rows}")
-        cols = entry["columns"]
-        for i, row in enumerate(rows):
-            values = row.ledger_values()
-            diff = [c for c in LEDGER_COLUMNS if values[c] != cols[c][i]]
-            if diff:
-                return PartDamage(key, part, n_rows, f"row {i} (index {row.index}) differs from its entry on {diff}")
-        return None
+        problem, _rows = _part_problem(entry, data, self.storage.uri_for(part))
+        return None if problem is None else PartDamage(key, part, n_rows, problem)
 
     def retire(self, damage: Iterable[PartDamage]) -> list[str]:
         """Retire the entries of damaged parts: their rows stop counting as committed and become work again.
@@ -703,6 +711,38 @@ def _duplicate_problems(seen: list[tuple[int, int, str]], what: str = "committed
 
 def _part_for_entry(key: str) -> str:
     return PART_DIR + key[len(ENTRY_DIR) : -len(".json")] + ".jsonl.gz"
+
+
+def _entry_for_part(part: str) -> str:
+    if not (part.startswith(PART_DIR) and part.endswith(".jsonl.gz")):
+        raise ValueError(f"{part!r} is not a part key ({PART_DIR}<run>/c<chunk>-<segment>.jsonl.gz)")
+    return ENTRY_DIR + part[len(PART_DIR) : -len(".jsonl.gz")] + ".json"
+
+
+def _part_problem(entry: dict[str, Any], data: bytes, where: str) -> tuple[str | None, list[GeneratedRow] | None]:
+    """(what is wrong with a part's bytes against its parsed entry or None, its rows when they were decoded)."""
+    size = entry.get("part_size")
+    if size is not None:
+        if len(data) != size:
+            return f"the part has {len(data)} bytes, its entry recorded {size}", None
+        if hashlib.sha256(data).hexdigest() != entry["part_sha256"]:
+            return "the part's sha256 differs from the one its entry recorded", None
+        return None, None
+    # Committed before sizes and checksums were recorded: the part must still hold the entry's rows.
+    try:
+        rows = decode_part(data, where)
+    except LedgerError as exc:
+        return str(exc), None
+    n_rows = entry["n_rows"]
+    if len(rows) != n_rows:
+        return f"the part has {len(rows)} rows, its entry {n_rows}", None
+    cols = entry["columns"]
+    for i, row in enumerate(rows):
+        values = row.ledger_values()
+        diff = [c for c in LEDGER_COLUMNS if values[c] != cols[c][i]]
+        if diff:
+            return f"row {i} (index {row.index}) differs from its entry on {diff}", None
+    return None, rows
 
 
 def _parse_entry(raw: bytes, where: str) -> dict[str, Any]:

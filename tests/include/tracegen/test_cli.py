@@ -60,8 +60,9 @@ def test_verify_names_damaged_parts_and_retire_makes_their_rows_work_again(root,
 
     part = out / second.part
     part.write_bytes(part.read_bytes()[:-7])  # truncated after its commit
-    # Silent loss: the ledger alone still says every committed row is done.
-    assert _status(capsys, out)["done"] == 8
+    # Not silent: status checks sizes too, and neither counts the part's rows as done nor exits 0.
+    code, text, _ = run(capsys, "status", str(out), "--json")
+    assert code == 1 and json.loads(text)["done"] == 5
 
     code, text, _ = run(capsys, "verify", str(out))
     assert code == 1
@@ -161,8 +162,9 @@ def test_a_missing_part_and_a_missing_dataset_are_one_line_each(root, tmp_path, 
     out, _, first, _ = root
     kept = (out / first.part).read_bytes()
     (out / first.part).unlink()
-    code, _, err = run(capsys, "export", str(out), str(tmp_path / "e1"))  # StorageError
-    assert code == 2 and err == f"error: no such object: {(out / first.part).as_uri()}\n"
+    code, _, err = run(capsys, "export", str(out), str(tmp_path / "e1"))  # a damaged part
+    assert code == 2 and f"part {(out / first.part).as_uri()} is not what" in err and "the part is missing" in err
+    assert len(err.splitlines()) == 1
     (out / first.part).write_bytes(kept)
     (tmp_path / "prompts.jsonl").unlink()
     code, _, err = run(capsys, "export", str(out), str(tmp_path / "e2"))  # DatasetError
