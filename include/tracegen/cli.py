@@ -23,10 +23,20 @@ def _uri(value: str) -> str:
     return os.path.abspath(value)
 
 
+def _root(args: argparse.Namespace) -> str:
+    """The output root a command reads, which must exist: reading creates nothing, so a mistyped path (or a
+    link to a missing directory) is an error naming it (exit 2), never an empty root with "no runs yet"."""
+    from tracegen.store.storage import open_storage
+
+    uri = _uri(args.output_uri)
+    open_storage(uri, aws_conn_id=args.aws_conn_id, must_exist=True)
+    return uri
+
+
 def _status(args: argparse.Namespace) -> int:
     from tracegen.status import dataset_status, format_status
 
-    status = dataset_status(_uri(args.output_uri), aws_conn_id=args.aws_conn_id)
+    status = dataset_status(_root(args), aws_conn_id=args.aws_conn_id)
     print(json.dumps(status, indent=2, default=str) if args.json else format_status(status))
     return 1 if status.get("damaged") else 0  # parts that no longer match their entries: a problem found
 
@@ -38,7 +48,7 @@ def _audit(args: argparse.Namespace) -> int:
     from tracegen.run.records import latest_run
     from tracegen.store.ledger import open_ledger
 
-    ledger = open_ledger(_uri(args.output_uri), args.aws_conn_id)
+    ledger = open_ledger(_root(args), args.aws_conn_id)
     record = latest_run(ledger, args.aws_conn_id)
     if record is None:
         print(f"{args.output_uri}: no runs yet", file=sys.stderr)
@@ -55,7 +65,7 @@ def _export(args: argparse.Namespace) -> int:
     from tracegen.export import export_dataset
 
     result = export_dataset(
-        _uri(args.output_uri), _uri(args.dest), fmt=args.format, shard_rows=args.shard_rows,
+        _root(args), _uri(args.dest), fmt=args.format, shard_rows=args.shard_rows,
         include_truncated=args.include_truncated, overwrite=args.overwrite, with_token_ids=args.with_token_ids,
         aws_conn_id=args.aws_conn_id,
     )
@@ -67,7 +77,7 @@ def _export(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from tracegen.store.ledger import open_ledger
 
-    ledger = open_ledger(_uri(args.output_uri), args.aws_conn_id)
+    ledger = open_ledger(_root(args), args.aws_conn_id)
     checked = len(ledger.entries())
     damage = ledger.verify_parts(deep=not args.quick)
     how = "sizes, from the listing" if args.quick else "size and sha256"

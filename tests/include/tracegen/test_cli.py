@@ -171,6 +171,37 @@ def test_a_missing_part_and_a_missing_dataset_are_one_line_each(root, tmp_path, 
     assert code == 2 and err.startswith("error: dataset ") and "prompts.jsonl" in err and len(err.splitlines()) == 1
 
 
+# ---- a root that is not there: read-only commands create nothing (issue #26, finding 10) ---------------
+
+
+@pytest.mark.parametrize("command", ["status", "audit", "verify", "export"])
+def test_a_mistyped_root_is_an_error_naming_it_and_nothing_is_created(tmp_path, capsys, command):
+    typo = tmp_path / "ouput"
+    argv = [command, str(typo)] + ([str(tmp_path / "export")] if command == "export" else [])
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err == f"error: output root {typo} does not exist (nothing was created; check the path)\n"
+    assert not typo.exists() and not (tmp_path / "export").exists()
+
+
+def test_a_root_linked_to_a_missing_directory_is_named_not_file_exists(tmp_path, capsys):
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "unmounted" / "out")
+    for command in ("status", "verify"):
+        code, _, err = run(capsys, command, str(link))
+        assert code == 2 and "File exists" not in err
+        assert err.startswith(f"error: output root {link} does not exist: it is a symbolic link to ")
+        assert "unmounted/out" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "unmounted").exists()
+
+
+def test_status_of_a_root_that_exists_but_holds_nothing_says_no_runs_yet(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, text, _ = run(capsys, "status", str(tmp_path / "empty"))
+    assert code == 0 and "no runs yet" in text
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
 # ---- fleet validate ------------------------------------------------------------------------------
 
 
