@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tracegen.cap_rule import HIGHEST, LOWEST, CapRefused, check_cap
+
 TRUNCATED_POLICIES = ("extend", "regenerate", "keep")
 GATE_MODES = ("ask", "stop", "warn")
 INVALID_ROW_POLICIES = ("record", "fail")
@@ -86,6 +88,21 @@ class Int(Rule):
             return {"type": "integer", "minimum": 0, "maximum": self.high,
                     "anyOf": [{"enum": [0]}, {"minimum": self.low}]}
         return {"type": "integer", "minimum": self.low, "maximum": self.high}
+
+
+@dataclass(frozen=True)
+class Cap(Rule):
+    """A completion cap: `tracegen.cap_rule`'s one check (an integer within [LOWEST, HIGHEST]), its bounds
+    the form's."""
+
+    def check(self, name: str, value: Any) -> None:
+        try:
+            check_cap(value, name=name)
+        except CapRefused as exc:
+            raise ConfigError(str(exc)) from None
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST}
 
 
 @dataclass(frozen=True)
@@ -172,8 +189,8 @@ class RunConfig:
 
     The fields with a rule `title` are the trigger form's params, in form order (max_tokens first)."""
 
-    max_tokens: int = _rule(Int(
-        1, 1_048_576, title="Max tokens (completion cap)",
+    max_tokens: int = _rule(Cap(
+        title="Max tokens (completion cap)",
         description="Cap on completion tokens (thinking + answer). Rows that hit it finish with 'length' and "
         "are truncated; the pilot gate stops the run when too many do. Must be below the model's context "
         "length."), 4096)
@@ -269,12 +286,11 @@ class RunConfig:
         self.check_context_length(self.context_length)
 
     def check_context_length(self, context_length: int) -> None:
-        """max_tokens must leave room for a prompt inside the model's context window."""
-        if context_length and self.max_tokens >= context_length:
-            raise ConfigError(
-                f"max_tokens: {self.max_tokens} does not fit the model's context length of "
-                f"{context_length} tokens (prompt + completion must fit); use at most {context_length - 1}"
-            )
+        """max_tokens must leave room for a prompt inside the model's context window (`cap_rule`)."""
+        try:
+            check_cap(self.max_tokens, name="max_tokens", context_length=context_length or None)
+        except CapRefused as exc:
+            raise ConfigError(str(exc)) from None
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> RunConfig:

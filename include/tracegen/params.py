@@ -91,10 +91,12 @@ def output_roots() -> list[str]:
 
 
 def raise_cap_params() -> dict[str, Any]:
-    """`tracegen_raise_cap`'s form: which running run, and its new cap (the same rule as the run's own
-    max_tokens; the servers' context length is checked when the raise is applied)."""
+    """`tracegen_raise_cap`'s form: which running run, and its new cap. The field is the run's own
+    max_tokens field (`config.Cap`, `tracegen.cap_rule`'s bounds); the rest of the one cap rule (above
+    the run's cap, below the servers' context length) is applied when the raise is made and read."""
     from airflow.sdk import Param
 
+    from tracegen.cap_rule import HIGHEST
     from tracegen.config import rule_of
 
     rule = rule_of("max_tokens")
@@ -103,7 +105,8 @@ def raise_cap_params() -> dict[str, Any]:
                         description="The running tracegen_generate run to raise the cap of (its run id, as the "
                                     "Airflow UI shows it)."),
         "max_tokens": Param(8192, title="New cap (max_tokens)",
-                            description="Above the run's current cap. Chunks starting from now generate at it; "
+                            description="Above the run's current cap and below the servers' context length "
+                                        f"(at most {HIGHEST:,}). Chunks starting from now generate at it; "
                                         "rows already truncated are extended to it from their tokens after "
                                         "the first fan-out.", **rule.schema()),
     }

@@ -5,9 +5,9 @@ this is the Airflow side. The task is skipped when no gate held the run back. Ot
 run's question (its options are labelled with the run's own caps, so they are set when it runs, not when
 the DAG is parsed), waits in AWAITING_INPUT until someone answers in the UI or through the REST API, or
 until the run's `gate_question_timeout_minutes` pass (then the default, stop, is taken), and returns the
-`CapDecision` as its XCom. An answer the run cannot act on (no cap typed for "another cap", a cap over the
-servers' context length) is refused: the reason goes to the task log and to the XCom `refused_answer`,
-and the same question is asked again.
+`CapDecision` as its XCom. An answer the run cannot act on (no cap typed for "another cap", a cap that is
+not above the current one or not within the servers' context length: `tracegen.cap_rule`) is refused:
+the reason goes to the task log and to the XCom `refused_answer`, and the same question is asked again.
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ from typing import Any
 from airflow.providers.standard.operators.hitl import HITLOperator
 
 from tracegen.audit.review import CAP_FIELD, STOP_LABEL
-from tracegen.config import rule_of
+from tracegen.cap_rule import HIGHEST, LOWEST
 
 REFUSED_KEY = "refused_answer"
 
 
-def _cap_param(max_cap: int) -> Any:
-    """The form's cap field. Its range is in the description and checked by the run, not the schema: the
-    UI clamps a number field to the schema's bounds when it loses focus, so 50000 typed as a typo for
-    5000 would go out as the largest cap without a word, where the run refuses it and says why."""
+def _cap_param(min_cap: int, max_cap: int) -> Any:
+    """The form's cap field. Its range is in the description and checked by the run (`cap_rule`, through
+    `audit.review.decide`), not the schema: the UI clamps a number field to the schema's bounds when it
+    loses focus, so 50000 typed as a typo for 5000 would go out as the largest cap without a word, where
+    the run refuses it and says why."""
     from airflow.sdk import Param
 
     return Param(None, type=["null", "integer"], title="Another cap (max_tokens)",
-                 description=f"Only with 'Continue at the cap typed below': the cap to continue at, 1 to "
-                             f"{max_cap:,} (below the servers' context length).")
+                 description=f"Only with 'Continue at the cap typed below': the cap to continue at, "
+                             f"{min_cap:,} to {max_cap:,} (above the current cap, below the servers' context "
+                             "length).")
 
 
 class CapReviewOperator(HITLOperator):
@@ -44,7 +46,7 @@ class CapReviewOperator(HITLOperator):
         kwargs.pop("params", None)
         # Parse-time placeholders: every run's question brings its own options (see `_pose`).
         super().__init__(subject="tracegen: the truncation gate's question", options=[STOP_LABEL],
-                         defaults=[STOP_LABEL], params={CAP_FIELD: _cap_param(rule_of("max_tokens").high)},
+                         defaults=[STOP_LABEL], params={CAP_FIELD: _cap_param(LOWEST, HIGHEST)},
                          **kwargs)
         self.question = question  # CapQuestion.to_json() from the question task, or None
 
@@ -77,7 +79,7 @@ class CapReviewOperator(HITLOperator):
         self.options = question.labels
         self.defaults = [question.option_label(STOP)]
         self.multiple = False
-        self.params = ParamsDict({CAP_FIELD: _cap_param(question.max_cap)})
+        self.params = ParamsDict({CAP_FIELD: _cap_param(question.min_cap, question.max_cap)})
         self.response_timeout = dt.timedelta(minutes=question.timeout_minutes)
         return question
 

@@ -427,11 +427,12 @@ def raise_cap() -> dict[str, Any]:
     """Raise the cap of a running `tracegen_generate` run (params `run_id`, `max_tokens`): checked against
     the run as its first task described it and the servers' context length, then kept for the run's chunk
     tasks and its decision (`tracegen.run.cap_raise`). Refused, naming why, when the run is not running,
-    has not been prepared yet, or has already decided its cap."""
+    has not been prepared yet, or has already decided its cap. An earlier raise counts only when its own
+    raise task made it (`cap_raise.verify`); the new one records this DagRun's triggering user and id,
+    and is what this task returns: the XCom a reader checks the Variable against."""
     from airflow.sdk import Variable
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tracegen.config import safe_run_id
     from tracegen.run.cap_raise import (
         CapRaise,
         RaiseRefused,
@@ -439,6 +440,8 @@ def raise_cap() -> dict[str, Any]:
         decode,
         encode,
         now_iso,
+        raise_facts,
+        served_context,
         variable_key,
     )
     from tracegen.run.spec import RunSpec, RunSpecError
@@ -457,18 +460,19 @@ def raise_cap() -> dict[str, Any]:
     try:
         spec = RunSpec.from_json(doc, f"run {target!r} as its prepare_run described it")
         key = variable_key(spec.run_id)
-        earlier = decode(Variable.get(key, default=None), spec.run_id)
         servers = ti.xcom_pull(task_ids="provision_fleet", dag_id=GENERATE_DAG, run_id=target)
+        context_length = served_context(servers)
+        earlier = decode(Variable.get(key, default=None), spec.run_id,
+                         lambda r: raise_facts(ti, r, run_cap=spec.config.max_tokens, context_length=context_length))
         # The cap first: a cap no run could take is refused as such, whatever moment it arrives at.
-        from_cap, cap = check_raise(spec, params["max_tokens"], context_length=_context_length(servers),
-                                    earlier=earlier)
+        from_cap, cap = check_raise(spec, params["max_tokens"], context_length=context_length, earlier=earlier)
         if _deciding_state(ti, target) not in _NOT_STARTED:
             raise RaiseRefused(f"run {target!r} has already decided its cap ({_DECIDING_TASK} has started): start "
                                "a new run at the new cap; it resumes from the ledger and extends the truncated rows")
     except (RaiseRefused, RunSpecError) as exc:
         raise AirflowFailException(str(exc)) from None
     raised = CapRaise(run_id=spec.run_id, cap=cap, from_cap=from_cap, requested_by=ctx["dag_run"].triggering_user_name,
-                      requested_at=now_iso(), raised_in=safe_run_id(ctx["run_id"]))
+                      requested_at=now_iso(), raised_in=ctx["run_id"])
     Variable.set(key, encode(raised), description=f"tracegen: raise of run {target}'s max_tokens")
     if not _taken(ti, target, raised):
         Variable.delete(key)

@@ -18,6 +18,9 @@ import datetime as dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tracegen.cap_rule import CapRefused, lowest_cap, shown, whole_number
+from tracegen.cap_rule import check_cap as _check_cap
+
 RECOMMENDED, OTHER, CURRENT, STOP = "recommended", "other", "current", "stop"
 OPTION_KINDS = (RECOMMENDED, OTHER, CURRENT, STOP)
 PILOT, DRIFT = "pilot", "drift"  # what raised the question: the pilot gate, or the continuous gate mid-run
@@ -72,6 +75,11 @@ class CapQuestion:
 
     def option_label(self, kind: str) -> str:
         return next(o.label for o in self.options if o.kind == kind)
+
+    @property
+    def min_cap(self) -> int:
+        """The lowest cap a typed answer may take: above the current one (`cap_rule`)."""
+        return lowest_cap(self.current_cap)
 
     def option(self, label: str) -> CapOption:
         for o in self.options:
@@ -175,9 +183,10 @@ def _options(q: CapQuestion) -> tuple[CapOption, ...]:
     options = []
     rec = q.recommended_cap
     # Listed first: the cap the table says meets the threshold, when the servers can take it.
-    if rec is not None and rec != q.current_cap and rec <= q.max_cap:
+    if rec is not None and lowest_cap(q.current_cap) <= rec <= q.max_cap:
         options.append(CapOption(RECOMMENDED, f"Continue at {rec:,} tokens (recommended)", rec))
-    options.append(CapOption(OTHER, "Continue at the cap typed below"))
+    if lowest_cap(q.current_cap) <= q.max_cap:  # some cap above the current one fits the servers
+        options.append(CapOption(OTHER, "Continue at the cap typed below"))
     options.append(CapOption(CURRENT, f"Continue at {q.current_cap:,} tokens, accepting the truncation",
                              q.current_cap))
     options.append(CapOption(STOP, STOP_LABEL))
@@ -242,15 +251,15 @@ def question_body(q: CapQuestion) -> str:
     for o in q.options:
         explain = {
             RECOMMENDED: "the smallest cap in the table predicted to meet the threshold.",
-            OTHER: f"type a cap in the field below, from 1 to {q.max_cap:,} ({context}).",
+            OTHER: f"type a cap in the field below, from {q.min_cap:,} to {q.max_cap:,} ({context}).",
             CURRENT: "the run goes on at this cap and the gate stops asking.",
             STOP: f"the run ends here; also what happens when nobody answers within "
                   f"{_minutes(q.timeout_minutes)}.",
         }[o.kind]
         lines.append(f"- **{_md(o.label)}**: {explain}")
-    lines += ["", f"An answer the run cannot act on (no cap typed, a cap outside 1 to {q.max_cap:,}, or a cap typed "
-                  "with another option) is refused: the question opens again, and the task's log and its XCom "
-                  "`refused_answer` say why."]
+    lines += ["", f"An answer the run cannot act on (no cap typed, a cap outside {q.min_cap:,} to {q.max_cap:,}, "
+                  "or a cap typed with another option) is refused: the question opens again, and the task's log and "
+                  "its XCom `refused_answer` say why."]
     lines += ["", f"Continuing, the same run goes on: finished rows are kept, rows truncated at "
                   f"{q.current_cap:,} are {redo}, and the chunks not generated yet run at the chosen cap.", ""]
     report = f"[Open the report]({q.report_url})" if q.report_url else "The report"
@@ -283,13 +292,16 @@ def decide(
     if option.kind == OTHER:
         if typed is None:
             raise AnswerRefused(f"'{option.label}' needs a cap in the form's '{CAP_FIELD}' field "
-                                f"(1 to {question.max_cap:,})")
+                                f"({question.min_cap:,} to {question.max_cap:,})")
         cap = check_cap(typed, question)
     else:
         if typed is not None:
-            raise AnswerRefused(f"a cap ({typed!r}) was typed but '{option.label}' was chosen; choose "
-                                f"'{question.option_label(OTHER)}' to continue at it, or clear the field")
-        cap = option.cap
+            other = next((o.label for o in question.options if o.kind == OTHER), None)
+            instead = f"choose '{other}' to continue at it, or clear the field" if other else "clear the field"
+            raise AnswerRefused(f"a cap ({shown(typed)}) was typed but '{option.label}' was chosen; {instead}")
+        # The recommended cap goes through the same rule as a typed one (the question is data from an
+        # XCom); the current cap and stop are not new caps.
+        cap = check_cap(option.cap, question) if option.kind == RECOMMENDED else option.cap
     when = responded_at.isoformat() if isinstance(responded_at, dt.datetime) else str(responded_at)
     return CapDecision(
         trigger=question.trigger, option=option.label, kind=option.kind, from_cap=question.current_cap, cap=cap,
@@ -299,20 +311,13 @@ def decide(
 
 
 def check_cap(value: Any, question: CapQuestion) -> int:
-    """A typed cap as an int within [1, max_cap]; anything else is refused, saying what fits."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise AnswerRefused(f"cap {value!r} is not a whole number of tokens")
+    """A typed cap as the integer the run continues at, by `cap_rule`'s one check: above the current cap
+    and within the servers' context; anything else is refused, saying what fits and what else to choose."""
     try:
-        number = float(value)
-    except ValueError:
-        raise AnswerRefused(f"cap {value!r} is not a whole number of tokens") from None
-    if number != number or not number.is_integer():
-        raise AnswerRefused(f"cap {value!r} is not a whole number of tokens")
-    cap = int(number)
-    if cap < 1:
-        raise AnswerRefused(f"cap {cap:,} is below 1 token")
-    if cap > question.max_cap:
-        why = (f"the servers' context length is {question.context_length:,} tokens (prompt + completion must "
-               f"fit)" if question.context_length else "that is the largest max_tokens a run accepts")
-        raise AnswerRefused(f"cap {cap:,} is too large: {why}; enter at most {question.max_cap:,}")
-    return cap
+        cap = whole_number(value, name="cap")
+        current = question.option_label(CURRENT)
+        return _check_cap(cap, name="cap", current=question.current_cap, context_length=question.context_length,
+                          hint=f"to go on at {question.current_cap:,}, choose '{current}', or choose "
+                               f"'{question.option_label(STOP)}'")
+    except CapRefused as exc:
+        raise AnswerRefused(str(exc)) from None

@@ -10,31 +10,31 @@ repeats every n-gram after its first period, so it scores about 1 - p / TAIL_WIN
 repetitive reasoning, re-uses few 8-token sequences. One pass over at most 2,048 ids with numpy: tens of
 microseconds a row, whatever the row's length.
 
-Which ids to pass: the tokenization of the row's text. A real server's response ids are exactly that. The
-SGLang stand-in's response ids are not: they are a synthetic stream that names the sample (an arithmetic
-sequence, `tracegen.simulator.tokens`) and never repeat, even when the stand-in's text loops. For the stand-in,
-pass `text_token_ids(text)` (or call `is_runaway_text`), which tokenizes text the way the stand-in tokenizes
-prompts (a hash per 4 characters).
+Which ids to pass: the row's response token ids, what the server generated (a real server's, and the SGLang
+stand-in's, which are a byte-level BPE tokenization of its text and loop when its text loops). A row stored
+without token ids is judged on its text instead (`is_runaway_text`): `text_token_ids` makes one id per word
+(or CJK character, or other visible character), so the view needs no tokenizer and a loop's period in it is
+the loop's own, not one misaligned by a fixed character grid.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
 # Ids examined at the end of the row. A loop shows in the window only if it repeats there at least twice, so
 # the window bounds the longest loop period detected: about TAIL_WINDOW * (1 - RUNAWAY_THRESHOLD) = 1,024
-# tokens, a long paragraph. The stand-in's loops are 8-63 words (at most ~400 text ids); a real model's are a
-# sentence to a paragraph. Looking further back would also meet the stand-in's ordinary text repeating its
-# 4,096-word vocabulary (~6,000 text ids apart), which is not a loop.
+# tokens, a long paragraph. The stand-in's loops are 8-63 tokens or more (a phrase of its text); a real model's
+# are a sentence to a paragraph.
 TAIL_WINDOW = 2048
 # n-gram length: an 8-token sequence recurring in natural text is rare (a shared identifier or a stock phrase
 # now and then); a loop repeats all of them.
 NGRAM = 8
 # Share of the window's n-grams that must repeat an earlier one. 0.5 = at least two copies of the loop in
-# the window; the stand-in's ordinary text scores 0, and natural text stays far below (see docs/benchmarks.md,
-# "Cap from measurements", for the false positive and negative rates measured on the stand-in).
+# the window; natural text, the stand-in's too, stays far below (see docs/benchmarks.md, "Cap from
+# measurements", for the false positive and negative rates measured on the stand-in).
 RUNAWAY_THRESHOLD = 0.5
 # Fewer ids than this say nothing about a loop: score 0.
 MIN_TOKENS = 4 * NGRAM
@@ -74,33 +74,28 @@ def is_runaway(token_ids: Sequence[int] | np.ndarray) -> bool:
     return runaway_score(token_ids) >= RUNAWAY_THRESHOLD
 
 
-_CHARS_PER_TOKEN = 4
-_TEXT_VOCAB = 151_643
+# The text view's units: a word (letters, digits, underscores), one CJK character, or one other visible
+# character; whitespace separates units and is not one.
+_UNIT = re.compile(r"[^\W\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]+|\S")
+_CHARS_PER_UNIT = 16  # generous: the tail of the text that surely holds the last `last` units
+_MASK = (1 << 63) - 1
 
 
 def text_token_ids(text: str, *, last: int | None = TAIL_WINDOW) -> np.ndarray:
-    """Ids of text as the stand-in tokenizes it: one id per 4 characters, a hash of the chunk (the same
-    function as `tracegen.simulator.tokens.text_ids`, vectorized). Only the last `last` ids are built (the
-    detector reads no more), aligned as the full text's would be. None: all of them."""
+    """The text view: ids of the text's words, one per word, CJK character or other visible character (a
+    hash of it), whatever tokenizer produced the text. A loop repeats the same units, so the detector sees
+    it in these ids as in a real tokenizer's; only the last `last` units are built (None: all of them)."""
     if not text:
         return np.zeros(0, dtype=np.int64)
     if last is not None:
-        # Each character is one code point, so the tail of the ids needs only the tail of the text, cut on the
-        # 4-character grid of the whole text.
-        n_ids = -(-len(text) // _CHARS_PER_TOKEN)
-        if n_ids > last:
-            text = text[(n_ids - last) * _CHARS_PER_TOKEN :]
-    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.int64)
-    pad = -points.size % _CHARS_PER_TOKEN
-    if pad:
-        points = np.concatenate([points, np.zeros(pad, dtype=np.int64)])
-    a, b, c, d = points.reshape(-1, 4).T
-    # Python's ints do not overflow; int64 would at a * 1_000_003 for code points >= 2**43 / 1e6, never
-    # reached (code points are < 0x110000), so the result equals text_ids' exactly.
-    return (a * 1_000_003 + b * 10_007 + c * 101 + d) % _TEXT_VOCAB
+        text = text[-last * _CHARS_PER_UNIT :]
+    units = _UNIT.findall(text)
+    if last is not None:
+        units = units[-last:]
+    # Python's string hash is salted per process: fine, the score depends only on which units are equal.
+    return np.fromiter((hash(u) & _MASK for u in units), dtype=np.int64, count=len(units))
 
 
 def is_runaway_text(text: str) -> bool:
-    """`is_runaway` on the text's ids (`text_token_ids`): for rows whose response ids do not follow their
-    text, such as the stand-in's."""
+    """`is_runaway` on the text view (`text_token_ids`): for rows without token ids."""
     return is_runaway(text_token_ids(text))

@@ -1,11 +1,9 @@
 """Which truncated rows are runaways: their tail loops (`tracegen.audit.runaway`), so no cap finishes them.
 
 Judged on the current truncated rows only (a row that finished is not a runaway whatever its text), read
-from their parts: the ledger holds no token ids. Two views of a row are judged, and either loop counts:
-its response token ids (what a real server returns: the tokenization of its text), and its text
-tokenized the way the SGLang stand-in tokenizes (`runaway.is_runaway_text`), because the stand-in's
-response ids name the sample and never repeat even when its text loops. On a real server's text the
-second view only adds loops whose period falls on its 4-character grid, which the ids show anyway.
+from their parts: the ledger holds no token ids. A row is judged on its response token ids (what the server
+generated: a real server's and the SGLang stand-in's alike are the tokenization of the text, and loop with
+it); a row stored without token ids is judged on its text (`runaway.is_runaway_text`, one id per word).
 """
 
 from __future__ import annotations
@@ -46,10 +44,16 @@ def judge(row: GeneratedRow) -> Runaway | None:
     if row.status != OK or row.finish_reason != "length":
         return None
     text = row_text(row)
-    ids = unpack_token_ids(row.response_token_ids) if row.has_token_ids else []
-    if not ((ids and is_runaway(ids)) or is_runaway_text(text)):
-        return None
-    score = max(runaway_score(ids) if ids else 0.0, runaway_score(text_token_ids(text)))
+    if row.has_token_ids:
+        ids = unpack_token_ids(row.response_token_ids)
+        score = runaway_score(ids)
+        if not is_runaway(ids):
+            return None
+    else:
+        units = text_token_ids(text)
+        score = runaway_score(units)
+        if not is_runaway_text(text):
+            return None
     return Runaway(row.index, row.max_tokens, "", round(score, 4), text[-TAIL_CHARS:])
 
 

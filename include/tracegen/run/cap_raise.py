@@ -8,7 +8,10 @@ triggers `tracegen_raise_cap` with the run's id and the new cap, and nothing is 
    kept as an Airflow Variable named after the run. Airflow's metadata, not the bucket: who may raise a
    cap is who may trigger a DAG and write Variables, not whoever can write to the output root.
 2. Each chunk task of the run reads it when it starts and generates at the raised cap; chunks already
-   running finish at the cap they started with.
+   running finish at the cap they started with. Read, a Variable is trusted only as `verify` says: the
+   raise task it names succeeded and returned exactly it, and its cap passes the one cap rule
+   (`tracegen.cap_rule`) against the run's cap and the servers' context length; anything else is
+   ignored and logged (`decode`).
 3. After the first fan-out, `ask_about_cap` turns it into the run's decision (a `CapDecision` with trigger
    `raise`), recorded in `run.json` and the report like a reviewer's answer. The second fan-out then
    generates what is left at the new cap: the rows truncated under the old cap, extended from their
@@ -22,15 +25,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tracegen.audit.review import OTHER, RAISE, CapDecision
-from tracegen.config import ConfigError, rule_of
-from tracegen.run.decision import max_cap
-from tracegen.run.spec import RunSpec
+from tracegen.cap_rule import CapRefused, check_cap
+from tracegen.run.spec import RunSpec, RunSpecError
+
+log = logging.getLogger(__name__)
 
 VARIABLE_PREFIX = "tracegen_cap_raise__"
+GENERATE_DAG = "tracegen_generate"
+RAISE_DAG, RAISE_TASK = "tracegen_raise_cap", "raise_cap"  # the DAG and task that make a raise
 
 
 class RaiseRefused(ValueError):
@@ -46,7 +54,7 @@ class CapRaise:
     from_cap: int
     requested_by: str | None
     requested_at: str  # ISO 8601, UTC
-    raised_in: str  # the tracegen_raise_cap run that made it, to find its log
+    raised_in: str  # the Airflow run id of the tracegen_raise_cap run that made it (its log, its result)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,7 +62,7 @@ class CapRaise:
     @classmethod
     def from_json(cls, doc: Any, where: str) -> CapRaise:
         """Decode a stored raise; anything else is refused, naming `where`. Variables can be edited by
-        hand, so the cap is checked by the same rule as the trigger form's."""
+        hand, so the caps are checked by the one cap rule (`tracegen.cap_rule`)."""
         if not isinstance(doc, dict):
             raise RaiseRefused(f"{where}: expected a JSON object, got {type(doc).__name__}")
         try:
@@ -62,18 +70,19 @@ class CapRaise:
         except TypeError as exc:
             raise RaiseRefused(f"{where}: {exc}") from None
         for name in ("cap", "from_cap"):
-            value = getattr(raised, name)
             try:
-                rule_of("max_tokens").check(name, value)
-            except ConfigError as exc:
+                check_cap(getattr(raised, name), name=name)
+            except CapRefused as exc:
                 raise RaiseRefused(f"{where}: {exc}") from None
-        if not isinstance(raised.run_id, str) or not isinstance(raised.requested_at, str):
-            raise RaiseRefused(f"{where}: run_id and requested_at must be strings")
+        if not all(isinstance(v, str) for v in (raised.run_id, raised.requested_at, raised.raised_in)):
+            raise RaiseRefused(f"{where}: run_id, requested_at and raised_in must be strings")
+        if raised.requested_by is not None and not isinstance(raised.requested_by, str):
+            raise RaiseRefused(f"{where}: requested_by must be a string or null")
         return raised
 
     def summary(self) -> str:
         return (f"{self.requested_by or 'unknown'} raised max_tokens {self.from_cap:,} -> {self.cap:,} at "
-                f"{self.requested_at} ({self.raised_in})")
+                f"{self.requested_at} ({RAISE_DAG} run {self.raised_in})")
 
 
 def variable_key(run_id: str) -> str:
@@ -84,29 +93,26 @@ def variable_key(run_id: str) -> str:
 def check_raise(spec: RunSpec, cap: Any, *, context_length: int | None, earlier: CapRaise | None) -> tuple[int, int]:
     """(from_cap, cap) for a raise of `spec`'s run to `cap`, or `RaiseRefused` saying what fits.
 
-    Only up: a lower cap is not a pivot (the rows done at the higher cap would have to be cut, and their
-    real endings are what the dataset is for). A second raise goes up from the first."""
-    if isinstance(cap, bool) or not isinstance(cap, int):
-        raise RaiseRefused(f"max_tokens {cap!r} is not a whole number of tokens")
+    The one cap rule (`tracegen.cap_rule`), as for a reviewer's answer: only up, as a lower cap is not a
+    pivot (the rows done at the higher cap would have to be cut, and their real endings are what the
+    dataset is for); a second raise goes up from the first."""
     current = earlier.cap if earlier is not None else spec.config.max_tokens
-    if cap <= current:
-        why = f"raised to {current:,} by {earlier.summary()}" if earlier else f"{current:,}"
-        raise RaiseRefused(f"the run's cap is already {why}; a raise must go above it (to lower a cap, start "
-                           "a new run)")
-    highest = max_cap(context_length)
-    if cap > highest:
-        why = (f"the servers' context length is {context_length:,} tokens (prompt + completion must fit)"
-               if context_length else "that is the largest max_tokens a run accepts")
-        raise RaiseRefused(f"max_tokens {cap:,} is too large: {why}; enter at most {highest:,}")
-    return current, cap
+    how = (f"raised to {current:,} by {earlier.requested_by or 'unknown'} at {earlier.requested_at}"
+           if earlier is not None else None)
+    try:
+        return current, check_cap(cap, name="max_tokens", current=current, current_is=how,
+                                   context_length=context_length, hint="to lower a cap, start a new run")
+    except CapRefused as exc:
+        raise RaiseRefused(str(exc)) from None
 
 
 def encode(raised: CapRaise) -> str:
     return json.dumps(raised.to_json())
 
 
-def decode(text: str | None, run_id: str) -> CapRaise | None:
-    """The raise stored for `run_id`, or None; a malformed one is refused, naming the Variable."""
+def parse(text: str | None, run_id: str) -> CapRaise | None:
+    """The raise stored for `run_id` as written, or None; a malformed one is refused, naming the Variable.
+    Not yet trusted: `decode` is how a run reads its raise."""
     if text in (None, ""):
         return None
     where = f"Airflow Variable {variable_key(run_id)}"
@@ -118,6 +124,119 @@ def decode(text: str | None, run_id: str) -> CapRaise | None:
     if raised.run_id != run_id:
         raise RaiseRefused(f"{where}: names run {raised.run_id!r}, not {run_id!r}")
     return raised
+
+
+# ---- whether a stored raise is the run's decision ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RaiseFacts:
+    """What Airflow's metadata, not the Variable, says about a raise of a run."""
+
+    run_cap: int  # the run's cap, as its prepare_run described it
+    context_length: int | None  # the servers', as its provision_fleet read them
+    raise_state: str | None  # the state of `raise_cap` in the tracegen_raise_cap run the raise names
+    record: Any  # what that task returned (its XCom): None unless it succeeded
+
+
+def verify(raised: CapRaise, facts: RaiseFacts) -> CapRaise:
+    """`raised` when the run may act on it, else `RaiseRefused` naming why.
+
+    A Variable is only where a raise is kept, and anyone who may write Variables may write it. What makes
+    it the run's decision is the `tracegen_raise_cap` run it names (`raised_in`): its `raise_cap` task
+    must have succeeded and returned exactly this raise. That task checked the cap against the run as
+    its prepare_run described it and the servers' context length as provision_fleet read them, and took
+    `requested_by` from its own DagRun (the user Airflow authenticated when it was triggered) and
+    `requested_at` from its own clock: so by whom and when come from the raising DagRun, never from the
+    Variable's say-so. (A task can read another DAG run's task states and XComs, not its triggering user:
+    the raise task's result is where Airflow keeps what that DagRun said.) Then the cap is checked again
+    by the one cap rule against the run's cap and the servers' context length, as read now.
+
+    Until the raise task has succeeded (it writes the Variable, then checks the run has not decided yet)
+    its raise is not taken; `steps._taken` settles the race with `ask_about_cap` as before: had that task
+    read the Variable in between, its decision is not this raise, and the raise is withdrawn and refused."""
+    if facts.raise_state != "success":
+        raise RaiseRefused(f"it names {RAISE_DAG} run {raised.raised_in!r}, whose {RAISE_TASK} task is "
+                           f"{facts.raise_state or 'not found'}, not success: no raise task made it")
+    if facts.record != raised.to_json():
+        raise RaiseRefused(f"it differs from what {RAISE_DAG} run {raised.raised_in!r} raised "
+                           f"({_short(facts.record)}): written by hand")
+    try:
+        check_cap(raised.cap, name="max_tokens", current=facts.run_cap, context_length=facts.context_length)
+    except CapRefused as exc:
+        raise RaiseRefused(str(exc)) from None
+    if not facts.run_cap <= raised.from_cap < raised.cap:
+        raise RaiseRefused(f"it raises from {raised.from_cap:,}, not from the run's cap of {facts.run_cap:,} or "
+                           f"an earlier raise below {raised.cap:,}")
+    return raised
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def decode(
+    text: str | None, run_id: str, facts: Callable[[CapRaise], RaiseFacts] | None = None
+) -> CapRaise | None:
+    """The raise the run `run_id` may act on, or None: none stored, or one that fails `parse` or `verify`,
+    which is ignored and logged, naming the Variable and why. Ignored, not failing the task: a Variable
+    nobody's raise made is not a decision, and whoever may write Variables must not be able to stop runs.
+
+    `facts(raised)`: what Airflow's metadata says about it; by default read by the task running this (a
+    task of the run `run_id`: `airflow_facts`)."""
+    key = variable_key(run_id)
+    try:
+        raised = parse(text, run_id)
+        if raised is None:
+            return None
+        return verify(raised, (facts or _facts_of_this_run)(raised))
+    except (RaiseRefused, RunSpecError) as exc:
+        log.warning("Airflow Variable %s ignored, not a raise this run takes: %s", key, exc)
+        return None
+
+
+def served_context(servers: Any) -> int | None:
+    """The servers' context length as `provision_fleet` returned it (the smallest, should they differ)."""
+    lengths = [s.get("context_length") for s in servers or [] if isinstance(s, dict)]
+    return min((n for n in lengths if type(n) is int and n > 0), default=None)
+
+
+def raise_facts(ti: Any, raised: CapRaise, *, run_cap: int, context_length: int | None) -> RaiseFacts:
+    """`RaiseFacts` with the state and result of the raise task `raised` names, read through `ti` (an
+    Airflow task instance: `get_task_states` and `xcom_pull` across DAGs)."""
+    states = ti.get_task_states(dag_id=RAISE_DAG, run_ids=[raised.raised_in], task_ids=[RAISE_TASK])
+    state = ((states or {}).get(raised.raised_in) or {}).get(RAISE_TASK)
+    state = None if state is None else str(state).removeprefix("TaskInstanceState.").lower()
+    record = (ti.xcom_pull(task_ids=RAISE_TASK, dag_id=RAISE_DAG, run_id=raised.raised_in, map_indexes=-1)
+              if state == "success" else None)
+    return RaiseFacts(run_cap=run_cap, context_length=context_length, raise_state=state, record=record)
+
+
+def airflow_facts(ti: Any, run_id: str | None = None) -> Callable[[CapRaise], RaiseFacts]:
+    """`facts` for `decode` from Airflow's metadata: the run's cap from its prepare_run, the servers'
+    context length from its provision_fleet, and the raise task's state and result. `run_id`: the
+    tracegen_generate run's Airflow run id (None: the run `ti` belongs to)."""
+    where = {} if run_id is None else {"dag_id": GENERATE_DAG, "run_id": run_id}
+
+    def facts(raised: CapRaise) -> RaiseFacts:
+        doc = ti.xcom_pull(task_ids="prepare_run", key="run", map_indexes=-1, **where)
+        spec = RunSpec.from_json(doc, "the run as its prepare_run described it")
+        servers = ti.xcom_pull(task_ids="provision_fleet", map_indexes=-1, **where)
+        return raise_facts(ti, raised, run_cap=spec.config.max_tokens, context_length=served_context(servers))
+
+    return facts
+
+
+def _facts_of_this_run(raised: CapRaise) -> RaiseFacts:
+    """`airflow_facts` read by the task running now; outside a task nothing can vouch for a raise."""
+    try:
+        from airflow.sdk import get_current_context
+
+        ti = get_current_context()["ti"]
+    except Exception as exc:  # noqa: BLE001 - no task context: nothing to check the raise against
+        raise RaiseRefused(f"no Airflow task context to check it against ({exc})") from None
+    return airflow_facts(ti)(raised)
 
 
 def at_raised_cap(spec: RunSpec, raised: CapRaise | None) -> RunSpec:

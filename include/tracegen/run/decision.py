@@ -21,7 +21,7 @@ from tracegen import plan
 from tracegen.audit import gate
 from tracegen.audit.review import DRIFT, PILOT, CapDecision, CapQuestion, question_from_report
 from tracegen.audit.run_report import audit_and_report
-from tracegen.config import rule_of
+from tracegen.cap_rule import highest_cap
 from tracegen.run import QUESTION_FILE
 from tracegen.run.records import gate_verdict, pilot_report, write_run_record
 from tracegen.run.spec import RunSpec
@@ -46,9 +46,8 @@ def rows_held(spec: RunSpec, frame: pd.DataFrame) -> int:
 
 
 def max_cap(context_length: int | None) -> int:
-    """The highest cap a continuing run may take: below the servers' context length, within the rule."""
-    high = rule_of("max_tokens").high
-    return min(high, context_length - 1) if context_length else high
+    """The highest cap a continuing run may take: below the servers' context length (`cap_rule`)."""
+    return highest_cap(context_length)
 
 
 def ask(

@@ -6,8 +6,9 @@ The chunk engine calls `SGLangClient.complete()` once per row, with up to `clien
 flight. Every call ends in exactly one of:
 - an `ok` row (finish_reason stop/length/tool_calls, token counts from `usage`);
 - a `rejected` row: the server refused the request itself (400, e.g. context overflow), recorded once;
-- a `failed` row: transient failures (5xx, dropped connections, timeouts, `abort`, malformed bodies)
-  used up the retry budget; a later run retries the row;
+- a `failed` row: transient failures (5xx, dropped connections, timeouts, `abort`, malformed bodies,
+  token counts that disagree with the response's ids or the request's cap) used up the retry budget;
+  a later run retries the row;
 - `FatalClientError` raised: the configuration is wrong (401, no server reachable for a long time) and
   every further row would fail the same way.
 Every other request goes through the same routing, deadlines and retries and ends in an `Outcome`: a
@@ -82,15 +83,15 @@ class Outcome(Generic[T]):
     latency_s: float = 0.0
 
 
-def _chat_result(raw: bytes) -> Completion:
-    completion = parse_completion(raw)
+def _chat_result(raw: bytes, max_tokens: int | None = None) -> Completion:
+    completion = parse_completion(raw, max_tokens=max_tokens)
     if completion.finish_reason == "abort":
         raise _Aborted
     return completion
 
 
-def _generate_result(raw: bytes) -> Generated:
-    generated = parse_generate(raw)
+def _generate_result(raw: bytes, max_new_tokens: int | None = None) -> Generated:
+    generated = parse_generate(raw, max_new_tokens=max_new_tokens)
     if generated.finish_reason == "abort":
         raise _Aborted
     return generated
@@ -203,7 +204,8 @@ class SGLangClient:
             return_token_ids=True,
         )
         self._pool.probe_model = model
-        out = await self._call("POST", PATH, body, _chat_result)
+        # The response's counts are checked against its own token ids and this request's cap.
+        out = await self._call("POST", PATH, body, lambda raw: _chat_result(raw, sampling.max_tokens))
 
         def row(status: str, **fields: Any) -> GeneratedRow:
             # The fields every outcome of this call shares; the outcome adds its own.
@@ -242,7 +244,7 @@ class SGLangClient:
         inside its thinking)."""
         body = build_generate_body(input_ids, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
                                    top_p=sampling.top_p, seed=sampling.seed, require_reasoning=require_reasoning)
-        return await self._call("POST", GENERATE_PATH, body, _generate_result)
+        return await self._call("POST", GENERATE_PATH, body, lambda raw: _generate_result(raw, max_new_tokens))
 
     async def separate_reasoning(self, text: str, parser: str) -> Outcome[tuple[str, str]]:
         """SGLang's (reasoning, answer) split of raw model output, the chat route's own."""
@@ -363,7 +365,7 @@ class SGLangClient:
             try:
                 result = parse(raw)
             except MalformedResponse as exc:
-                reason = f"malformed response: {exc}"
+                reason = f"{exc.kind}: {exc}"  # malformed, or usage inconsistent with the response
                 pool.record_failure(server, reason)
                 raise TransientError(reason) from None
             except _Aborted:

@@ -9,7 +9,9 @@ validating each response into a small typed result.
 
 A server that answers 200 with a body we cannot trust (not JSON, missing fields, wrong types) is a
 server fault: `parse_completion` raises `MalformedResponse` naming what is wrong, and the client
-retries it like a 5xx instead of crashing or committing a broken row.
+retries it like a 5xx instead of crashing or committing a broken row. Its counts are bounded too: usage
+that disagrees with the token ids the same response returns, or counts more completion tokens than the
+request allowed, is `InconsistentUsage` (a `MalformedResponse`: retried the same way, never committed).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ SERVER_FINISH_REASONS = frozenset({*FINISH_REASONS, "abort"})
 
 class MalformedResponse(ValueError):
     """A 200 response whose body is not a valid chat completion."""
+
+    kind = "malformed response"
+
+
+class InconsistentUsage(MalformedResponse):
+    """A 200 response whose token counts disagree with its own token ids or exceed the request's cap."""
+
+    kind = "usage inconsistent with the response"
 
 
 @dataclass(slots=True)
@@ -177,8 +187,37 @@ def _token_ids(container: dict[str, Any], key: str, where: str) -> list[int] | N
     return ids
 
 
-def parse_completion(raw: bytes) -> Completion:
-    """Validate a 200 body from /v1/chat/completions; raise MalformedResponse saying what is wrong."""
+def _check_usage(
+    where: str,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    reasoning_tokens: int,
+    prompt_ids: list[int] | None,
+    output_ids: list[int] | None,
+    cap: int | None,
+    cap_name: str,
+) -> None:
+    """Counts the row is recorded with must agree with the ids returned beside them (when there are) and
+    with the request's cap (when known): a server counting 10**12 tokens for a short answer, or 9,000
+    for two ids, is broken, and its row would corrupt every statistic built on the counts."""
+    if output_ids is not None and completion_tokens != len(output_ids):
+        raise InconsistentUsage(f"{where}completion_tokens is {completion_tokens:,} but the response returned "
+                                f"{len(output_ids):,} output token ids")
+    if prompt_ids is not None and prompt_tokens != len(prompt_ids):
+        raise InconsistentUsage(f"{where}prompt_tokens is {prompt_tokens:,} but the response returned "
+                                f"{len(prompt_ids):,} prompt token ids")
+    if cap is not None and completion_tokens > cap:
+        raise InconsistentUsage(f"{where}completion_tokens is {completion_tokens:,}, above the request's "
+                                f"{cap_name} of {cap:,}")
+    if reasoning_tokens > completion_tokens:
+        raise InconsistentUsage(f"{where}reasoning_tokens is {reasoning_tokens:,}, above completion_tokens "
+                                f"({completion_tokens:,})")
+
+
+def parse_completion(raw: bytes, *, max_tokens: int | None = None) -> Completion:
+    """Validate a 200 body from /v1/chat/completions; raise MalformedResponse saying what is wrong.
+    `max_tokens`: the request's cap, which no count of completion tokens may exceed."""
     data = _object(raw)
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -210,7 +249,7 @@ def parse_completion(raw: bytes) -> Completion:
     if reasoning_tokens is not None and (type(reasoning_tokens) is not int or reasoning_tokens < 0):
         raise MalformedResponse(f"usage.reasoning_tokens must be a non-negative integer, got {reasoning_tokens!r}")
     response_id = data.get("id")
-    return Completion(
+    completion = Completion(
         id=response_id if isinstance(response_id, str) else None,
         content=_opt_str(message, "content"),
         reasoning_content=_opt_str(message, "reasoning_content"),
@@ -222,10 +261,14 @@ def parse_completion(raw: bytes) -> Completion:
         prompt_token_ids=_token_ids(choice, "prompt_token_ids", "choices[0]."),
         response_token_ids=_token_ids(choice, "response_token_ids", "choices[0]."),
     )
+    _check_usage("usage.", prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
+                 reasoning_tokens=completion.reasoning_tokens, prompt_ids=completion.prompt_token_ids,
+                 output_ids=completion.response_token_ids, cap=max_tokens, cap_name="max_tokens")
+    return completion
 
 
-def parse_generate(raw: bytes) -> Generated:
-    """Validate a 200 body from /generate (one non-streamed request)."""
+def parse_generate(raw: bytes, *, max_new_tokens: int | None = None) -> Generated:
+    """Validate a 200 body from /generate (one non-streamed request); `max_new_tokens`: the request's."""
     data = _object(raw)
     text, meta = data.get("text"), data.get("meta_info")
     if not isinstance(text, str):
@@ -240,7 +283,7 @@ def parse_generate(raw: bytes) -> Generated:
         )
     if kind == "abort":
         return Generated(text, None, "abort", 0, 0, 0)
-    return Generated(
+    generated = Generated(
         text=text,
         output_ids=_token_ids(data, "output_ids", ""),
         finish_reason=kind,
@@ -248,6 +291,10 @@ def parse_generate(raw: bytes) -> Generated:
         completion_tokens=_int_field(meta, "completion_tokens", required=True),
         reasoning_tokens=_int_field(meta, "reasoning_tokens", required=False),
     )
+    _check_usage("meta_info.", prompt_tokens=generated.prompt_tokens, completion_tokens=generated.completion_tokens,
+                 reasoning_tokens=generated.reasoning_tokens, prompt_ids=None, output_ids=generated.output_ids,
+                 cap=max_new_tokens, cap_name="max_new_tokens")
+    return generated
 
 
 def parse_separate_reasoning(raw: bytes) -> tuple[str, str]:

@@ -6,7 +6,8 @@ every stream interval when streaming), never once per token.
 
 Every generation request is a fresh sample of its prompt (a fixed one only with
 --enable-deterministic-inference, from the request's seed), except a /generate whose input_ids end with
-a response this stand-in produced: that request finishes the same sample (see `tokens`).
+a response this stand-in produced: that request finishes the same sample (see `tokens`). Texts are the
+decoding of the ids, as SGLang's detokenizer returns it; `/tokenize` and `/detokenize` expose the tokenizer.
 """
 
 from __future__ import annotations
@@ -33,9 +34,18 @@ from tracegen.simulator import protocol as p
 from tracegen.simulator.batching import AsyncBatcher, BatchEngine, Job, QueueFull, StepModel
 from tracegen.simulator.cli import SimSettings
 from tracegen.simulator.faults import FaultInjector
-from tracegen.simulator.lengths import Drawn, continued_sample, fresh_sample
+from tracegen.simulator.lengths import Drawn, Sample, continued_sample, fresh_sample
 from tracegen.simulator.reasoning import UnmodelledParser, UnsupportedParser, separate_reasoning
-from tracegen.simulator.tokens import chat_prompt_ids, prompt_tool_names, text_ids
+from tracegen.simulator.tokens import (
+    TOKENIZER_MAX_LENGTH,
+    chat_prompt_ids,
+    detokenize,
+    opens_without_thinking,
+    prompt_tool_names,
+    render_chat,
+    text_ids,
+    tokenizer,
+)
 from tracegen.simulator.tool_calls import (
     AdapterToolParser,
     UnmodelledToolParser,
@@ -45,6 +55,7 @@ from tracegen.simulator.tool_calls import (
 )
 
 log = logging.getLogger("tracegen.simulator")
+TOOL_CALL_START = "<tool_call>"
 READY_LINE = "The server is fired up and ready to roll!"
 # Fresh sampling: every request without deterministic inference gets its own sample number.
 _FRESH_SAMPLES = random.SystemRandom()
@@ -53,7 +64,7 @@ _AUTH_EXEMPT = ("/health", "/ready", "/metrics")
 # SGLang's ADMIN_OPTIONAL endpoints among the stand-in's: with --admin-api-key only that key opens them.
 _ADMIN_OPTIONAL = frozenset({"/abort_request"})
 # Routes SGLang guards with validate_json_request: any other Content-Type is a 400.
-_JSON_ONLY = frozenset({"/v1/chat/completions"})
+_JSON_ONLY = frozenset({"/v1/chat/completions", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize"})
 # SGLang's scheduler-side metric labels for one server (no pipeline, tensor or expert parallelism).
 _SCHEDULER_LABELS = {"engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
 
@@ -426,13 +437,17 @@ def _fresh(state: State, ids: list[int], thinking: bool, seed: int | None) -> Dr
     return fresh_sample(ids, state.args["sim_seed"], state.settings.length_model, number, thinking)
 
 
+def _tool_name(state: State, tool_names: list[str] | None, sample: Sample) -> str | None:
+    """The tool a sample of a prompt offering tools (`tool_names`, read from its ids, so chat and /generate
+    decide alike) calls at the end of its answer, if it calls one."""
+    if tool_names and sample.tool_roll < state.args["sim_tool_call_rate"]:
+        return tool_names[sample.key % len(tool_names)]
+    return None
+
+
 def _plan(state: State, drawn: Drawn, cap: int, ignore_eos: bool, tool_names: list[str] | None) -> p.Plan:
-    """The request's plan; a sample of a prompt offering tools (`tool_names`, read from its ids, so chat
-    and /generate decide alike) may end in a call to one of them."""
-    tool_name = None
-    if tool_names and drawn.sample.tool_roll < state.args["sim_tool_call_rate"]:
-        tool_name = tool_names[drawn.sample.key % len(tool_names)]
-    return p.plan_request(drawn, cap, ignore_eos, tool_name)
+    """The request's plan; a sample of a prompt offering tools may end in a call to one of them."""
+    return p.plan_request(drawn, cap, ignore_eos, _tool_name(state, tool_names, drawn.sample))
 
 
 async def _wait(job: Job, state: State) -> None:
@@ -461,7 +476,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return refused
     req = p.parse_chat(p.parse_json_object(await request.read()))
     ctx = state.settings.context_length
-    ids = chat_prompt_ids(req.messages, req.tools)
+    ids = chat_prompt_ids(req.messages, req.tools, req.enable_thinking)
     n_prompt = len(ids)
     p.check_context(n_prompt, req.max_tokens, ctx)
     cap = req.max_tokens if req.max_tokens is not None else ctx - n_prompt
@@ -490,7 +505,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         _record(state, job, n_prompt)
         n = job.tokens
         reasoning_text, content = p.chat_texts(plan, n, parser, req.enable_thinking)
-        content += p.raw_ending(plan, n, job.aborted)
         calls: list[dict[str, Any]] = []
         if parse_tools:  # SGLang's order: reasoning split off first, then calls parsed out of the rest
             assert req.tools is not None
@@ -581,7 +595,9 @@ async def _stream_chat(
             n = await _progress(state, job)
             if n > sent:
                 # Deltas of the split of everything so far: they add up to the non-streamed message.
-                thinking, content = p.chat_texts(plan, n, parser, req.enable_thinking)
+                thinking, content = p.chat_texts(plan, n, parser, req.enable_thinking, final=False)
+                if parse_tools:  # SGLang's streaming parser holds a call back from the content
+                    content = content.split(TOOL_CALL_START, 1)[0]
                 delta: dict[str, Any] = {}
                 if len(thinking) > len(sent_reasoning):
                     delta["reasoning_content"] = thinking[len(sent_reasoning) :]
@@ -596,17 +612,21 @@ async def _stream_chat(
         state.batcher.abort(job.rid, "Abort: client disconnected")
         raise
     _record(state, job, n_prompt)
-    ending = p.raw_ending(plan, job.tokens, job.aborted)
+    thinking, content = p.chat_texts(plan, job.tokens, parser, req.enable_thinking)
     calls: list[dict[str, Any]] = []
-    if parse_tools and ending:
+    if parse_tools:
         assert req.tools is not None
-        calls = parse_function_call(ending, req.tools, chat_tool_parser(state.args["tool_call_parser"]))[1]
+        calls = parse_function_call(content, req.tools, chat_tool_parser(state.args["tool_call_parser"]))[1]
+        if calls:
+            content = content.split(TOOL_CALL_START, 1)[0]
     finish = _finish(job, plan, bool(calls))
     final_delta: dict[str, Any] = {}
+    if thinking.startswith(sent_reasoning) and len(thinking) > len(sent_reasoning):
+        final_delta["reasoning_content"] = thinking[len(sent_reasoning) :]
+    if content.startswith(sent_content) and len(content) > len(sent_content):
+        final_delta["content"] = content[len(sent_content) :]
     if calls:
         final_delta["tool_calls"] = p.tool_calls(plan, calls)
-    elif ending:
-        final_delta["content"] = ending
     await _sse(resp, chunk(final_delta, finish))
     if req.include_usage:
         r_tokens = p.split(plan, job.tokens)[0] if count_reasoning else 0
@@ -641,9 +661,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     # Ids that end with one of our responses continue its sample; anything else is a fresh sample.
     drawn = None
     if not isinstance(req.prompt, str):
-        drawn = continued_sample(ids, state.args["sim_seed"], state.settings.length_model)
+        drawn = continued_sample(ids, state.args["sim_seed"], state.settings.length_model,
+                                 lambda prompt, sample: _tool_name(state, prompt_tool_names(prompt), sample))
     if drawn is None:
-        drawn = _fresh(state, ids, True, req.sampling_seed)
+        drawn = _fresh(state, ids, not opens_without_thinking(ids), req.sampling_seed)
     # The prompt's tools (read from its ids, as the model reads them) let the sample end in a call.
     tool_names = prompt_tool_names(ids[: n_prompt - drawn.generated])
     plan = _plan(state, drawn, req.max_new_tokens, req.ignore_eos, tool_names)
@@ -660,13 +681,18 @@ async def generate(request: web.Request) -> web.StreamResponse:
         t0 = job.meta["t_arrival"]
 
         def body(n: int, done: bool) -> dict[str, Any]:
-            # The raw text, a sample's closing tool call included: SGLang's /generate parses nothing.
-            text = p.raw_text(plan, 0, n) + (p.raw_ending(plan, n, job.aborted) if done else "")
+            # The raw text, a sample's closing tool call included (SGLang's /generate parses nothing), as
+            # its detokenizer returns it: decoded after the input's last ids, so a continuation of ids cut
+            # inside a character does not repeat what the input's decoding already replaced.
+            out_ids = p.output_ids(plan, n)
+            text = detokenize(ids, out_ids, done and not job.aborted and plan.ends_with_eos and n >= plan.target)
+            if not done:
+                text = text.rstrip("\ufffd")
             meta: dict[str, Any] = {"id": rid, "finish_reason": None}
             if done and job.aborted:
                 meta["finish_reason"] = p.finish_reason_native("abort", plan.cap, job.abort_message)
                 meta["e2e_latency"] = round(time.monotonic() - t0, 6)
-                return {"text": text, "output_ids": p.output_ids(plan, n), "meta_info": meta}
+                return {"text": text, "output_ids": out_ids, "meta_info": meta}
             if done:
                 meta["finish_reason"] = p.finish_reason_native(plan.finish, plan.cap, None)
             meta.update({
@@ -683,7 +709,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
                         "spec_verify_ct": p.ceil_div(n, accept),
                     }
                 )
-            return {"text": text, "output_ids": p.output_ids(plan, n), "meta_info": meta}
+            return {"text": text, "output_ids": out_ids, "meta_info": meta}
 
         if not req.stream:
             await _wait(job, state)
@@ -709,6 +735,36 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         state.active -= 1
+
+
+async def tokenize_endpoint(request: web.Request) -> web.Response:
+    """POST /tokenize (/v1/tokenize): SGLang's TokenizeRequest -> TokenizeResponse, with the stand-in's
+    tokenizer and chat template."""
+    req = p.parse_tokenize(p.parse_json_object(await request.read()))
+    if req.messages is not None:
+        tokens: Any = text_ids(render_chat(req.messages, req.tools, thinking=req.enable_thinking,
+                                           add_generation_prompt=req.add_generation_prompt))
+        count: Any = len(tokens)
+    elif isinstance(req.prompt, str):
+        tokens = text_ids(req.prompt)
+        count = len(tokens)
+    else:
+        tokens = [text_ids(t) for t in req.prompt]
+        count = [len(t) for t in tokens]
+    return _json({"tokens": tokens, "count": count, "max_model_len": TOKENIZER_MAX_LENGTH})
+
+
+async def detokenize_endpoint(request: web.Request) -> web.Response:
+    """POST /detokenize (/v1/detokenize): SGLang's DetokenizeRequest -> DetokenizeResponse: the tokenizer's
+    decode of the ids as they are (special tokens skipped unless told otherwise; unknown ids decode to
+    nothing; U+FFFD where the bytes are not whole characters)."""
+    req = p.parse_detokenize(p.parse_json_object(await request.read()))
+    tok = tokenizer()
+    if req.tokens and isinstance(req.tokens[0], list):
+        text: Any = [tok.decode(t, req.skip_special_tokens) for t in req.tokens]
+    else:
+        text = tok.decode(req.tokens, req.skip_special_tokens)  # type: ignore[arg-type]
+    return _json({"text": text})
 
 
 async def separate_reasoning_endpoint(request: web.Request) -> web.Response:
@@ -781,6 +837,9 @@ def build_app(state: State) -> web.Application:
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/generate", generate)
     r.add_post("/separate_reasoning", separate_reasoning_endpoint)
+    for prefix in ("", "/v1"):
+        r.add_post(f"{prefix}/tokenize", tokenize_endpoint)
+        r.add_post(f"{prefix}/detokenize", detokenize_endpoint)
     r.add_post("/parse_function_call", parse_function_call_endpoint)
     r.add_post("/abort_request", abort_request)
     r.add_get("/sim/faults", get_faults)

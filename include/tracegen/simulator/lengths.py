@@ -9,8 +9,9 @@ The prompt part is a pure function of the prompt's token ids and --sim-seed; the
 a sample key, fresh per request (SGLang samples afresh unless it runs in deterministic mode, where
 its seed fixes the key). `prompt_share` splits the log-variance between the two (half and half by
 default): a prompt that was long once is likely long again, but a regenerated row is a new sample.
-A continuation of a response the stand-in generated finishes that sample, whose key travels in its
-token ids (see `tokens`).
+A sample is a window of a tokenized text stream (`tokens.Stream`): its key is a function of the prompt and
+of where the window starts (its origin), so a continuation of a response the stand-in generated finds
+the sample from the response's own ids (`continued_sample`), on any server of a fleet.
 
 Laws (`kind`), each with an optional share of runaway samples that never stop (`runaway_rate`): they
 loop in their thinking until the cap, as reasoning models do.
@@ -32,18 +33,22 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any
 
 from tracegen.simulator.tokens import (
-    KEY_BITS,
-    ResponseIds,
+    SURROGATE_TOKENS,
+    Response,
     chat_prompt_ids,
     chat_prompt_tokens,
-    find_continuation,
+    find_origins,
+    layout,
+    origin_key,
     prompt_digest,
+    register_of,
+    stream,
     text_ids,
 )
 
@@ -330,37 +335,69 @@ def _unit(value: int) -> float:
 
 
 def sample_key(digest: bytes, sample: int) -> int:
-    """The key of sample number `sample` of a prompt: a request's seed (or fresh randomness) → its key."""
+    """Where sample number `sample` of a prompt starts looking for its origin (a request's seed, or fresh
+    randomness, picks it)."""
     payload = digest + int(sample & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=8, person=b"sample").digest(), "little") >> (
-        64 - KEY_BITS
-    )
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8, person=b"sample").digest(), "little")
 
 
 @dataclass(frozen=True, slots=True)
 class Drawn:
-    """A sample as a request sees it: the sample, its response id stream, and how much of it the
-    request's input already holds (0 for a fresh request, the prefix length for a continuation)."""
+    """A sample as a request sees it: the sample, where its text starts in its register's stream, and how
+    much of it the request's input already holds (0 for a fresh request, the prefix length for a
+    continuation). `context` is the input's last ids, which SGLang's detokenizer decodes the output after."""
 
     sample: Sample
-    response: ResponseIds
+    register: str
+    origin: int
+    thinking: bool
     generated: int = 0
+    context: tuple[int, ...] = ()
+
+    def response(self, tool_name: str | None = None, ignore_eos: bool = False) -> Response:
+        return layout(self.sample, self.register, self.origin, self.thinking, tool_name, ignore_eos)
+
+
+def _at(digest: bytes, register: str, origin: int, model: LengthModel) -> Sample:
+    return model.sample(digest, origin_key(digest, register, origin))
 
 
 def fresh_sample(ids: Sequence[int], seed: int, model: LengthModel, number: int, thinking: bool) -> Drawn:
     """Sample number `number` of the prompt with token ids `ids` (what the server draws per request)."""
     digest = prompt_digest(ids, seed)
-    key = sample_key(digest, number)
-    return Drawn(model.sample(digest, key), ResponseIds(key, thinking, digest))
+    register = register_of(ids)
+    s = stream(register)
+    origin = s.next_start(sample_key(digest, number) % s.size)
+    return Drawn(_at(digest, register, origin, model), register, origin, thinking, 0,
+                 tuple(ids[-SURROGATE_TOKENS:]))
 
 
-def continued_sample(input_ids: Sequence[int], seed: int, model: LengthModel) -> Drawn | None:
-    """The sample whose response `input_ids` ends with, if the stand-in generated it after that prompt."""
-    found = find_continuation(input_ids, seed)
+def continued_sample(
+    input_ids: Sequence[int],
+    seed: int,
+    model: LengthModel,
+    tool_for: Callable[[Sequence[int], Sample], str | None] | None = None,
+) -> Drawn | None:
+    """The sample whose response `input_ids` ends with, if the stand-in generated it after that prompt
+    (every id of the response so far is the sample's). `tool_for(prompt_ids, sample)`: the tool the sample
+    calls, as the server decides it (the ids of a call are part of the response)."""
+    found = find_origins(input_ids)
     if found is None:
         return None
-    sample = model.sample(found.response.digest, found.response.key)
-    return Drawn(sample, found.response, found.generated)
+    prompt = list(input_ids[: found.prompt_len])
+    response = list(input_ids[found.prompt_len :])
+    digest = prompt_digest(prompt, seed)
+    for origin in found.origins:
+        sample = _at(digest, found.register, origin, model)
+        tool = tool_for(prompt, sample) if tool_for is not None else None
+        drawn = Drawn(sample, found.register, origin, found.thinking, len(response),
+                      tuple(input_ids[-SURROGATE_TOKENS:]))
+        whole = drawn.response(tool)
+        if whole.total is not None and len(response) >= whole.total:
+            continue  # it had stopped: not a prefix
+        if whole.ids(0, len(response)) == response:
+            return drawn
+    return None
 
 
 def prompt_ids(prompt: Prompt, tools: Sequence[Any] | None = None) -> list[int]:
@@ -397,10 +434,10 @@ def natural_length(
 
 
 def prompt_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> int:
-    """Prompt tokens of a chat request: ~4 characters per token plus template overhead."""
+    """Prompt tokens of a chat request: its templated text, tokenized (the generation prompt included)."""
     return chat_prompt_tokens(messages, tools)
 
 
 def text_tokens(text: str) -> int:
     """Prompt tokens of a raw prompt string (native /generate)."""
-    return math.ceil(len(text) / 4)
+    return len(text_ids(text))

@@ -2,9 +2,10 @@
 
 Validation raises `BadRequest` with a message naming the bad field; the HTTP layer turns it into
 SGLang's 400 body (flat on OpenAI routes, nested on /generate). Response builders take token counts
-from the batching engine and render the sample's pseudo-text and token ids. Raw text is what the model
-emits (`<think>\n…\n</think>\n\n…`); the chat route's split is SGLang's parser applied to it, so raw
-text of a prefix joined with its continuation splits exactly as the whole response would.
+from the batching engine and render the sample's token ids and their text as SGLang's detokenizer
+returns it. Raw text is what the model emits (`<think>\n…\n</think>\n\n…`); the chat route's split is
+SGLang's parser applied to it. The text of a prefix joined with its continuation's is the whole
+response's only when the prefix ends on a whole character: decoding all the ids at once is what is exact.
 """
 
 from __future__ import annotations
@@ -27,11 +28,8 @@ from tracegen.dataset.request_rules import (
 from tracegen.sglang.launch_flags import sglang_version
 from tracegen.simulator.lengths import Drawn, Sample
 from tracegen.simulator.reasoning import chat_parser, separate_reasoning
-from tracegen.simulator.text import words
-from tracegen.simulator.tokens import EOS_TOKEN_ID, ResponseIds
+from tracegen.simulator.tokens import EOS_TOKEN_ID, Response, decode, detokenize
 
-THINK_OPEN = "<think>\n"
-THINK_CLOSE = "\n</think>\n\n"
 SGLANG_VERSION = sglang_version()  # the release whose protocol and flags the stand-in mirrors
 DEFAULT_SAMPLING_SEED = 42  # SGLang's seed for a request without one, in deterministic mode
 _INT64 = (-(2**63), 2**63 - 1)
@@ -293,6 +291,69 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    prompt: str | list[str] | None
+    messages: list[dict[str, Any]] | None
+    tools: list[dict[str, Any]] | None
+    enable_thinking: bool
+    add_generation_prompt: bool
+
+
+def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
+    """SGLang's TokenizeRequest: exactly one of `prompt` (a string or a list of strings) and `messages`
+    (checked as the chat route checks them); with messages, `add_generation_prompt` (default: as a chat
+    completion renders them) and `chat_template_kwargs.enable_thinking`."""
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (messages is None):
+        raise BadRequest("Value error, Exactly one of 'prompt' or 'messages' must be provided.")
+    if prompt is not None and not (
+        isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, str) for t in prompt))
+    ):
+        raise BadRequest("prompt must be a string or a list of strings")
+    tools = body.get("tools")
+    if messages is not None:
+        if not isinstance(messages, list):
+            raise BadRequest("messages must be a list of {role, content} objects")
+        try:
+            for i, m in enumerate(messages):
+                check_message(m, f"messages[{i}]")
+            if tools is not None and not isinstance(tools, list):
+                raise ValueError("tools must be a list of objects")
+            for i, tool in enumerate(tools or []):
+                check_tool(tool, f"tools[{i}]")
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        messages = [as_sglang_reads(m) for m in messages]
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object")
+    _bool(body, "add_special_tokens", True)
+    return TokenizeRequest(
+        prompt=prompt, messages=messages, tools=tools or None,
+        enable_thinking=_bool(kwargs or {}, "enable_thinking", True, "chat_template_kwargs."),
+        add_generation_prompt=_bool(body, "add_generation_prompt", True),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class DetokenizeRequest:
+    tokens: list[int] | list[list[int]]
+    skip_special_tokens: bool
+
+
+def parse_detokenize(body: dict[str, Any]) -> DetokenizeRequest:
+    """SGLang's DetokenizeRequest: `tokens` a list of ids or of lists of ids, `skip_special_tokens`."""
+    tokens = body.get("tokens")
+
+    def ints(xs: Any) -> bool:
+        return isinstance(xs, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in xs)
+
+    if not (ints(tokens) or (isinstance(tokens, list) and all(ints(t) for t in tokens))):
+        raise BadRequest("tokens must be a list of integers or a list of lists of integers")
+    return DetokenizeRequest(tokens, _bool(body, "skip_special_tokens", True))
+
+
 def input_too_long(input_tokens: int, context_length: int) -> str:
     return f"The input ({input_tokens} tokens) is longer than the model's context length ({context_length} tokens)."
 
@@ -337,20 +398,22 @@ def now() -> int:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What one request will produce: a stretch of one sample, and how it finishes.
+    """What one request will produce: a stretch of one sample's completion, and how it finishes.
 
-    Token positions in `sample` are absolute; this request produces positions [start, start + target).
-    `start` > 0 for a continuation: the response tokens the client sent back after the prompt.
+    Token positions in `response` are absolute; this request produces positions [start, start + target).
+    `start` > 0 for a continuation: the response tokens the client sent back after the prompt. `context`
+    is the input's last ids, which SGLang's detokenizer decodes this request's output after.
     """
 
     sample: Sample
-    response: ResponseIds
-    reasoning: int  # thinking tokens of the whole sample as generated (0 when thinking is off)
+    response: Response
+    reasoning: int  # thinking tokens of the whole completion, </think> included (0 without thinking)
     start: int
     target: int  # tokens produced if not aborted
     finish: str  # "stop" | "length" | "tool_calls" when it reaches target
     cap: int  # max_new_tokens of this request
     tool_name: str | None = None
+    context: tuple[int, ...] = ()
 
     @property
     def ends_with_eos(self) -> bool:
@@ -359,22 +422,22 @@ class Plan:
 
     @property
     def loop(self) -> tuple[int, int] | None:
-        """(onset, period) of a runaway's repetition, for `words`."""
-        return (self.sample.loop_onset, self.sample.loop_period) if self.sample.runaway else None
+        """(onset, period) of a runaway's repetition, in body tokens."""
+        return self.response.loop
 
 
 def plan_request(drawn: Drawn, cap: int, ignore_eos: bool, tool_name: str | None = None) -> Plan:
     """What a request for `drawn` with max_new_tokens `cap` produces: the rest of the sample, or `cap`."""
-    sample, response, start = drawn.sample, drawn.response, drawn.generated
-    reasoning = sample.reasoning if response.thinking else 0
-    # Thinking off: the answer alone, unless the sample is a runaway, which loops in the answer instead.
-    natural = sample.total if response.thinking or sample.runaway else max(1, sample.answer)
-    # A prefix at or past where its sample stops (another length model produced it) stops at once.
-    remaining = max(1, natural - start)
-    if ignore_eos or remaining > cap:
-        return Plan(sample, response, reasoning, start, cap, "length", cap)
-    finish = "tool_calls" if tool_name else "stop"
-    return Plan(sample, response, reasoning, start, remaining, finish, cap, tool_name)
+    response = drawn.response(tool_name, ignore_eos)
+    start = drawn.generated
+    natural = response.total
+    # A prefix at or past where its sample stops stops at once.
+    remaining = None if natural is None else max(1, natural - start)
+    if remaining is None or remaining > cap:
+        return Plan(drawn.sample, response, response.reasoning, start, cap, "length", cap, None, drawn.context)
+    finish = "tool_calls" if response.tool else "stop"
+    return Plan(drawn.sample, response, response.reasoning, start, remaining, finish, cap,
+                tool_name if response.tool else None, drawn.context)
 
 
 def split(plan: Plan, n: int) -> tuple[int, int]:
@@ -384,40 +447,41 @@ def split(plan: Plan, n: int) -> tuple[int, int]:
     return r, n - r
 
 
+def output_ids(plan: Plan, n: int) -> list[int]:
+    """Token ids of the first n tokens this request produced (ending with the stop token if it stopped)."""
+    ids = plan.response.ids(plan.start, n)
+    if plan.ends_with_eos and n >= plan.target and ids:
+        ids[-1] = EOS_TOKEN_ID
+    return ids
+
+
 def raw_text(plan: Plan, prev: int, n: int) -> str:
-    """Raw model output between this request's token counts prev and n: thinking inline in tags."""
-    a, b = plan.start + prev, plan.start + n
-    if plan.ends_with_eos and n >= plan.target:
-        b -= 1  # the stop token has no text
-    reasoning, loop, key = plan.reasoning, plan.loop, plan.sample.key
-    out = []
-    if reasoning and a == 0 and b > 0:
-        out.append(THINK_OPEN)
-    r0, r1 = min(a, reasoning), min(b, reasoning)
-    if r1 > r0:
-        out.append((" " if r0 else "") + words(key, r0, r1 - r0, loop))
-    if reasoning and a <= reasoning < plan.start + n:  # the first answer token closes the thinking
-        out.append(THINK_CLOSE)
-    w0, w1 = max(a, reasoning), max(b, reasoning)
-    if w1 > w0:
-        out.append((" " if w0 > reasoning else "") + words(key, w0, w1 - w0, loop))
-    return "".join(out)
+    """The decoding of this request's tokens prev .. n-1 on their own (the stop token has no text): raw
+    model output, thinking inline in its tags. A slice that starts or ends inside a character has U+FFFD
+    there; what a request returns is `text`."""
+    return decode(output_ids(plan, n)[prev:n])
 
 
-def chat_texts(plan: Plan, n: int, parser: str | None, thinking: bool) -> tuple[str, str]:
+def text(plan: Plan, n: int, final: bool = True) -> str:
+    """What SGLang returns for the first n tokens of this request: at finish (`final`), its detokenizer's
+    text (`tokens.detokenize`: after the input's last ids, the matched stop trimmed, U+FFFD for a trailing
+    incomplete character); while streaming, the text so far without an incomplete character at its end."""
+    out = output_ids(plan, n)
+    stopped = final and plan.ends_with_eos and n >= plan.target
+    decoded = detokenize(plan.context, out, stopped)
+    return decoded if final else decoded.rstrip("\ufffd")
+
+
+def chat_texts(plan: Plan, n: int, parser: str | None, thinking: bool, final: bool = True) -> tuple[str, str]:
     """(reasoning_content, content) of the first n tokens, "" for an absent part.
 
     With a reasoning parser the split is SGLang's, applied to the raw text; without one the thinking
     stays inline in content, as the raw model output would.
     """
-    raw = raw_text(plan, 0, n)
+    raw = text(plan, n, final)
     if parser is None:
         return "", raw
     return separate_reasoning(raw, chat_parser(parser), force=thinking)
-
-
-def _tool_arguments(plan: Plan) -> dict[str, Any]:
-    return {"query": words(plan.sample.key, 7, 3)}
 
 
 def tool_calls(plan: Plan, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -429,30 +493,6 @@ def tool_calls(plan: Plan, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         "type": "function",
         "function": {"name": call["name"], "arguments": call["parameters"]},
     } for i, call in enumerate(calls)]  # fmt: skip
-
-
-def tool_call_text(plan: Plan) -> str:
-    """The call as the model writes it (Qwen's format), the end of the raw text of a sample that calls a
-    tool (the stop token after it has no text). Without a tool-call parser it is all a client gets: SGLang
-    then leaves it in `content` and the request finishes with `stop`."""
-    call = json.dumps({"name": plan.tool_name, "arguments": _tool_arguments(plan)})
-    return f"\n\n<tool_call>\n{call}\n</tool_call>"
-
-
-def raw_ending(plan: Plan, n: int, aborted: bool) -> str:
-    """What the raw text of the first n tokens has after `raw_text`: the tool call of a sample that ends in
-    one, once it has ended."""
-    if plan.finish == "tool_calls" and not aborted and n >= plan.target:
-        return tool_call_text(plan)
-    return ""
-
-
-def output_ids(plan: Plan, n: int) -> list[int]:
-    """Token ids of the first n tokens this request produced (ending with the stop token if it stopped)."""
-    ids = plan.response.ids(plan.start, n)
-    if plan.ends_with_eos and n >= plan.target and ids:
-        ids[-1] = EOS_TOKEN_ID
-    return ids
 
 
 def usage(prompt_tokens: int, completion: int, reasoning: int) -> dict[str, Any]:

@@ -1,154 +1,207 @@
-"""Token ids for the stand-in: a pseudo-tokenizer for prompts, and response ids that name their sample.
+"""Token ids for the stand-in: a real byte-level BPE tokenizer, Qwen3's chat template, and completions that
+are windows of a tokenized text stream.
 
-SGLang turns every prompt into token ids and samples token ids back. The stand-in has no vocabulary, so:
-
-- Prompts are "tokenized" four characters to a token (the same count `prompt_tokens` always used), each
-  chunk hashed to an id below the special tokens; chat messages add four template ids each. The ids
-  are a pure function of the text, so a chat prompt and the `prompt_token_ids` it returns hash alike:
-  `/generate` with those ids sees the same prompt as the chat route did. The tools block keeps its
-  token count but opens with `TOOLS_BLOCK_ID` and the tools' names packed two bytes an id, so
-  `/generate` on those ids knows which tools the prompt offers, as the model reading it would.
-- A response's ids carry the identity of the sample they came from. The first `HEADER_TOKENS` ids spell
-  the sample key, whether thinking was on, and a check bound to the prompt; every later id is a
-  position of an arithmetic sequence seeded by the key. `/generate` with `input_ids` = prompt ids +
-  response ids so far can therefore find where the response starts, recover its sample and finish
-  it, as SGLang would finish the sampled sequence it is given. Ids the stand-in did not produce
-  after that prompt (edited, truncated inside the header, glued to another prompt, or ending in EOS)
-  do not verify, and the request samples afresh.
+- **Prompts** are rendered with Qwen3's chat template (`<|im_start|>role\\ncontent<|im_end|>\\n` per
+  message, the tools block in the system turn, then `<|im_start|>assistant\\n`, and `<think>\\n\\n</think>\\n\\n`
+  when thinking is off) and tokenized by `bpe.tokenizer()`. A chat prompt and the `prompt_token_ids` it
+  returns are the same ids, so `/generate` on them sees the prompt the chat route saw: which tools it offers
+  (read from the decoded tools block) and which register the answer is written in (`register_of`: a prompt
+  whose text is at least 10% non-ASCII is answered in the `intl` register, as a model answers in the
+  language it is asked in).
+- **Completions** are the ids of a `Response`: `<think>`, `\\n`, thinking, `\\n`, `</think>`, `\\n\\n`, the
+  answer, an optional tool call, `<|im_end|>`. Thinking and answer are one contiguous window of the
+  register's `Stream` (the tokenization of `corpus.text`), starting at the sample's `origin`; the window's
+  ends fall on whole characters, so a finished completion decodes without U+FFFD, while a cap can cut
+  anywhere, inside a character too. A runaway sample repeats a phrase of the stream from its loop onset on,
+  so its ids loop as a real model's do.
+- **Continuing** a response (`find_origins`): the response starts after the last assistant header of the
+  input ids; its first stream ids are looked up in the stream's 4-gram index, which gives the origin, and
+  the sample is a pure function of the prompt and the origin (`lengths.continued_sample` verifies every id
+  of the prefix against it). Ids the stand-in did not produce after that prompt sample afresh.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
+import re
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-VOCAB_SIZE = 151_936
-TEXT_VOCAB = 151_643  # ids below Qwen3's special tokens: what ordinary text tokenizes to
+import numpy as np
+
+from tracegen.simulator import bpe
+
+VOCAB_SIZE = 151_936  # what the served model reports (Qwen3's embedding rows)
+ENDOFTEXT_ID = 151_643
 IM_START_ID = 151_644  # <|im_start|>
 EOS_TOKEN_ID = 151_645  # <|im_end|>: the stop token SGLang reports as matched_stop
-NEWLINE_ID = 198
-TOOLS_BLOCK_ID = 151_700  # an id past Qwen3's special tokens that no text maps to: opens the tools block
-CHARS_PER_TOKEN = 4
-TEMPLATE_TOKENS_PER_MESSAGE = 4  # <|im_start|>, role, <|im_end|>, newline
+TOOL_CALL_ID = 151_657  # <tool_call>
+TOOL_CALL_END_ID = 151_658  # </tool_call>
+THINK_ID = 151_667  # <think>
+THINK_END_ID = 151_668  # </think>
+# SGLang's INIT_INCREMENTAL_DETOKENIZATION_OFFSET: the input ids its detokenizer decodes the output after.
+SURROGATE_TOKENS = 5
+NON_ASCII_REGISTER_SHARE = 0.10
+TOKENIZER_MAX_LENGTH = 131_072  # Qwen3's tokenizer_config model_max_length: what /tokenize reports
+_KEY_BITS = 44
+_NGRAM = 4
 
-KEY_BITS = 44
-HEADER_TOKENS = 4
-_CHUNK_BITS = 15  # 4 chunks x 15 bits = key (44) + thinking flag (1) + prompt check (15)
-_CHECK_BITS = 15
-_CHUNK_MASK = (1 << _CHUNK_BITS) - 1
 
-_ROLE_IDS = {"system": 8948, "user": 872, "assistant": 77091, "tool": 14172, "developer": 34566}
+def tokenizer() -> bpe.Tokenizer:
+    return bpe.tokenizer()
+
+
+@lru_cache(maxsize=1)
+def _fixed() -> dict[str, Any]:
+    tok = tokenizer()
+    ids = {name: tuple(tok.encode(text)) for name, text in (
+        ("nl", "\n"), ("nlnl", "\n\n"), ("pad", "."), ("header", "<|im_start|>assistant\n"),
+        ("no_think", "<think>\n\n</think>\n\n"))}  # fmt: skip
+    assert len(ids["nl"]) == len(ids["nlnl"]) == len(ids["pad"]) == 1, ids
+    return ids
+
+
+def nl_id() -> int:
+    return _fixed()["nl"][0]
+
+
+def nlnl_id() -> int:
+    return _fixed()["nlnl"][0]
+
+
+def pad_id() -> int:
+    return _fixed()["pad"][0]
 
 
 # -- prompts -----------------------------------------------------------------------------------------
 def text_ids(text: str) -> list[int]:
-    """Ids of raw text: one per four characters (ceil), each a hash of its chunk."""
-    if not text:
-        return []
-    points = array("I", text.encode("utf-32-le", "surrogatepass"))
-    points.extend([0] * (-len(points) % CHARS_PER_TOKEN))
-    it = iter(points)
-    return [
-        (a * 1_000_003 + b * 10_007 + c * 101 + d) % TEXT_VOCAB
-        for a, b, c, d in zip(it, it, it, it, strict=True)
-    ]
+    """Ids of raw text (added tokens' strings, `<think>` and the like, become their ids)."""
+    return tokenizer().encode(text)
+
+
+def decode(ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    return tokenizer().decode(ids, skip_special_tokens)
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: the text ones are what the template renders
+        return "".join(p.get("text") or "" for p in content if isinstance(p, Mapping))
+    return str(content)
 
 
 def _message_text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    elif isinstance(content, list):  # OpenAI content parts: the text ones are what the template renders
-        text = "".join(p.get("text") or "" for p in content if isinstance(p, Mapping))
-    else:
-        text = str(content)
-    calls = message.get("tool_calls")
-    if calls:  # chat templates render an assistant's earlier tool calls into the prompt
-        text += json.dumps(calls, sort_keys=True, separators=(",", ":"))
+    text = _content_text(message.get("content"))
+    for call in message.get("tool_calls") or ():  # an assistant's earlier calls, as Qwen3's template has them
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        fn = fn if isinstance(fn, Mapping) else {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        body = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
+        text += f"\n<tool_call>\n{body}\n</tool_call>"
     return text
 
 
-def _role_id(role: Any) -> int:
-    if role in _ROLE_IDS:
-        return _ROLE_IDS[role]
-    return int.from_bytes(hashlib.blake2b(str(role).encode(), digest_size=4).digest(), "little") % TEXT_VOCAB
+_TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+_TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
-def chat_prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> list[int]:
-    """Ids of a templated chat prompt: per message <|im_start|> role text <|im_end|> newline, then tools."""
-    ids: list[int] = []
-    for m in messages:
-        ids.append(IM_START_ID)
-        ids.append(_role_id(m.get("role")))
-        ids += text_ids(_message_text(m))
-        ids.append(EOS_TOKEN_ID)
-        ids.append(NEWLINE_ID)
+def render_chat(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None, *,
+                thinking: bool = True, add_generation_prompt: bool = True) -> str:
+    """The prompt text of Qwen3's chat template."""
+    out = []
+    rest = list(messages)
     if tools:
-        ids += tools_ids(tools)
-    return ids
+        system = ""
+        if rest and rest[0].get("role") == "system":
+            system = _message_text(rest.pop(0)) + "\n\n"
+        block = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+        out.append(f"<|im_start|>system\n{system}{_TOOLS_INTRO}{block}{_TOOLS_OUTRO}<|im_end|>\n")
+    for m in rest:
+        role = m.get("role")
+        if role == "tool":
+            out.append(f"<|im_start|>user\n<tool_response>\n{_message_text(m)}\n</tool_response><|im_end|>\n")
+        else:
+            out.append(f"<|im_start|>{role}\n{_message_text(m)}<|im_end|>\n")
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+        if not thinking:
+            out.append("<think>\n\n</think>\n\n")
+    return "".join(out)
 
 
-def _tool_name(tool: Any) -> str:
-    fn = tool.get("function") if isinstance(tool, Mapping) else None
-    name = fn.get("name") if isinstance(fn, Mapping) else None
-    return name if isinstance(name, str) else ""
+@lru_cache(maxsize=4096)
+def _encoded(text: str) -> tuple[int, ...]:
+    return tuple(tokenizer().encode(text))
 
 
-def tools_ids(tools: Sequence[Any]) -> list[int]:
-    """Ids of the tools block: as many as its JSON's text ids, the first ones naming the tools
-    (`TOOLS_BLOCK_ID`, the byte length of the names joined by NUL, then two bytes an id). Names too long
-    for the block leave it hashed text only."""
-    hashed = text_ids(json.dumps(tools, separators=(",", ":")))
-    data = "\0".join(_tool_name(t) for t in tools).encode()
-    padded = data + b"\0" * (len(data) % 2)
-    packed = [TOOLS_BLOCK_ID, len(data)] + [
-        int.from_bytes(padded[i : i + 2], "big") for i in range(0, len(data), 2)
-    ]
-    if len(packed) > len(hashed) or len(data) >= TEXT_VOCAB:
-        return hashed
-    return packed + hashed[len(packed) :]
+def chat_prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
+                    thinking: bool = True) -> list[int]:
+    """Ids of a templated chat prompt, the generation prompt included."""
+    return list(_encoded(render_chat(messages, tools, thinking=thinking)))
+
+
+def opens_without_thinking(ids: Sequence[int]) -> bool:
+    """The prompt ends with the empty think block Qwen3's template adds when thinking is off."""
+    no_think = _fixed()["no_think"]
+    return tuple(ids[-len(no_think) :]) == no_think
+
+
+def chat_prompt_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
+                       thinking: bool = True) -> int:
+    return len(_encoded(render_chat(messages, tools, thinking=thinking)))
+
+
+_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
 
 
 def prompt_tool_names(ids: Sequence[int]) -> list[str] | None:
-    """The names of the tools a prompt's ids offer, in order (None when it has no tools block)."""
-    try:
-        at = len(ids) - 1 - list(reversed(ids)).index(TOOLS_BLOCK_ID)
-    except ValueError:
+    """The names of the tools a prompt's ids offer, in order (None when it has no tools block): read from
+    the decoded template, as the model reads them."""
+    text = decode(ids)
+    found = _TOOLS_BLOCK.findall(text)
+    if not found:
         return None
-    if at + 1 >= len(ids):
-        return None
-    size = ids[at + 1]
-    words = ids[at + 2 : at + 2 + (size + 1) // 2]
-    if not isinstance(size, int) or len(words) != (size + 1) // 2 or any(not 0 <= w < 1 << 16 for w in words):
-        return None
-    data = b"".join(w.to_bytes(2, "big") for w in words)[:size]
-    try:
-        return data.decode().split("\0")
-    except UnicodeDecodeError:
-        return None
+    names = []
+    for line in found[-1].split("\n"):
+        try:
+            tool = json.loads(line)
+        except ValueError:
+            continue
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        names.append(name if isinstance(name, str) else "")
+    return names
 
 
-def chat_prompt_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> int:
-    """len(chat_prompt_ids(messages, tools)) without building the list."""
-    n = sum(
-        math.ceil(len(_message_text(m)) / CHARS_PER_TOKEN) + TEMPLATE_TOKENS_PER_MESSAGE for m in messages
-    )
-    if tools:
-        n += math.ceil(len(json.dumps(tools, separators=(",", ":"))) / CHARS_PER_TOKEN)
-    return n
+def register_of(ids: Sequence[int]) -> str:
+    """The register a prompt is answered in: `intl` when its text (tools block aside) is at least 10%
+    non-ASCII, else `en`."""
+    text = _TOOLS_BLOCK.sub("", decode(ids))
+    if not text:
+        return "en"
+    non_ascii = len(text) - len(text.encode("ascii", "ignore"))
+    return "intl" if non_ascii >= NON_ASCII_REGISTER_SHARE * len(text) else "en"
 
 
 def _ids_bytes(ids: Sequence[int]) -> bytes:
     try:
         return array("q", ids).tobytes()
-    except OverflowError:  # ids outside int64: SGLang would fail later; hashing them must not
+    except (OverflowError, TypeError):  # ids outside int64: SGLang would fail later; hashing them must not
         return ",".join(map(str, ids)).encode()
 
 
@@ -158,107 +211,274 @@ def prompt_digest(ids: Sequence[int], seed: int = 0) -> bytes:
     return hashlib.blake2b(_ids_bytes(ids), digest_size=16, salt=salt).digest()
 
 
-# -- responses ---------------------------------------------------------------------------------------
-def _check(key: int, thinking: bool, digest: bytes) -> int:
-    payload = key.to_bytes(8, "little") + bytes([thinking]) + digest
-    return int.from_bytes(hashlib.blake2b(payload, digest_size=4).digest(), "little") & (
-        (1 << _CHECK_BITS) - 1
+def origin_key(digest: bytes, register: str, origin: int) -> int:
+    """The sample key of the response that starts at `origin` of the register's stream after the prompt
+    with `digest`: everything random about the sample (length, thinking share, loop) derives from it."""
+    payload = digest + register.encode() + origin.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8, person=b"origin").digest(), "little") >> (
+        64 - _KEY_BITS
     )
 
 
-def _progression(key: int, thinking: bool) -> tuple[int, int]:
-    """(offset, step) of the body ids: id at position i >= HEADER_TOKENS is (offset + i * step) % TEXT_VOCAB."""
-    h = hashlib.blake2b(
-        key.to_bytes(8, "little") + bytes([thinking]), digest_size=16, person=b"body"
-    ).digest()
-    offset = int.from_bytes(h[:8], "little") % TEXT_VOCAB
-    step = 1 + int.from_bytes(h[8:], "little") % (TEXT_VOCAB - 1)
-    return offset, step
+# -- streams -----------------------------------------------------------------------------------------
+class Stream:
+    """One register's token stream (cyclic), with where characters start and a 4-gram index."""
+
+    def __init__(self, name: str, ids: np.ndarray) -> None:
+        tok = tokenizer()
+        self.name = name
+        self.ids = ids.astype(np.int64)
+        self.size = int(ids.size)
+        first = np.array([(b[0] if b else 0) for b in tok.token_bytes], dtype=np.uint8)
+        # A token starts a character unless its first byte is a UTF-8 continuation byte.
+        self.starts = (first[self.ids] & 0xC0) != 0x80
+        pos = np.arange(self.size)
+        last = np.maximum.accumulate(np.where(self.starts, pos, -1))
+        # Cyclic: positions before the first character start take the last one of the stream.
+        tail = int(np.flatnonzero(self.starts)[-1])
+        self._prev = np.where(last < 0, tail - self.size, last)
+        self._index: tuple[np.ndarray, np.ndarray] | None = None
+
+    def window(self, start: int, count: int) -> np.ndarray:
+        """Ids at stream positions start .. start + count - 1 (cyclic)."""
+        start %= self.size
+        if start + count <= self.size:
+            return self.ids[start : start + count]
+        return self.ids[(start + np.arange(count)) % self.size]
+
+    def is_start(self, pos: int) -> bool:
+        return bool(self.starts[pos % self.size])
+
+    def snap_down(self, start: int, k: int) -> int:
+        """The largest k' <= k such that position start + k' starts a character (start must)."""
+        if k <= 0:
+            return 0
+        p = (start + k) % self.size
+        return max(0, k - (p - int(self._prev[p])))
+
+    def snap_up(self, start: int, k: int) -> int:
+        """The smallest k' >= k such that position start + k' starts a character."""
+        while not self.starts[(start + k) % self.size]:
+            k += 1
+        return k
+
+    def next_start(self, pos: int) -> int:
+        pos %= self.size
+        return (pos + self.snap_up(pos, 0)) % self.size
+
+    def _keys(self, ids: np.ndarray) -> np.ndarray:
+        k = np.zeros(ids.size - _NGRAM + 1, dtype=np.int64)
+        for j in range(_NGRAM):
+            k = k * 8192 + ids[j : j + k.size]
+        return k
+
+    def origins(self, first: Sequence[int]) -> list[int]:
+        """Stream positions starting a character where the stream reads `first` (its first 4 ids)."""
+        if len(first) < _NGRAM or any(not 0 <= t < 8192 for t in first[:_NGRAM]):
+            return []
+        if self._index is None:
+            wrapped = np.concatenate([self.ids, self.ids[: _NGRAM - 1]])
+            keys = self._keys(wrapped)
+            pos = np.flatnonzero(self.starts)
+            order = np.argsort(keys[pos], kind="stable")
+            self._index = (keys[pos][order], pos[order])
+        keys, pos = self._index
+        key = int(self._keys(np.asarray(first[:_NGRAM], dtype=np.int64))[0])
+        lo, hi = np.searchsorted(keys, [key, key + 1])
+        return pos[lo:hi].tolist()
 
 
+@lru_cache(maxsize=1)
+def streams() -> dict[str, Stream]:
+    data = np.load(bpe.STREAMS_FILE)
+    return {name: Stream(name, data[name]) for name in bpe.STREAM_CHARS}
+
+
+def stream(name: str) -> Stream:
+    return streams()[name]
+
+
+# -- responses ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class ResponseIds:
-    """The id stream of one sample's response after one prompt."""
+class Response:
+    """The id sequence of one sample's completion (see the module docstring).
 
-    key: int
+    `segments` are, in order, fixed ids (a tuple) or a stretch of the body (`(body_start, length)`, length
+    None for endless); the body is the stream from `origin`, looping from body index `loop[0]` with period
+    `loop[1]` when set. `total` is the number of tokens until it stops (None: it never does)."""
+
+    register: str
+    origin: int
     thinking: bool
-    digest: bytes  # the prompt's digest: the header's check binds the response to it
+    reasoning: int  # tokens through </think> (0 without a think block)
+    segments: tuple[Any, ...]
+    total: int | None
+    stops: bool
+    loop: tuple[int, int] | None = None
+    tool: bool = False
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.key < 1 << KEY_BITS:
-            raise ValueError(f"sample key {self.key} does not fit {KEY_BITS} bits")
-
-    def header(self) -> list[int]:
-        word = (self.key << 16) | (int(self.thinking) << 15) | _check(self.key, self.thinking, self.digest)
-        return [
-            (i << _CHUNK_BITS) | ((word >> (_CHUNK_BITS * i)) & _CHUNK_MASK) for i in range(HEADER_TOKENS)
-        ]
+    def _body(self, j0: int, count: int) -> np.ndarray:
+        s = stream(self.register)
+        if self.loop is None or j0 + count <= self.loop[0]:
+            return s.window(self.origin + j0, count)
+        onset, period = self.loop
+        j = np.arange(j0, j0 + count)
+        j = np.where(j < onset, j, onset + (j - onset) % period)
+        return s.ids[(self.origin + j) % s.size]
 
     def ids(self, start: int, count: int) -> list[int]:
         """Ids at response positions [start, start + count)."""
-        if count <= 0:
-            return []
         out: list[int] = []
-        if start < HEADER_TOKENS:
-            out = self.header()[start : start + count]
-            count -= len(out)
-            start += len(out)
-        offset, step = _progression(self.key, self.thinking)
-        out += [(offset + i * step) % TEXT_VOCAB for i in range(start, start + count)]
+        pos = 0
+        end = start + count
+        for seg in self.segments:
+            if pos >= end:
+                break
+            n = len(seg) if isinstance(seg, tuple) and not _is_body(seg) else seg[1]
+            seg_end = end if n is None else pos + n
+            lo, hi = max(start, pos), min(end, seg_end)
+            if hi > lo:
+                if _is_body(seg):
+                    out.extend(self._body(seg[0] + lo - pos, hi - lo).tolist())
+                else:
+                    out.extend(seg[lo - pos : hi - pos])
+            if n is None:
+                break
+            pos = seg_end
         return out
 
 
-def _decode_header(tokens: Sequence[int]) -> tuple[int, bool, int] | None:
-    """(key, thinking, check) from four header ids, or None when they are not a header."""
-    word = 0
-    for i, t in enumerate(tokens):
-        if not isinstance(t, int) or t >> _CHUNK_BITS != i:
-            return None
-        word |= (t & _CHUNK_MASK) << (_CHUNK_BITS * i)
-    return word >> 16, bool((word >> 15) & 1), word & ((1 << _CHECK_BITS) - 1)
+class _BodySeg(tuple):
+    """A (body_start, length) segment, told apart from fixed ids."""
 
 
+def _is_body(seg: Any) -> bool:
+    return isinstance(seg, _BodySeg)
+
+
+def _body_seg(start: int, length: int | None) -> _BodySeg:
+    return _BodySeg((start, length))
+
+
+def tool_call_text(name: str, key: int) -> str:
+    """A call as the model writes it (Qwen's format), after the answer."""
+    words = ("check", "run", "failing", "tests", "module", "config", "parser", "cache", "path", "logs")
+    query = " ".join(words[(key >> (4 * i)) % len(words)] for i in range(3))
+    call = json.dumps({"name": name, "arguments": {"query": query}})
+    return f"\n\n<tool_call>\n{call}\n</tool_call>"
+
+
+MIN_THINKING_TOTAL = 6  # <think> \n ... \n </think> and one answer token: a shorter thinking sample is this long
+
+
+def layout(sample: Any, register: str, origin: int, thinking: bool, tool_name: str | None = None,
+           ignore_eos: bool = False) -> Response:
+    """The completion of `sample` (`lengths.Sample`) whose body starts at `origin` of the register's stream.
+
+    Its length is the sample's: a body stretch that would end inside a character ends before it, and the
+    tokens it gave up are `.` (so the text ends on whole characters); an answer too short for its tool call
+    grows to hold it. A runaway never stops; with `ignore_eos` the answer
+    runs on past where it would stop."""
+    s = stream(register)
+    nl, nlnl, pad = nl_id(), nlnl_id(), pad_id()
+    head = (THINK_ID, nl)
+    if sample.runaway:
+        base = 2 if thinking else 0
+        onset = s.snap_up(origin, max(0, sample.loop_onset - base))
+        period = s.snap_up(origin + onset, max(1, sample.loop_period))
+        segs = ((head,) if thinking else ()) + (_body_seg(0, None),)
+        return Response(register, origin, thinking, sample.reasoning if thinking else 0, segs, None, False,
+                        (onset, period))
+    total = sample.total if thinking else max(1, sample.answer)
+    if thinking:
+        total = max(total, MIN_THINKING_TOTAL)
+        r_target = max(0, min(sample.reasoning, total - 2) - 4)
+        body_r = s.snap_down(origin, r_target)
+        answer = total - (r_target + 4)
+        segs: list[Any] = [head, _body_seg(0, body_r), (pad,) * (r_target - body_r), (nl, THINK_END_ID)]
+        reasoning = r_target + 4
+    else:
+        body_r, answer, segs, reasoning = 0, total, [], 0
+    opener = 1 if thinking else 0  # the \n\n after </think>
+    if ignore_eos:
+        segs += ([(nlnl,)] if thinking else []) + [_body_seg(body_r, None)]
+        return Response(register, origin, thinking, reasoning, tuple(segs), None, False)
+    call = tuple(text_ids(tool_call_text(tool_name, sample.key))) if tool_name else ()
+    # A call is written whole: an answer too short for it grows to hold it (the call's tokens are paid for).
+    body_a_target = answer - opener - len(call) - 1
+    if body_a_target < 0 and not call and opener:
+        opener = 0  # an answer of one token: the stop token right after </think>
+    body_a_target = max(0, body_a_target)
+    body_a = s.snap_down(origin + body_r, body_a_target)
+    if opener:
+        segs.append((nlnl,))
+    segs += [_body_seg(body_r, body_a), (pad,) * (body_a_target - body_a), call, (EOS_TOKEN_ID,)]
+    n = reasoning + opener + body_a_target + len(call) + 1
+    return Response(register, origin, thinking, reasoning, tuple(segs), n, True, None, bool(call))
+
+
+# -- continuing ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Continuation:
-    """Where the stand-in's own response starts inside `input_ids`, and which sample it is."""
+class Origins:
+    """Where a response the stand-in may have produced starts inside input ids, and its candidate origins."""
 
     prompt_len: int  # input_ids[:prompt_len] is the prompt
-    generated: int  # response tokens already in input_ids
-    response: ResponseIds
+    thinking: bool
+    register: str
+    origins: tuple[int, ...]
 
 
-def find_continuation(input_ids: Sequence[int], seed: int = 0) -> Continuation | None:
-    """The response of the stand-in's that `input_ids` ends with, if it ends with one (None otherwise).
-
-    The response must run to the end: its header, then body ids that continue the key's sequence up to
-    the last id. Candidates for where the body starts are the start of the longest arithmetic run that
-    ends the ids (a header id can extend the run by chance, hence a few positions after it), and the
-    one- and zero-body-token cases; each is verified in full, header check included.
-    """
-    n = len(input_ids)
-    if n < HEADER_TOKENS + 1:  # at least one prompt token before a header
+def find_origins(input_ids: Sequence[int]) -> Origins | None:
+    """The response that `input_ids` ends with, if it can be one of the stand-in's: it follows the last
+    assistant header (and the empty think block of a prompt with thinking off), opens as the stand-in's
+    responses open, holds no stop token and at least 4 body ids to look up (None otherwise)."""
+    fixed = _fixed()
+    header, no_think = fixed["header"], fixed["no_think"]
+    ids = list(input_ids)
+    at = len(ids) - 1 - ids[::-1].index(IM_START_ID) if IM_START_ID in ids else -1
+    if at >= 0 and tuple(ids[at : at + len(header)]) == header:
+        prompt_len = at + len(header)
+    elif THINK_ID in ids:  # a raw prompt (no template): the response opened its thinking
+        prompt_len = len(ids) - 1 - ids[::-1].index(THINK_ID)
+    else:
         return None
-    candidates = {n, n - 1}
-    if n >= 2:
-        step = (input_ids[-1] - input_ids[-2]) % TEXT_VOCAB
-        j = n - 2
-        while j > 0 and (input_ids[j] - input_ids[j - 1]) % TEXT_VOCAB == step:
-            j -= 1
-        candidates.update(range(j, min(j + HEADER_TOKENS + 1, n + 1)))
-    for body_start in sorted(candidates, reverse=True):
-        h = body_start - HEADER_TOKENS
-        if h < 1:
-            continue
-        decoded = _decode_header(input_ids[h:body_start])
-        if decoded is None:
-            continue
-        key, thinking, check = decoded
-        offset, step = _progression(key, thinking)
-        body = input_ids[body_start:]
-        if any(t != (offset + i * step) % TEXT_VOCAB for i, t in enumerate(body, start=HEADER_TOKENS)):
-            continue
-        digest = prompt_digest(input_ids[:h], seed)
-        if _check(key, thinking, digest) != check:
-            continue
-        return Continuation(prompt_len=h, generated=n - h, response=ResponseIds(key, thinking, digest))
-    return None
+    thinking = True
+    if tuple(ids[prompt_len : prompt_len + len(no_think)]) == no_think:
+        prompt_len += len(no_think)
+        thinking = False
+    response = ids[prompt_len:]
+    if not response or EOS_TOKEN_ID in response or prompt_len == 0:
+        return None
+    if thinking:
+        if response[:2] != [THINK_ID, nl_id()]:
+            return None
+        response = response[2:]
+    first = response[:_NGRAM]
+    if len(first) < _NGRAM:
+        return None
+    register = register_of(ids[:prompt_len])
+    found = stream(register).origins(first)
+    if not found:
+        return None
+    return Origins(prompt_len, thinking, register, tuple(found))
+
+
+# -- detokenizing as SGLang does -----------------------------------------------------------------------
+def detokenize(input_ids: Sequence[int], output_ids: Sequence[int], stopped: bool) -> str:
+    """The text SGLang 0.5.23 returns for `output_ids` generated after `input_ids`, at finish.
+
+    Its DetokenizerManager decodes the output after the last `SURROGATE_TOKENS` input ids and keeps what
+    follows their own decoding (`decode(surr + out)[len(decode(surr)):]`), the matched stop token trimmed
+    from the ids (`trim_matched_stop`) and special tokens skipped. A completion cut inside a character ends
+    in U+FFFD; a continuation of ids that end inside a character loses that character (its first bytes
+    decode to U+FFFD in the surrogate text, the whole character in the output's, and the length of the
+    former is cut off)."""
+    tok = tokenizer()
+    out = list(output_ids)
+    if stopped and out and out[-1] == EOS_TOKEN_ID:
+        out = out[:-1]
+    surr = list(input_ids[-SURROGATE_TOKENS:]) if SURROGATE_TOKENS else []
+    if not surr:
+        return tok.decode(out)
+    head = tok.decode(surr)
+    return tok.decode(surr + out)[len(head) :]

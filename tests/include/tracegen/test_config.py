@@ -28,9 +28,11 @@ def test_truncated_policies_are_one_rule_shared_by_the_form():
 @pytest.mark.parametrize(
     ("param", "value", "message"),
     [
-        ("max_tokens", 0, "max_tokens: 0 is outside"),
-        ("max_tokens", "8192", "max_tokens: expected an integer"),
-        ("max_tokens", True, "max_tokens: expected an integer"),
+        ("max_tokens", 0, "max_tokens 0 is below 1 token"),
+        ("max_tokens", "8192", "max_tokens '8192' is not a whole number of tokens"),
+        ("max_tokens", True, "max_tokens True is not a whole number of tokens"),
+        ("max_tokens", 1_048_577, "max_tokens 1,048,577 is too large: 1,048,576 is the largest max_tokens a run "
+                                  "accepts; enter at most 1,048,576"),
         ("truncation_threshold", 1.5, "truncation_threshold: 1.5 is outside [0.0, 1.0]"),
         ("truncation_threshold", float("nan"), "truncation_threshold: nan is outside"),
         ("top_p", 0.0, "top_p: 0.0 is outside (0.0, 1.0]"),
@@ -57,11 +59,14 @@ def test_unknown_param_is_refused():
 
 
 def test_max_tokens_must_fit_the_context():
-    with pytest.raises(ConfigError, match="does not fit the model's context length of 8192"):
+    with pytest.raises(ConfigError, match=r"max_tokens 8,192 is too large: the servers' context length is 8,192 "
+                                          r"tokens \(prompt \+ completion must fit\); enter at most 8,191"):
         RunConfig(**BASE, max_tokens=8192, context_length=8192)
     config = RunConfig(**BASE, max_tokens=8192)
-    with pytest.raises(ConfigError, match="use at most 4095"):
+    with pytest.raises(ConfigError, match="enter at most 4,095"):
         config.check_context_length(4096)
+    config.check_context_length(8193)  # one token left for the prompt
+    config.check_context_length(0)  # unknown: nothing to check against
 
 
 def test_config_round_trips_through_json():
@@ -73,3 +78,21 @@ def test_safe_run_id():
     assert safe_run_id("manual__2026-11-29T19:16:49.123+00:00") == "manual__2026-11-29T19_16_49.123_00_00"
     with pytest.raises(ConfigError):
         safe_run_id("::")
+
+
+def test_the_trigger_forms_cap_fields_are_the_one_cap_rules():
+    """The run's form and the raise's form take their max_tokens bounds from `tracegen.cap_rule`, which
+    RunConfig checks a value by (one rule for every cap: issue #27)."""
+    from tracegen.cap_rule import HIGHEST, LOWEST
+    from tracegen.config import rule_of
+    from tracegen.params import raise_cap_params, trigger_params
+
+    schema = {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST}
+    assert rule_of("max_tokens").schema() == schema
+    for form in (trigger_params(), raise_cap_params()):
+        assert {k: form["max_tokens"].schema[k] for k in schema} == schema
+    assert RunConfig(**BASE, max_tokens=HIGHEST).max_tokens == HIGHEST
+    with pytest.raises(ConfigError, match="max_tokens 10,000,000,000 is too large"):
+        RunConfig(**BASE, max_tokens=10**10)
+    with pytest.raises(ConfigError, match="max_tokens of about 401 digits is too large"):
+        RunConfig(**BASE, max_tokens=10**400)

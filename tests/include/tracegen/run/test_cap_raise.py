@@ -12,12 +12,14 @@ from engine_support.helpers import make_config, open_ledger, prepare, write_data
 from tracegen.audit.review import RAISE, CapDecision
 from tracegen.run.cap_raise import (
     CapRaise,
+    RaiseFacts,
     RaiseRefused,
     as_decision,
     at_raised_cap,
     check_raise,
     decode,
     encode,
+    parse,
     variable_key,
 )
 from tracegen.run.decision import apply
@@ -39,7 +41,7 @@ def _raise(cap: int, *, from_cap: int = 4096, run_id: str = "run-1") -> CapRaise
 
 def test_a_raise_goes_above_the_current_cap_and_within_the_context(spec) -> None:
     assert check_raise(spec, 8192, context_length=CONTEXT, earlier=None) == (4096, 8192)
-    with pytest.raises(RaiseRefused, match="already 4,096; a raise must go above it"):
+    with pytest.raises(RaiseRefused, match="already 4,096; a new cap must go above it"):
         check_raise(spec, 4096, context_length=CONTEXT, earlier=None)
     with pytest.raises(RaiseRefused, match="already 4,096"):
         check_raise(spec, 2048, context_length=CONTEXT, earlier=None)
@@ -60,17 +62,21 @@ def test_a_second_raise_goes_up_from_the_first(spec) -> None:
 
 def test_a_stored_raise_is_read_back_strictly(spec) -> None:
     raised = _raise(8192)
-    assert decode(encode(raised), "run-1") == raised
+    assert parse(encode(raised), "run-1") == raised
+    # Taken when the raise task it names returned exactly it (the trust rule: test_cap_raise_trust.py).
+    facts = RaiseFacts(run_cap=4096, context_length=CONTEXT, raise_state="success", record=raised.to_json())
+    assert decode(encode(raised), "run-1", lambda r: facts) == raised
+    assert parse(None, "run-1") is None and parse("", "run-1") is None
     assert decode(None, "run-1") is None and decode("", "run-1") is None
     key = variable_key("run-1")
     with pytest.raises(RaiseRefused, match=f"Airflow Variable {key}: not JSON"):
-        decode("{8192", "run-1")
+        parse("{8192", "run-1")
     with pytest.raises(RaiseRefused, match="names run 'run-2', not 'run-1'"):
-        decode(encode(_raise(8192, run_id="run-2")), "run-1")
+        parse(encode(_raise(8192, run_id="run-2")), "run-1")
     with pytest.raises(RaiseRefused, match="cap"):
-        decode(json.dumps({**raised.to_json(), "cap": 10**9}), "run-1")
+        parse(json.dumps({**raised.to_json(), "cap": 10**9}), "run-1")
     with pytest.raises(RaiseRefused, match="unexpected keyword"):
-        decode(json.dumps({**raised.to_json(), "fleet": "/bin/sh"}), "run-1")
+        parse(json.dumps({**raised.to_json(), "fleet": "/bin/sh"}), "run-1")
 
 
 def test_chunks_generate_at_the_raised_cap_without_recording_it(spec) -> None:

@@ -107,7 +107,7 @@ def test_the_pilot_gate_asks_with_the_table_and_the_run_waits(tmp_path) -> None:
     assert "| max_tokens | predicted truncation | 95% interval | tokens/row | ETA | GPU time | basis |" in body
     assert "| 4,096 (current) |" in body and f"**{question.recommended_cap:,} (recommended)**" in body
     assert "observed" in body and "modelled" in body
-    assert "the servers' context length is 40,960 tokens" in body and "from 1 to 40,959" in body
+    assert "the servers' context length is 40,960 tokens" in body and "from 4,097 to 40,959" in body
     assert "[Open the report](http://airflow:8080/tracegen/roots/abc/runs/run-1/pilot-report.html)" in body
     assert "24 hours" in body and "continued from their tokens to the new cap" in body
     assert question.report_uri.endswith("runs/run-1/pilot-report.html")
@@ -176,7 +176,7 @@ def test_another_cap_the_current_cap_stop_and_a_timeout(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("kind", "params", "message"), [
-    (OTHER, {"cap": None}, "'Continue at the cap typed below' needs a cap in the form's 'cap' field (1 to 40,959)"),
+    (OTHER, {"cap": None}, "'Continue at the cap typed below' needs a cap in the form's 'cap' field (4,097 to 40,959)"),
     (OTHER, {}, "needs a cap"),
     (OTHER, {"cap": CONTEXT}, "cap 40,960 is too large: the servers' context length is 40,960 tokens (prompt + "
                               "completion must fit); enter at most 40,959"),
@@ -185,7 +185,7 @@ def test_another_cap_the_current_cap_stop_and_a_timeout(tmp_path) -> None:
     (OTHER, {"cap": 8192.5}, "cap 8192.5 is not a whole number of tokens"),
     (OTHER, {"cap": "lots"}, "cap 'lots' is not a whole number of tokens"),
     (OTHER, {"cap": True}, "cap True is not a whole number of tokens"),
-    (RECOMMENDED, {"cap": 9000}, "a cap (9000) was typed but 'Continue at"),
+    (RECOMMENDED, {"cap": 9000}, "a cap (9,000) was typed but 'Continue at"),
     (STOP, {"cap": 9000}, "choose 'Continue at the cap typed below' to continue at it, or clear the field"),
 ])
 def test_answers_the_run_cannot_act_on_are_refused_saying_why(tmp_path, kind, params, message) -> None:

@@ -154,13 +154,16 @@ def test_token_ids_are_asked_for_and_read_back() -> None:
                                  return_token_ids=True))
     assert body["return_token_ids"] is True and body["stream"] is False
     choice = {**good_body()["choices"][0], "prompt_token_ids": [1, 2, 3], "response_token_ids": [9, 151645]}
-    c = parse_completion(json.dumps(good_body(choices=[choice])).encode())
+    # The usage the ids imply (counts that disagree with them are a server fault: test_usage_bounds.py).
+    usage = {**good_body()["usage"], "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+             "reasoning_tokens": 1, "completion_tokens_details": {"reasoning_tokens": 1}}
+    c = parse_completion(json.dumps(good_body(choices=[choice], usage=usage)).encode())
     assert (c.prompt_token_ids, c.response_token_ids) == ([1, 2, 3], [9, 151645])
     assert parse_completion(json.dumps(good_body()).encode()).response_token_ids is None  # not asked, not there
     for bad in ([1, "2"], [True], [-1], "1 2 3"):
         broken = {**choice, "response_token_ids": bad}
         with pytest.raises(MalformedResponse, match="response_token_ids"):
-            parse_completion(json.dumps(good_body(choices=[broken])).encode())
+            parse_completion(json.dumps(good_body(choices=[broken], usage=usage)).encode())
 
 
 def test_generate_body_and_response() -> None:

@@ -243,18 +243,22 @@ def test_parse_and_build_models():
 
 
 def test_prompt_token_counts_are_the_lengths_of_the_prompt_ids():
-    msgs = [{"role": "user", "content": "x" * 400}]
-    assert prompt_tokens(msgs) == 100 + 4 == len(chat_prompt_ids(msgs))
-    parts = [{"role": "user", "content": [{"type": "text", "text": "y" * 40}]}]
-    assert prompt_tokens(parts) == 10 + 4 == len(chat_prompt_ids(parts))
+    msgs = [{"role": "user", "content": "fix the failing test " * 20}]
+    # The templated prompt's tokens: <|im_start|>user\n ... <|im_end|>\n<|im_start|>assistant\n.
+    assert prompt_tokens(msgs) == len(chat_prompt_ids(msgs)) == len(text_ids("fix the failing test " * 20)) + 8
+    parts = [{"role": "user", "content": [{"type": "text", "text": "fix the failing test " * 20}]}]
+    assert prompt_tokens(parts) == prompt_tokens(msgs)
     tools = [{"type": "function", "function": {"name": "f"}}]
     mixed = [
         {"role": "system", "content": "s" * 13},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f"}}]},
         {"role": "tool", "content": "ok"},
     ]
-    assert prompt_tokens(msgs, tools=tools) > 104
+    assert prompt_tokens(msgs, tools=tools) > prompt_tokens(msgs) + 40
     assert prompt_tokens(mixed, tools) == len(chat_prompt_ids(mixed, tools))
     for text in ("", "a", "abcd", "abcde", "é" * 9, "🙂" * 5):
         assert text_tokens(text) == len(text_ids(text))
     assert all(0 <= t < 151_643 for t in text_ids("some prompt text " * 20))
+    # A real byte-level BPE: CJK and emoji cost more tokens a character than English words.
+    assert len(text_ids("修复失败的测试" * 10)) > len("修复失败的测试" * 10) / 2
+    assert len(text_ids("fix the failing test " * 10)) < len("fix the failing test " * 10) / 3

@@ -12,6 +12,7 @@ import pytest
 from fixtures.simulator import start_sim_server
 
 from tracegen.simulator.lengths import LengthModel, draw
+from tracegen.simulator.tokens import THINK_END_ID, THINK_ID, chat_prompt_tokens, decode
 
 SHORT = LengthModel.parse("short")
 KEY = "sk-test"
@@ -153,9 +154,9 @@ def test_auth_rule(shared):
 
 # -- chat completions ---------------------------------------------------------------------------------
 def test_chat_stop_shape_and_usage(client):
-    m = find_prompt(lambda d: 20 < d.total < 200)
+    m = find_prompt(lambda d: 30 < d.total < 200)
     d = predict(m)
-    body = chat(client, m, max_tokens=1000).json()
+    body = chat(client, m, max_tokens=1000, return_token_ids=True).json()
     assert body["object"] == "chat.completion" and body["model"] == "whatever"
     choice = body["choices"][0]
     assert (
@@ -167,9 +168,13 @@ def test_chat_stop_shape_and_usage(client):
     # SGLang's qwen3 split of "<think>\n…\n</think>\n\n…"; the last answer token is the stop token.
     assert msg["reasoning_content"].startswith("\n") and msg["reasoning_content"].endswith("\n")
     assert msg["content"].startswith("\n\n")
-    assert (
-        len(msg["reasoning_content"].split()) == d.reasoning and len(msg["content"].split()) == d.answer - 1
-    )
+    # The text is the decoding of the ids: the thinking through </think> is d.reasoning tokens, then the
+    # answer, the stop token last (counted, not decoded).
+    ids = choice.pop("response_token_ids")
+    prompt_ids = choice.pop("prompt_token_ids")
+    assert len(ids) == d.total and ids[0] == THINK_ID and ids[d.reasoning - 1] == THINK_END_ID and ids[-1] == 151645
+    assert decode(ids) == "<think>" + msg["reasoning_content"] + "</think>" + msg["content"]
+    assert body["usage"]["prompt_tokens"] == len(prompt_ids)
     u = body["usage"]
     assert u["completion_tokens"] == d.total and u["reasoning_tokens"] == d.reasoning
     assert u["completion_tokens_details"] == {"reasoning_tokens": d.reasoning}
@@ -178,7 +183,8 @@ def test_chat_stop_shape_and_usage(client):
         and u["prompt_tokens_details"] is None
     )
     assert body["metadata"] == {"weight_version": "default"}
-    assert chat(client, m, max_tokens=1000).json()["choices"] == body["choices"]  # deterministic
+    again = chat(client, m, max_tokens=1000).json()["choices"]
+    assert again == body["choices"]  # deterministic
 
 
 def test_a_seeded_sample_is_independent_of_the_cap(client):
@@ -198,10 +204,11 @@ def test_a_seeded_sample_is_independent_of_the_cap(client):
 
 def test_cap_inside_thinking_puts_everything_in_reasoning_content(client):
     m = find_prompt(lambda d: d.reasoning > 30)
-    body = chat(client, m, max_completion_tokens=10).json()
+    body = chat(client, m, max_completion_tokens=10, return_token_ids=True).json()
     msg = body["choices"][0]["message"]
-    assert body["choices"][0]["finish_reason"] == "length"
-    assert msg["content"] == "" and len(msg["reasoning_content"].split()) == 10
+    ids = body["choices"][0]["response_token_ids"]
+    assert body["choices"][0]["finish_reason"] == "length" and len(ids) == 10 and THINK_END_ID not in ids
+    assert msg["content"] == "" and "<think>" + msg["reasoning_content"] == decode(ids)
     assert body["usage"]["reasoning_tokens"] == 10
 
 
@@ -251,7 +258,7 @@ def test_without_a_tool_call_parser_calls_stay_in_the_text(client):
     tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
     contents = []
     for i in range(40):
-        choice = chat(client, msgs(i), max_tokens=4000, tools=tools).json()["choices"][0]
+        choice = chat(client, msgs(i), max_tokens=3000, tools=tools).json()["choices"][0]
         assert choice["finish_reason"] in ("stop", "length") and "tool_calls" not in choice["message"]
         contents.append(choice["message"]["content"])
     assert any('<tool_call>\n{"name": "run_tests"' in c for c in contents)
@@ -335,19 +342,21 @@ def test_chat_bad_requests_are_flat_400(client, payload, fragment):
 
 
 def test_context_overflow_exact_message(client):
-    m = [{"role": "user", "content": "x" * 400}]  # 100 + 4 template tokens
+    m = [{"role": "user", "content": "fix the test " * 30}]
+    n = chat_prompt_tokens(m)
     r = chat(client, m, max_tokens=4000)
     assert r.status_code == 400
     assert r.json()["message"] == (
         "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total "
-        "of 4104 tokens: 104 tokens from the input messages and 4000 tokens for the completion. Please reduce the "
-        "number of tokens in the input messages or the completion to fit within the limit."
+        f"of {4000 + n} tokens: {n} tokens from the input messages and 4000 tokens for the completion. Please "
+        "reduce the number of tokens in the input messages or the completion to fit within the limit."
     )
-    r = chat(client, [{"role": "user", "content": "x" * 20000}], max_tokens=1)
+    big = [{"role": "user", "content": "fix the test " * 2000}]
+    r = chat(client, big, max_tokens=1)
     assert r.status_code == 400
     assert (
         r.json()["message"]
-        == "The input (5004 tokens) is longer than the model's context length (4096 tokens)."
+        == f"The input ({chat_prompt_tokens(big)} tokens) is longer than the model's context length (4096 tokens)."
     )
 
 
@@ -374,7 +383,8 @@ def test_generate_native_shape_and_default_max_new_tokens(sim_server):
     meta = body["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 128}
     assert meta["completion_tokens"] == 128 and len(body["output_ids"]) == 128
-    assert meta["prompt_tokens"] == 2 and meta["cached_tokens"] == 0 and meta["num_retractions"] == 0
+    prompt_ids = httpx.post(sim.url + "/tokenize", json={"prompt": prompt}).json()["tokens"]
+    assert meta["prompt_tokens"] == len(prompt_ids) and meta["cached_tokens"] == 0 and meta["num_retractions"] == 0
     assert meta["weight_version"] == "default" and meta["e2e_latency"] >= 0 and meta["id"]
     assert body["text"].startswith("<think>\n")
     short = next(f"p{i}" for i in range(1000) if draw(f"p{i}", sample=DETERMINISTIC).total < 2000)
@@ -614,9 +624,8 @@ def test_sigterm_drains_in_flight_then_exits(sim_server):
 
 def test_context_limit_boundary_matches_sglang(client):
     # SGLang 0.5.23 accepts input + max_new_tokens == context length and rejects only more.
-    m = [{"role": "user", "content": "x" * 400}]  # 104 tokens
-    assert chat(client, m, max_tokens=4096 - 103).status_code == 400
-    assert (
-        chat(client, m, max_tokens=4096 - 104, chat_template_kwargs={"enable_thinking": False}).status_code
-        == 200
-    )
+    m = [{"role": "user", "content": "fix the test " * 30}]
+    n = chat_prompt_tokens(m, thinking=False)
+    off = {"enable_thinking": False}
+    assert chat(client, m, max_tokens=4096 - n + 1, chat_template_kwargs=off).status_code == 400
+    assert chat(client, m, max_tokens=4096 - n, chat_template_kwargs=off).status_code == 200

@@ -1,0 +1,140 @@
+"""A server's token counts are bounded (issue #26 finding 11): usage must agree with the token ids the same
+response returns and stay within the request's cap. Otherwise the response is a server fault of its own
+kind (`InconsistentUsage`, a `MalformedResponse`): retried like any bad body, never committed as a row.
+
+Through the client against a scripted SGLang-shaped server on loopback (real HTTP), as a chunk's rows and
+a truncated row's continuation reach it, and through the parsers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tracegen.sglang.client import ClientConfig, Sampling, ServerEndpoint, SGLangClient
+from tracegen.sglang.wire import InconsistentUsage, MalformedResponse, parse_completion, parse_generate
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+FAST = dict(backoff_base_s=0.01, backoff_max_s=0.02, probe_interval_s=0.05, probe_timeout_s=2.0, jitter_seed=1)
+
+
+def chat(completion_tokens: int, *, ids: list[int] | None = None, finish: str = "stop", reasoning: int = 0,
+         prompt_ids: list[int] | None = None, prompt_tokens: int = 3) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
+                              "message": {"role": "assistant", "content": "42", "reasoning_content": None}}
+    if ids is not None:
+        choice["response_token_ids"] = ids
+        choice["prompt_token_ids"] = prompt_ids if prompt_ids is not None else [7] * prompt_tokens
+    return {"id": "cmpl-1", "object": "chat.completion", "choices": [choice],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens, "reasoning_tokens": reasoning}}
+
+
+def generated(completion_tokens: int, ids: list[int] | None, finish: str = "stop") -> dict[str, Any]:
+    meta = {"finish_reason": {"type": finish}, "prompt_tokens": 5, "completion_tokens": completion_tokens,
+            "reasoning_tokens": 0}
+    return {"text": "more", "output_ids": ids, "meta_info": meta}
+
+
+async def _serve(replies: list[dict[str, Any]], seen: list[Any]) -> tuple[web.AppRunner, str]:
+    async def handler(request: web.Request) -> web.Response:
+        if request.path == "/health":
+            return web.Response(status=200)
+        seen.append(await request.json())
+        return web.json_response(replies[min(len(seen) - 1, len(replies) - 1)])
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+
+def complete(replies: list[dict[str, Any]], *, max_tokens: int = 16, attempts: int = 6):
+    seen: list[Any] = []
+
+    async def main():
+        runner, url = await _serve(replies, seen)
+        try:
+            cfg = ClientConfig(max_attempts=attempts, quarantine_after=50, **FAST)
+            async with SGLangClient([ServerEndpoint(url)], cfg) as client:
+                return await client.complete(0, MESSAGES, sampling=Sampling(max_tokens=max_tokens), model="m",
+                                             run_id="r")
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main()), seen
+
+
+def continue_row(replies: list[dict[str, Any]], *, max_new_tokens: int = 8, attempts: int = 6):
+    seen: list[Any] = []
+
+    async def main():
+        runner, url = await _serve(replies, seen)
+        try:
+            cfg = ClientConfig(max_attempts=attempts, quarantine_after=50, **FAST)
+            async with SGLangClient([ServerEndpoint(url)], cfg) as client:
+                return await client.generate([1, 2, 3], max_new_tokens=max_new_tokens,
+                                             sampling=Sampling(max_tokens=16))
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main()), seen
+
+
+# ---- finding 11, through the client -----------------------------------------------------------------
+
+
+def test_finding_11_counts_beyond_the_cap_or_the_ids_are_retried_and_the_honest_answer_is_kept() -> None:
+    # Before: the first answer was committed as an ok row of 10**12 completion tokens, at attempt 1.
+    row, seen = complete([chat(10**12), chat(9000, ids=[11, 12]), chat(2, ids=[11, 12])], max_tokens=16)
+    assert len(seen) == 3 and seen[0]["max_tokens"] == 16
+    assert (row.status, row.attempt, row.completion_tokens, row.finish_reason) == ("ok", 3, 2, "stop")
+
+
+@pytest.mark.parametrize(("reply", "needle"), [
+    (chat(10**12), "usage.completion_tokens is 1,000,000,000,000, above the request's max_tokens of 16"),
+    (chat(9000, ids=[11, 12]), "usage.completion_tokens is 9,000 but the response returned 2 output token ids"),
+    (chat(17, finish="length"), "usage.completion_tokens is 17, above the request's max_tokens of 16"),
+    (chat(2, ids=[11, 12], prompt_ids=[1]), "usage.prompt_tokens is 3 but the response returned 1 prompt token ids"),
+    (chat(2, reasoning=5), "usage.reasoning_tokens is 5, above completion_tokens (2)"),
+], ids=["10^12-stop", "9000-for-2-ids", "over-the-cap", "prompt-ids", "reasoning-over-completion"])
+def test_finding_11_a_server_that_keeps_miscounting_leaves_a_failed_row_naming_it(reply, needle) -> None:
+    row, seen = complete([reply], max_tokens=16, attempts=2)
+    assert len(seen) == 2  # retried like any bad body
+    assert row.status == "failed" and row.completion_tokens == 0  # nothing of it is kept
+    assert f"usage inconsistent with the response: {needle}" in row.error, row.error
+
+
+def test_finding_11_a_continuation_is_held_to_its_max_new_tokens_and_its_output_ids() -> None:
+    out, seen = continue_row([generated(9000, [11, 12]), generated(10**12, None), generated(2, [11, 12])])
+    assert len(seen) == 3 and seen[0]["sampling_params"]["max_new_tokens"] == 8
+    assert out.value is not None and (out.value.completion_tokens, out.value.output_ids, out.attempt) == (2, [11, 12], 3)
+    out, _ = continue_row([generated(9, None, "length")], attempts=2)
+    assert out.value is None and "meta_info.completion_tokens is 9, above the request's max_new_tokens of 8" in out.failed
+
+
+# ---- the parsers -----------------------------------------------------------------------------------
+
+
+def test_counts_that_agree_are_read_as_before() -> None:
+    c = parse_completion(json.dumps(chat(16, ids=list(range(16)), finish="length", reasoning=4)).encode(),
+                         max_tokens=16)
+    assert (c.completion_tokens, c.reasoning_tokens, len(c.response_token_ids or [])) == (16, 4, 16)
+    # Without ids and without a cap (the health probe), only the counts' own consistency is checked.
+    assert parse_completion(json.dumps(chat(10**6)).encode()).completion_tokens == 10**6
+    g = parse_generate(json.dumps(generated(3, [1, 2, 3])).encode(), max_new_tokens=3)
+    assert g.completion_tokens == 3
+
+
+def test_inconsistent_usage_is_a_malformed_response_of_its_own_kind() -> None:
+    with pytest.raises(InconsistentUsage) as info:
+        parse_completion(json.dumps(chat(9000, ids=[1, 2])).encode(), max_tokens=16)
+    assert isinstance(info.value, MalformedResponse) and info.value.kind == "usage inconsistent with the response"
+    with pytest.raises(InconsistentUsage, match="2 output token ids"):
+        parse_generate(json.dumps(generated(9000, [1, 2])).encode())
