@@ -6,9 +6,14 @@ the sampling params the row was generated with (its run's) finishes the same sam
 run at cap C and pays only for the tokens past C'. Regenerating instead pays the prefix again and keeps
 only the samples that happened to come out short the second time.
 
-The new row is the seamless whole: the raw text of the truncated row joined with the continuation, split
-into thinking, answer and tool calls by the server's own parsers (`/separate_reasoning`,
-`/parse_function_call`), exactly as the chat route splits an uninterrupted response. Its
+The new row is the seamless whole: its text is the server's decoding of the whole id sequence (`/detokenize`
+of the truncated row's response ids + the new ids), split into thinking, answer and tool calls by the
+server's own parsers (`/separate_reasoning`, `/parse_function_call`), exactly as the chat route decodes and
+splits an uninterrupted response. Joining the two texts instead is wrong wherever the cut fell inside a
+character (byte-level BPE): SGLang ends the first text with U+FFFD there and starts the continuation's after
+the character, so the joined text has U+FFFD where the character was. A server without `/detokenize` (or a
+continuation without `output_ids`) leaves only the join: the row's provenance then says
+`"text": "joined"` (its seam may hold U+FFFD) and the report counts such rows. Its
 `completion_tokens` count the whole completion; its `provenance` names the row it extends and the
 tokens before and after. A truncated row stored without token ids (committed before tracegen stored
 them, or by a server that did not return them) cannot be continued: it is generated again instead, and
@@ -45,6 +50,11 @@ from tracegen.store.records import (
 from tracegen.store.storage import StorageKeyError
 
 log = logging.getLogger(__name__)
+
+# How an extended row's text was made (its provenance `text`): the server's decoding of all its ids, or the
+# two texts joined (no /detokenize): then the seam may hold U+FFFD where the cut fell inside a character.
+DECODED = "decoded"
+JOINED = "joined"
 
 # Qwen3-style reasoning markup: the chat route hands back the text between these as reasoning_content.
 THINK_START = "<think>"
@@ -228,7 +238,16 @@ async def extend_row(
     if generated.value is None:
         return not_ok(generated, "/generate")
     new = generated.value
-    whole = raw_text(source) + new.text
+    whole, text_from = None, JOINED
+    if new.output_ids is not None:
+        decoded = await client.detokenize(response_ids + new.output_ids)
+        if decoded.value is not None:
+            whole, text_from = decoded.value, DECODED
+        elif decoded.rejected is None:  # the route exists and kept failing: try the row again later
+            return not_ok(decoded, "/detokenize")
+    if whole is None:
+        whole = raw_text(source) + new.text
+        log.debug("row %d: text joined at the seam (no /detokenize on %s)", source.index, generated.server)
     reasoning, content = "", whole
     if parsers.reasoning:
         split = await client.separate_reasoning(whole, parsers.reasoning)
@@ -270,5 +289,6 @@ async def extend_row(
             "tokens_after": total,
             "new_tokens": new.completion_tokens,
             "sampling": {"temperature": job.temperature, "top_p": job.top_p},
+            "text": text_from,
         },
     )

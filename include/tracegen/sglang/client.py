@@ -39,6 +39,7 @@ from tracegen.sglang.retry import (
 from tracegen.sglang.routing import ServerEndpoint, ServerPool, ServerState
 from tracegen.sglang.settings import ClientConfig, Sampling
 from tracegen.sglang.wire import (
+    DETOKENIZE_PATH,
     GENERATE_PATH,
     PARSE_FUNCTION_CALL_PATH,
     PATH,
@@ -49,11 +50,13 @@ from tracegen.sglang.wire import (
     MalformedResponse,
     ServerParsers,
     build_body,
+    build_detokenize_body,
     build_generate_body,
     build_parse_function_call_body,
     build_separate_reasoning_body,
     error_message,
     parse_completion,
+    parse_detokenize,
     parse_function_calls,
     parse_generate,
     parse_separate_reasoning,
@@ -260,6 +263,12 @@ class SGLangClient:
         return await self._call("POST", PARSE_FUNCTION_CALL_PATH, body,
                                 lambda raw: parse_function_calls(raw, _call_id), generation=False)
 
+    async def detokenize(self, ids: list[int]) -> Outcome[str]:
+        """The server's decoding of `ids` (SGLang's `/detokenize`). A server without the route answers it
+        `rejected` (HTTP 404/405), never fatal: the caller falls back to what it has."""
+        return await self._call("POST", DETOKENIZE_PATH, build_detokenize_body(ids), parse_detokenize,
+                                generation=False, optional=True)
+
     async def server_parsers(self) -> Outcome[ServerParsers]:
         """The reasoning and tool-call parsers the servers run (one fleet, one launch: asked once)."""
         async with self._parsers_lock:
@@ -277,10 +286,12 @@ class SGLangClient:
         parse: Callable[[bytes], T],
         *,
         generation: bool = True,
+        optional: bool = False,
     ) -> Outcome[T]:
         """One request with the client's routing, deadlines and retries. `generation`: a request that runs
         the model, whose success is the progress signal behind wedge detection (a wedged server still
-        answers the tokenizer-side parsing routes, so those must not vouch for it)."""
+        answers the tokenizer-side parsing routes, so those must not vouch for it). `optional`: the server may
+        not have the route; a 404 or 405 is then `rejected`, not a fatal misconfiguration."""
         if self._fatal is not None:
             raise self._fatal
         self._start_tuner()
@@ -297,7 +308,8 @@ class SGLangClient:
             attempt += 1
             started = time.monotonic()
             try:
-                result = await self._attempt(server, http, method, path, body, parse, started, generation)
+                result = await self._attempt(server, http, method, path, body, parse, started, generation,
+                                             optional)
             except TransientError as exc:
                 last_error = f"{server.url}: {exc}"
             else:
@@ -324,6 +336,7 @@ class SGLangClient:
         parse: Callable[[bytes], T],
         started: float,
         generation: bool,
+        optional: bool = False,
     ) -> T | _Rejected:
         """One HTTP attempt. Returns the parsed body (ok) or a `_Rejected` (the server's message);
         raises TransientError (retry) or FatalClientError (stop)."""
@@ -381,6 +394,9 @@ class SGLangClient:
             reason = f"HTTP {status}: {message}"
             pool.record_failure(server, reason)
             raise TransientError(reason)
+        if optional and status in (404, 405):
+            # A route this server does not have (an older release): the request is answered, not the URL wrong.
+            return _Rejected(f"HTTP {status}: {message}")
         if kind == FATAL:
             hint = " (check the api key for this server)" if status in (401, 403) else ""
             self._fatal = FatalClientError(f"{server.url} answered HTTP {status}: {message}{hint}")

@@ -5,6 +5,7 @@ validating each response into a small typed result.
 - `POST /generate` with `input_ids`: the continuation of a truncated row from its exact tokens;
 - `POST /separate_reasoning`, `POST /parse_function_call`: SGLang's own split of raw text into thinking,
   answer and tool calls, as the chat route does it;
+- `POST /detokenize`: the server's decoding of a whole id sequence (an extended row's text);
 - `GET /server_info`: which reasoning and tool-call parsers the server runs.
 
 A server that answers 200 with a body we cannot trust (not JSON, missing fields, wrong types) is a
@@ -27,6 +28,7 @@ GENERATE_PATH = "/generate"
 SEPARATE_REASONING_PATH = "/separate_reasoning"
 PARSE_FUNCTION_CALL_PATH = "/parse_function_call"
 SERVER_INFO_PATH = "/server_info"
+DETOKENIZE_PATH = "/detokenize"
 # What SGLang reports; `abort` is not a completion (the client retries it), the rest are.
 SERVER_FINISH_REASONS = frozenset({*FINISH_REASONS, "abort"})
 
@@ -143,6 +145,20 @@ def build_generate_body(
 
 def build_separate_reasoning_body(text: str, parser: str) -> bytes:
     return _encode({"text": text, "reasoning_parser": parser})
+
+
+def build_detokenize_body(ids: list[int]) -> bytes:
+    """`/detokenize` of one id sequence, special tokens skipped (SGLang's default, as its chat route decodes)."""
+    return _encode({"tokens": ids})
+
+
+def parse_detokenize(raw: bytes) -> str:
+    """The text of a /detokenize body (one sequence)."""
+    data = _object(raw)
+    text = data.get("text")
+    if not isinstance(text, str):
+        raise MalformedResponse(f"detokenize must answer a text string, got {data!r:.160}")
+    return text
 
 
 def build_parse_function_call_body(text: str, tools: list[dict[str, Any]], parser: str) -> bytes:

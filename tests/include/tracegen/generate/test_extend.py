@@ -1,23 +1,42 @@
 """Extending one truncated row, against a scripted SGLang on loopback: the requests it sends (/generate from
-the exact ids with the remaining budget and the row's sampling params, then the server's own parsers on
-the whole raw text), the row it builds, and the fallback for a row stored without token ids.
+the exact ids with the remaining budget and the row's sampling params, /detokenize of all the ids, then the
+server's own parsers on the whole raw text), the row it builds, the fallback for a row stored without token
+ids, and for a server without /detokenize.
 
-The engine-level pivot against the stand-in is in test_engine.py; this file pins the protocol details the
-stand-in cannot show: a server with a tool-call parser, aborts, and the exact bodies.
+Then the pivot against the stand-in (issue #29): prompts rich in non-ASCII, many rows cut at 4096 inside a
+character, and 4096 -> 8192 with `extend` equal to one uninterrupted 8192 run byte for byte, in the parts and
+in the export; joining the two texts instead (a server without /detokenize) leaves U+FFFD at those seams.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import shutil
+import signal
+from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
+from engine_support.helpers import (
+    assert_healthy,
+    direct_and_pivot,
+    endpoints,
+    make_config,
+    open_ledger,
+    prepare,
+    run_engine,
+)
+from fixtures.simulator import start_sim_server
 
 from tracegen.dataset.reader import PromptRow
+from tracegen.export import export_dataset
 from tracegen.generate.extend import Extension, Superseded, extend_row, not_extendable, raw_text
-from tracegen.sglang.client import ClientConfig, Sampling, ServerEndpoint, SGLangClient
+from tracegen.sglang.client import ClientConfig, Outcome, Sampling, ServerEndpoint, SGLangClient
 from tracegen.simulator.reasoning import separate_reasoning
+from tracegen.simulator.tokens import tokenizer
 from tracegen.store.records import (
     EXTENDED,
     FAILED,
@@ -31,6 +50,8 @@ from tracegen.store.records import (
 FAST = dict(backoff_base_s=0.01, backoff_max_s=0.02, probe_interval_s=0.05, probe_timeout_s=2.0, jitter_seed=1)
 TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}]
 CALL = '<tool_call>\n{"name": "run", "arguments": {"cmd": "pytest"}}\n</tool_call>'
+# What /detokenize makes of the row's ids and the continuation's: the whole raw text, decoded at once.
+DECODED = "<think>\nthinking so far done\n</think>\n\nCalling." + CALL
 
 
 def truncated(**fields: Any) -> GeneratedRow:
@@ -44,10 +65,12 @@ def truncated(**fields: Any) -> GeneratedRow:
 class Scripted:
     """An SGLang with a reasoning and a tool-call parser; /generate aborts once, then finishes the row."""
 
-    def __init__(self, tool_parser: str | None = "qwen25", reasoning_parser: str | None = "qwen3") -> None:
+    def __init__(self, tool_parser: str | None = "qwen25", reasoning_parser: str | None = "qwen3",
+                 detokenize: bool = True) -> None:
         self.parsers = {"reasoning_parser": reasoning_parser, "tool_call_parser": tool_parser}
         self.seen: list[tuple[str, Any]] = []
         self.generated = 0
+        self.detokenize = detokenize
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json() if request.method == "POST" else None
@@ -62,6 +85,10 @@ class Scripted:
                 "text": " done\n</think>\n\nCalling." + CALL, "output_ids": [7, 8, 151645],
                 "meta_info": {"finish_reason": {"type": "stop", "matched": 151645}, "prompt_tokens": 7,
                               "completion_tokens": 3, "reasoning_tokens": 1}})  # fmt: skip
+        if request.path == "/detokenize" and self.detokenize:
+            # The decoding of the row's ids and the new ones: what SGLang's tokenizer makes of them all.
+            assert body == {"tokens": [10, 11, 12, 13, 7, 8, 151645]}
+            return web.json_response({"text": DECODED})
         if request.path == "/separate_reasoning":
             reasoning, text = separate_reasoning(body["text"], body["reasoning_parser"])
             return web.json_response({"reasoning_text": reasoning, "text": text})
@@ -113,9 +140,10 @@ def test_a_row_cut_in_its_thinking_continues_it_and_splits_like_the_chat_route()
     # Cut inside its thinking: the server counts the continuation's thinking as such.
     assert generate[-1] == {"input_ids": [1, 2, 3, 10, 11, 12, 13], "stream": False, "require_reasoning": True,
                             "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9}}
-    # The server's own split, of the whole raw text: the prefix's thinking runs on into the continuation's.
-    whole = "<think>\nthinking so far done\n</think>\n\nCalling." + CALL
-    assert ("/separate_reasoning", {"text": whole, "reasoning_parser": "qwen3"}) in server.seen
+    # The whole text is the server's decoding of all the ids; then its own split of it.
+    assert [p for p, _ in server.seen if p != "/generate"] == [
+        "/server_info", "/detokenize", "/separate_reasoning", "/parse_function_call"]
+    assert ("/separate_reasoning", {"text": DECODED, "reasoning_parser": "qwen3"}) in server.seen
     assert ("/parse_function_call", {"text": "\n\nCalling." + CALL, "tools": TOOLS, "tool_call_parser": "qwen25"}) \
         in server.seen
     assert row.status == OK and row.max_tokens == 8 and row.run_id == "r8" and row.chunk == 3
@@ -128,7 +156,7 @@ def test_a_row_cut_in_its_thinking_continues_it_and_splits_like_the_chat_route()
     assert row.prompt_token_ids == truncated().prompt_token_ids
     assert row.provenance == {"action": EXTENDED, "policy": "extend", "supersedes": SUPERSEDED.ref(),
                               "tokens_before": 4, "tokens_after": 7, "new_tokens": 3,
-                              "sampling": {"temperature": 0.7, "top_p": 0.9}}
+                              "sampling": {"temperature": 0.7, "top_p": 0.9}, "text": "decoded"}
     assert (row.pivot, row.prefix_tokens, row.new_tokens) == (EXTENDED, 4, 3)
     assert row.ledger_values()["pivot"] == EXTENDED and row.ledger_values()["prefix_tokens"] == 4
 
@@ -139,8 +167,31 @@ def test_without_parsers_the_text_stays_whole_as_the_chat_route_leaves_it() -> N
     source = truncated(content="<think>\nthinking so far", reasoning_content=None)
     row = extend(server, Extension(source, SUPERSEDED, None, 0.6, 0.95))
     assert [p for p, _ in server.seen if p in ("/separate_reasoning", "/parse_function_call")] == []
-    assert row.content == "<think>\nthinking so far done\n</think>\n\nCalling." + CALL
+    assert row.content == DECODED
     assert row.reasoning_content is None and row.tool_calls is None and row.finish_reason == "stop"
+
+
+def test_a_server_without_detokenize_gets_the_texts_joined_and_the_row_says_so() -> None:
+    # An older SGLang answers /detokenize 404: not a fatal misconfiguration, the row is extended from the
+    # joined texts and records that its seam may hold U+FFFD.
+    server = Scripted(tool_parser=None, detokenize=False)
+    row = extend(server, Extension(truncated(), SUPERSEDED, None, 0.6, 0.95))
+    assert ("/detokenize", {"tokens": [10, 11, 12, 13, 7, 8, 151645]}) in server.seen
+    assert row.status == OK and row.provenance["text"] == "joined"
+    joined = "<think>\nthinking so far" + " done\n</think>\n\nCalling." + CALL
+    assert ("/separate_reasoning", {"text": joined, "reasoning_parser": "qwen3"}) in server.seen
+
+
+def test_a_failing_detokenize_fails_the_row() -> None:
+    class Broken(Scripted):
+        async def handle(self, request: web.Request) -> web.Response:
+            if request.path == "/detokenize":
+                return web.json_response({"detail": "tokenizer down"}, status=503)
+            return await super().handle(request)
+
+    row = extend(Broken(tool_parser=None), Extension(truncated(), SUPERSEDED, None, 0.6, 0.95), max_attempts=2,
+                 quarantine_after=5)
+    assert row.status == FAILED and "/detokenize" in row.error
 
 
 def test_a_row_without_token_ids_is_generated_again_and_says_so() -> None:
@@ -180,3 +231,130 @@ def test_raw_text_rebuilds_what_the_parser_split() -> None:
     # A parser that trims can leave content "" right after </think>: the token counts say the answer began.
     assert raw_text(truncated(reasoning_tokens=3)).endswith("</think>")
     assert raw_text(truncated(reasoning_content=None, content="plain")) == "plain"
+
+
+# ---- the pivot on the stand-in, prompts rich in non-ASCII (issue #29) -----------------------------------------
+RICH_SIM = dict(sim_time_scale=20000, log_level="warning", max_running_requests=128, reasoning_parser="qwen3",
+                enable_deterministic_inference=True, sim_truncated_share=0.5)
+RICH_ROWS = 420
+
+
+def rich_prompt(i: int) -> dict[str, Any]:
+    """A user who writes Chinese, with emoji and arrows: the stand-in answers in its CJK-rich register."""
+    return {"id": f"z{i}", "category": "code" if i % 2 else "chat", "messages": [
+        {"role": "system", "content": "You are a careful coding assistant."},
+        {"role": "user", "content": f"任务 {i}：请修复函数 f{i} 中失败的测试 🙏 → 返回值应该是 x × {i}，谢谢！"}]}
+
+
+def write_rich_dataset(path, n: int):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps(rich_prompt(i), ensure_ascii=False) + "\n")
+    return path
+
+
+def rows_of(ledger, run_id: str) -> dict[int, GeneratedRow]:
+    out = {}
+    for key in ledger.entries():
+        if f"/{run_id}/" in key:
+            out.update({r.index: r for r in ledger.read_part(ledger.read_entry(key)["part"])})
+    return out
+
+
+def exported(root, dest) -> dict[int, dict]:
+    export_dataset(str(root), str(dest), include_truncated=True, with_token_ids=True)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    rows = []
+    for shard in manifest["shards"]:
+        rows += [json.loads(line) for line in gzip.decompress((dest / shard["name"]).read_bytes()).splitlines()]
+    return {r["index"]: r for r in rows}
+
+
+def cut_inside_a_character(row: GeneratedRow) -> bool:
+    """The row's response ids end inside a UTF-8 character (its text ends in U+FFFD)."""
+    data = tokenizer().to_bytes(unpack_token_ids(row.response_token_ids))
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.reason == "unexpected end of data"
+    return False
+
+
+@pytest.fixture(scope="module")
+def rich_runs(tmp_path_factory):
+    """The rich dataset at 8192 in one go, and at 4096 then extended to 8192, on one deterministic stand-in."""
+    tmp = tmp_path_factory.mktemp("rich")
+    sim = start_sim_server(tmp, **RICH_SIM)
+    try:
+        dataset = write_rich_dataset(tmp / "prompts.jsonl", RICH_ROWS)
+        direct, pivot, summary = direct_and_pivot(dataset, tmp, endpoints(sim, in_flight=64), RICH_ROWS)
+        yield tmp, direct, pivot, summary
+    finally:
+        sim.stop(signal.SIGKILL)
+
+
+def test_extend_from_rows_cut_inside_characters_equals_one_uninterrupted_run_byte_for_byte(rich_runs):
+    tmp, direct, pivot, summary = rich_runs
+    assert_healthy(open_ledger(pivot), RICH_ROWS, pivot)
+    cut = {i: r for i, r in rows_of(open_ledger(pivot), "run-4096").items() if r.finish_reason == "length"}
+    extended = rows_of(open_ledger(pivot), "run-pivot")
+    uninterrupted = rows_of(open_ledger(direct), "run-8192")
+    assert set(extended) == set(cut) and summary.extended == len(cut) and summary.regenerated == 0
+    # First: many of the rows cut at 4096 were cut inside a character, their text ending in U+FFFD.
+    inside = [i for i, r in cut.items() if cut_inside_a_character(r)]
+    print(f"{len(cut)} rows cut at 4096 and extended, {len(inside)} of them inside a character")
+    assert len(inside) >= 20, f"{len(inside)} of {len(cut)} rows cut inside a character"
+    assert all((cut[i].reasoning_content or "") .endswith("\ufffd") or (cut[i].content or "").endswith("\ufffd")
+               for i in inside)
+    # The ledger's parts: every extended row is the uninterrupted row, byte for byte.
+    for i, b in extended.items():
+        a = uninterrupted[i]
+        assert b.status == OK and b.provenance["text"] == "decoded"
+        for key in ("content", "reasoning_content", "tool_calls", "finish_reason", "completion_tokens",
+                    "reasoning_tokens", "prompt_tokens", "prompt_token_ids", "response_token_ids"):
+            assert getattr(b, key) == getattr(a, key), (i, key)
+    # The export: the same bytes, and no U+FFFD anywhere the uninterrupted run has none.
+    one, two = exported(direct.output_uri, tmp / "export-direct"), exported(pivot.output_uri, tmp / "export-pivot")
+    assert sorted(one) == sorted(two) == list(range(RICH_ROWS))
+    for i in range(RICH_ROWS):
+        a, b = json.dumps(one[i]["messages"], ensure_ascii=False), json.dumps(two[i]["messages"], ensure_ascii=False)
+        assert a.encode() == b.encode(), i
+        assert ("\ufffd" in b) <= ("\ufffd" in a), i
+        for key in ("finish_reason", "completion_tokens", "reasoning_tokens", "response_token_ids"):
+            assert two[i][key] == one[i][key], (i, key)
+
+
+def test_joined_texts_leave_u_fffd_at_the_seams_the_decoding_does_not(rich_runs, monkeypatch):
+    # Today's join, forced by a server without /detokenize: the rows cut inside a character get U+FFFD where
+    # the character was, and say their seam may hold it; the other rows are exact either way.
+    tmp, direct, pivot, _ = rich_runs
+
+    async def absent(self, ids):
+        return Outcome(rejected="HTTP 404: Not Found", attempt=1)
+
+    monkeypatch.setattr(SGLangClient, "detokenize", absent)
+    sim = start_sim_server(tmp, **RICH_SIM)
+    try:
+        root = tmp / "joined"
+        shutil.copytree(pivot.output_uri, root)
+        for run in ("run-pivot",):
+            shutil.rmtree(root / "parts" / run, ignore_errors=True)
+            shutil.rmtree(root / "ledger" / run, ignore_errors=True)
+        shutil.rmtree(root / "ledger-snapshots", ignore_errors=True)
+        config = make_config(Path(pivot.dataset_uri), root, max_tokens=8192)
+        prepare(config, "run-join")
+        run_engine(config, "run-join", endpoints(sim, in_flight=64), tmp / "spool-join", range(RICH_ROWS))
+    finally:
+        sim.stop(signal.SIGKILL)
+    cut = {i: r for i, r in rows_of(open_ledger(pivot), "run-4096").items() if r.finish_reason == "length"}
+    joined = rows_of(open_ledger(config), "run-join")
+    uninterrupted = rows_of(open_ledger(direct), "run-8192")
+    assert set(joined) == set(cut)
+    inside = {i for i, r in cut.items() if cut_inside_a_character(r)}
+    for i, row in joined.items():
+        assert row.provenance["text"] == "joined"
+        text, truth = (row.reasoning_content or "") + row.content, \
+            (uninterrupted[i].reasoning_content or "") + uninterrupted[i].content
+        assert (text == truth) == (i not in inside), i
+        if i in inside:
+            assert text.count("\ufffd") == truth.count("\ufffd") + 1
