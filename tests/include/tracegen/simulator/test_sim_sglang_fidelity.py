@@ -288,3 +288,61 @@ def test_priority_scheduling_metrics_and_the_autotuner_reads_the_totals(sim_serv
     assert set(running) == {"", "0", "1"}
     metrics = parse_metrics(text)
     assert (metrics["sglang:num_running_reqs"], metrics["sglang:num_queue_reqs"]) == (2, 3)
+
+
+# ---- the tokenizer routes (issue #29) -------------------------------------------------------------------
+
+TOKENIZE = [
+    ({"prompt": "fix the failing test → 修复 🙂"}, True),
+    ({"prompt": ["one", "两个"]}, True),
+    ({"messages": user("hi"), "tools": TOOLS}, True),
+    ({"messages": user("hi"), "add_generation_prompt": False}, True),
+    ({"prompt": "x", "messages": user()}, False),
+    ({}, False),
+    ({"prompt": 5}, False),
+]
+
+
+@pytest.mark.parametrize(("body", "accepted"), TOKENIZE, ids=[str(i) for i in range(len(TOKENIZE))])
+def test_tokenize_is_what_sglangs_models_accept_and_serialize(client, body, accepted):
+    protocol = sglang_ref.sglang().protocol
+    try:
+        protocol.TokenizeRequest.model_validate(body)
+        sglang_accepts = True
+    except ValueError:
+        sglang_accepts = False
+    assert sglang_accepts == accepted
+    for path in ("/tokenize", "/v1/tokenize"):
+        r = client.post(path, json=body)
+        assert (r.status_code == 200) == accepted, r.text
+        if accepted:
+            assert sglang_ref.as_sglang_serializes("TokenizeResponse", r.json()) == r.json()
+
+
+def test_tokenize_and_detokenize_are_the_chat_routes_own_tokens(client):
+    chat = client.post("/v1/chat/completions", json={"messages": user("修复它 🙏"), "tools": TOOLS,
+                                                     "max_tokens": 300, "return_token_ids": True,
+                                                     "separate_reasoning": False}).json()  # fmt: skip
+    choice = chat["choices"][0]
+    tokenized = client.post("/tokenize", json={"messages": user("修复它 🙏"), "tools": TOOLS}).json()
+    assert tokenized["tokens"] == choice["prompt_token_ids"] and tokenized["count"] == chat["usage"]["prompt_tokens"]
+    # Without tools (nothing parsed out), the chat route's raw text is the decoding of its ids (the stop
+    # token, special, skipped).
+    plain = client.post("/v1/chat/completions", json={"messages": user("修复它 🙏"), "max_tokens": 300,
+                                                      "return_token_ids": True, "separate_reasoning": False})
+    choice = plain.json()["choices"][0]
+    ids = choice["response_token_ids"]
+    decoded = client.post("/detokenize", json={"tokens": ids}).json()
+    assert sglang_ref.as_sglang_serializes("DetokenizeResponse", decoded) == decoded
+    assert decoded["text"] == choice["message"]["content"]
+    batch = client.post("/v1/detokenize", json={"tokens": [ids[:3], ids[3:9]], "skip_special_tokens": False}).json()
+    assert sglang_ref.as_sglang_serializes("DetokenizeResponse", batch) == batch and len(batch["text"]) == 2
+    assert client.post("/detokenize", json={"tokens": []}).json() == {"text": ""}
+    # Bytes that are not whole characters decode to U+FFFD, as the tokenizer's lossy UTF-8 decoding does.
+    emoji = client.post("/tokenize", json={"prompt": "\U0001f9ea\U0001f9ec"}).json()["tokens"]
+    partial = client.post("/detokenize", json={"tokens": emoji[:1]}).json()["text"]
+    assert len(emoji) > 2 and partial.endswith("\ufffd")
+    for bad in ({"tokens": ["a"]}, {"tokens": "x"}, {}):
+        with pytest.raises(ValueError):
+            sglang_ref.sglang().protocol.DetokenizeRequest.model_validate(bad)
+        assert client.post("/detokenize", json=bad).status_code == 400
