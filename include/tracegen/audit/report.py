@@ -174,6 +174,25 @@ def _normalise_examples(examples: Iterable[Mapping[str, Any]] | Mapping[str, Ite
     return out
 
 
+def joined_seams(ledger: Any, frame: Any) -> int:
+    """Current extended rows whose text was joined from two decodings (the server had no /detokenize:
+    provenance `text: joined`): where the cut fell inside a character their seam holds U+FFFD. Reads the
+    parts that hold current extended rows (the ledger does not record how a text was made)."""
+    from tracegen.audit.stats import current_mask
+    from tracegen.store.records import EXTENDED
+
+    if len(frame) == 0 or "pivot" not in frame.columns:
+        return 0
+    rows = frame.loc[current_mask(frame) & (frame["pivot"] == EXTENDED).to_numpy(bool)]
+    count = 0
+    for part, group in rows.groupby("part", sort=True):
+        wanted = {(int(i), int(c)) for i, c in zip(group["index"], group["max_tokens"], strict=True)}
+        for row in ledger.read_part(str(part)):
+            if (row.index, row.max_tokens) in wanted and (row.provenance or {}).get("text") == "joined":
+                count += 1
+    return count
+
+
 def _jsonable(value: Any) -> Any:
     """Run metadata as plain JSON values (anything else becomes its string form)."""
     if isinstance(value, Mapping):
@@ -208,6 +227,9 @@ def summary_text(audit: Any, capfit: Any = None, gate: Any = None, measurement: 
     )
     if (pivot := pivot_text(a.get("pivot") or {})) is not None:
         lines.append(f"pivot: {pivot}")
+    if (a.get("pivot") or {}).get("joined_seams"):
+        lines.append(f"pivot: {a['pivot']['joined_seams']:,} extended rows joined from two texts (no /detokenize): "
+                     "their seams may hold U+FFFD")
     if capfit is not None:
         cells = [f"{row.cap}: {_pct(row.truncation)}" for row in capfit.rows]
         lines.append("predicted truncation by cap — " + ", ".join(cells))
@@ -227,12 +249,16 @@ def render_report(
     *,
     decisions: Iterable[Mapping[str, Any]] = (),
     measurement: Mapping[str, Any] | None = None,
+    seams: int | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Build (report.json as a dict, report.html as a string) from an AuditResult, CapTable, GateDecision,
-    and the reviewer's decisions (`CapDecision.to_json()` dicts) when the run asked."""
+    and the reviewer's decisions (`CapDecision.to_json()` dicts) when the run asked. `seams`: the extended
+    rows whose text was joined (`joined_seams`), reported under `audit.pivot.joined_seams`."""
     if run_meta is not None and not isinstance(run_meta, Mapping):
         raise ValueError(f"run_meta must be a dict, got {type(run_meta).__name__}")
     a = audit.to_json()
+    if seams is not None:
+        a["pivot"] = {**(a.get("pivot") or {}), "joined_seams": int(seams)}
     cap_json = capfit.to_json() if capfit is not None else None
     gate_json = gate.to_json() if gate is not None else None
     ex = _normalise_examples(examples)
@@ -244,7 +270,7 @@ def render_report(
         "audit": _jsonable(a),
         "cap_table": _jsonable(cap_json) if cap_json is not None else None,
         "examples": ex,
-        "summary": summary_text(audit, capfit, gate, measurement),
+        "summary": summary_text(a, capfit, gate, measurement),
         "decisions": [_jsonable(dict(d)) for d in decisions],
         "measurement": _jsonable(dict(measurement)) if measurement is not None else None,
     }
@@ -556,6 +582,10 @@ def _html(report: dict[str, Any]) -> str:
              _num(pv["regenerated_tokens"])],
             ["tokens saved against regenerating the extended rows (their prefixes)", "", _num(pv["tokens_saved"])],
         ]))
+    if pv.get("joined_seams"):
+        out.append(f'<p class="flag">{_num(pv["joined_seams"])} extended rows have their text joined from two '
+                   "decodings (the server had no /detokenize): where the cut fell inside a character, the seam "
+                   "holds U+FFFD.</p>")
 
     out.append("<h2>Breakdowns</h2>")
     out.append(_breakdown(a["by_prompt_length"], "prompt_tokens", "By prompt length"))

@@ -31,6 +31,8 @@ from engine_support.helpers import (
 )
 from fixtures.simulator import start_sim_server
 
+from tracegen.audit import report
+from tracegen.audit.stats import audit
 from tracegen.dataset.reader import PromptRow
 from tracegen.export import export_dataset
 from tracegen.generate.extend import Extension, Superseded, extend_row, not_extendable, raw_text
@@ -358,3 +360,10 @@ def test_joined_texts_leave_u_fffd_at_the_seams_the_decoding_does_not(rich_runs,
         assert (text == truth) == (i not in inside), i
         if i in inside:
             assert text.count("\ufffd") == truth.count("\ufffd") + 1
+    # The report counts such rows (the decoded pivot has none).
+    assert report.joined_seams(open_ledger(config), open_ledger(config).frame()) == len(joined)
+    assert report.joined_seams(open_ledger(pivot), open_ledger(pivot).frame()) == 0
+    frame = open_ledger(config).frame()
+    report_json, html = report.render_report(audit(frame, 8192, run_id="run-join"), seams=len(joined))
+    assert report_json["audit"]["pivot"]["joined_seams"] == len(joined)
+    assert "joined from two decodings" in html and "seams may hold U+FFFD" in report_json["summary"]
