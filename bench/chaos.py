@@ -1,8 +1,9 @@
 """Chaos runs of tracegen_generate on the distributed deployment (`make chaos`; figures in docs/reliability.md).
 
 Everything is real and on loopback: PostgreSQL + CeleryExecutor on Redis (tests/e2e/airflow_cluster.py, two
-workers), an OpenSSH sshd as the GPU host with one SGLang stand-in per "GPU" launched over SSH by the fleet,
-and the output root (and the dataset) on an S3-compatible server (moto, behind the TCP proxy that
+workers; private PostgreSQL and Redis servers started for the run, which `cluster.restart_postgres()` /
+`restart_redis()` can kill and restart), an OpenSSH sshd as the GPU host with one SGLang stand-in per "GPU"
+launched over SSH by the fleet, and the output root (and the dataset) on an S3-compatible server (moto, behind the TCP proxy that
 tests/fixtures/s3.py uses to cut it off). Real `tracegen_generate` runs on a small dataset are triggered
 through the REST API, and while each one generates, faults are injected at random moments:
 

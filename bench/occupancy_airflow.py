@@ -25,8 +25,9 @@ the run triggered through the REST API.
 
 Defaults: 16,000 prompts at time scale 8, cap 8192 — a tracegen run of about 6 minutes, long against the
 2–3 s from the trigger to the first request; about 13 minutes in all on 2 cores (cluster start-up, warm-up
-run, tracegen run, baseline). Needs PostgreSQL and Redis on loopback (docs/deployment.md), like
-`make airflow-up`. `--keep` keeps the work directory: Airflow's task logs, the output, results.json.
+run, tracegen run, baseline). Starts private PostgreSQL and Redis servers on free loopback ports, like
+`make airflow-up` (Debian's postgresql and redis-server packages: `make system-deps`; docs/deployment.md).
+`--keep` keeps the work directory: Airflow's task logs, the output, results.json.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ through the real `tracegen_generate` DAG on the distributed deployment, followin
 
 Everything is real and on loopback, as `make airflow-up` and `make chaos` run it: PostgreSQL metadata DB,
 CeleryExecutor on Redis with two workers, api-server, scheduler, dag-processor, triggerer
-(tests/e2e/airflow_cluster.py); an OpenSSH sshd as the GPU host, on which the DAG's own provision_fleet
-launches one SGLang stand-in per "GPU" (7). The output root is on local disk.
+(tests/e2e/airflow_cluster.py, which starts private PostgreSQL and Redis servers for the run); an OpenSSH
+sshd as the GPU host, on which the DAG's own provision_fleet launches one SGLang stand-in per "GPU" (7). The output root is on local disk.
 
 What is scaled, and what is not:
 - **not scaled:** the row count (913,786 prompts), the pilot (1,500 rows), the chunk layout the DAG chooses
@@ -269,7 +269,9 @@ class Rehearsal:
 
     def _db_bytes(self) -> int:
         sql = f"SELECT pg_database_size('{self.cluster.database}')"
-        out = subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-tAc", sql],
+        pg = self.cluster.services  # the cluster's own private PostgreSQL (or the one TRACEGEN_PG_PORT names)
+        out = subprocess.run(["psql", "-h", pg.pg_host, "-p", str(pg.pg_port), "-U", pg.pg_user, "-d", "postgres",
+                              "-tAc", sql],
                              capture_output=True, text=True, check=False)
         return int(out.stdout.strip() or 0)
 

@@ -22,5 +22,6 @@ os.environ.update(
 sys.path.insert(0, str(ROOT / "include"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-# Real components on loopback: an S3-compatible server, SGLang stand-ins, an OpenSSH sshd.
-pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd"]
+# Real components on loopback: an S3-compatible server, SGLang stand-ins, an OpenSSH sshd, and private
+# PostgreSQL + Redis for the distributed e2e tests (started at first use, stopped at the session end).
+pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixtures.services"]

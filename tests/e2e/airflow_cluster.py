@@ -6,6 +6,13 @@ in its own process group so a test can SIGKILL one worker with everything it for
 JWT secret, fernet key and execution API URL, the project's dags/ and plugins/. `stop()` ends them and
 drops the database. `AirflowApi` is the small REST client the test drives it with.
 
+PostgreSQL and Redis are private throwaway servers on free loopback ports (tests/fixtures/services.py):
+one per test session, shared by the e2e modules (`running_cluster`), or one per cluster started on its
+own (`make airflow-up`, bench/), stopped with it. `restart_postgres()` / `restart_redis()` (kill=True: a
+crash) bring them back on the same port. An already-running server is used only when the environment
+names it: TRACEGEN_PG_PORT (with TRACEGEN_PG_HOST/USER) for PostgreSQL, TRACEGEN_REDIS_PORT (with
+TRACEGEN_REDIS_HOST) for Redis.
+
 It is also what a person runs to see the distributed setup (`make airflow-up`):
 `python tests/e2e/airflow_cluster.py [--port 8080] [--workers 2]` prints the UI URL and credentials.
 """
@@ -34,6 +41,13 @@ from typing import Any
 import httpx
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
+# tests/ on the path for `make airflow-up` and bench/occupancy_airflow.py, which import this file from
+# tests/e2e; pytest's conftest and the other benchmarks put it there already.
+if str(PROJECT_DIR / "tests") not in sys.path:
+    sys.path.insert(0, str(PROJECT_DIR / "tests"))
+
+from fixtures.services import LocalServices, ServiceError, shared_local_services  # noqa: E402
+
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 ADMIN_USER = "admin"
 
@@ -67,7 +81,7 @@ def free_port(count: int = 1) -> int:
 
 @dataclass(frozen=True)
 class Services:
-    """Where the metadata DB and the broker run (the CI machine: PostgreSQL and Redis on loopback)."""
+    """Where the metadata DB and the broker run: normally our own private servers (`start_services`)."""
 
     pg_host: str = "127.0.0.1"
     pg_port: int = 5432
@@ -82,17 +96,43 @@ class Services:
                 raise ValueError(f"{name}: {value!r} is not a TCP port")
 
     @classmethod
-    def from_env(cls) -> Services:
+    def from_env(cls, local: LocalServices | None = None) -> Services:
+        """The servers the environment names (TRACEGEN_PG_*, TRACEGEN_REDIS_*); where it names none, the
+        private one in `local`."""
+        pg_named, redis_named = env_names_postgres(), env_names_redis()
         return cls(
             pg_host=os.environ.get("TRACEGEN_PG_HOST", "127.0.0.1"),
-            pg_port=int(os.environ.get("TRACEGEN_PG_PORT", "5432")),
-            pg_user=os.environ.get("TRACEGEN_PG_USER", "postgres"),
+            pg_port=int(os.environ.get("TRACEGEN_PG_PORT", "5432")) if pg_named or local is None else local.pg_port,
+            pg_user=os.environ.get("TRACEGEN_PG_USER", "postgres") if pg_named else "postgres",
             redis_host=os.environ.get("TRACEGEN_REDIS_HOST", "127.0.0.1"),
-            redis_port=int(os.environ.get("TRACEGEN_REDIS_PORT", "6379")),
+            redis_port=(int(os.environ.get("TRACEGEN_REDIS_PORT", "6379")) if redis_named or local is None
+                        else local.redis_port),
         )
 
     def pg_url(self, database: str, driver: str = "postgresql+psycopg2") -> str:
         return f"{driver}://{self.pg_user}@{self.pg_host}:{self.pg_port}/{database}"
+
+
+def env_names_postgres() -> bool:
+    return bool(os.environ.get("TRACEGEN_PG_PORT") or os.environ.get("TRACEGEN_PG_HOST"))
+
+
+def env_names_redis() -> bool:
+    return bool(os.environ.get("TRACEGEN_REDIS_PORT") or os.environ.get("TRACEGEN_REDIS_HOST"))
+
+
+def start_services(shared: bool = False) -> tuple[Services, LocalServices | None]:
+    """Start private PostgreSQL and Redis (those the environment does not name). shared: the process's one
+    instance, kept for the test session (the e2e modules pay the start-up once), PostgreSQL without fsync;
+    else a new one with PostgreSQL's defaults (a person's cluster, the benchmarks), the caller's to stop."""
+    pg, redis = not env_names_postgres(), not env_names_redis()
+    local = None
+    if pg or redis:
+        try:
+            local = shared_local_services(pg, redis) if shared else LocalServices(pg, redis, durable=True).start()
+        except ServiceError as exc:
+            raise ClusterError(f"could not start a private PostgreSQL/Redis: {exc}") from None
+    return Services.from_env(local), local
 
 
 def _pg_admin(services: Services, sql: str) -> None:
@@ -105,7 +145,7 @@ def _pg_admin(services: Services, sql: str) -> None:
     except psycopg.OperationalError as exc:
         raise ClusterError(
             f"PostgreSQL at {services.pg_host}:{services.pg_port} (user {services.pg_user}) is not reachable: "
-            f"{str(exc).strip()}. The distributed test needs a running PostgreSQL (see docs/deployment.md)."
+            f"{str(exc).strip()}. Unset TRACEGEN_PG_PORT/HOST to use a private one (see docs/deployment.md)."
         ) from None
 
 
@@ -118,8 +158,8 @@ def _redis(services: Services, db: int = 0):
         client.ping()
     except redis.RedisError as exc:
         raise ClusterError(
-            f"Redis at {services.redis_host}:{services.redis_port} is not reachable: {exc}. The distributed "
-            "test needs a running Redis as the Celery broker (see docs/deployment.md)."
+            f"Redis at {services.redis_host}:{services.redis_port} is not reachable: {exc}. Unset "
+            "TRACEGEN_REDIS_PORT/HOST to use a private one (see docs/deployment.md)."
         ) from None
     return client
 
@@ -237,7 +277,8 @@ class AirflowCluster:
     workers: int = 2
     worker_concurrency: int = 2
     api_port: int = 0  # 0: a free port
-    services: Services = field(default_factory=Services.from_env)
+    # None: start private PostgreSQL/Redis with the cluster (`local_services`), stopped with it.
+    services: Services | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     keep_database: bool = False
@@ -251,6 +292,9 @@ class AirflowCluster:
         self.redis_db: int | None = None
         self.components: dict[str, Component] = {}
         self._db_created = False
+        # The private servers in use (None where the environment names both); stopped by stop() if owned.
+        self.local_services: LocalServices | None = None
+        self._owns_services = False
         self.env: dict[str, str] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------------------
@@ -315,6 +359,9 @@ class AirflowCluster:
         """Create the DB, migrate, start every component and wait until the api-server is healthy."""
         if not self.api_port:
             self.api_port = free_port()
+        if self.services is None:
+            self.services, self.local_services = start_services()
+            self._owns_services = self.local_services is not None
         _pg_admin(self.services, "SELECT 1")
         self.redis_db = pick_redis_db(self.services)
         _pg_admin(self.services, f'CREATE DATABASE "{self.database}"')
@@ -374,14 +421,38 @@ class AirflowCluster:
         for thread in threads:
             thread.join()
         self._stop_sim_servers()
-        if self.redis_db is not None:
+        # Servers of our own go whole (their database and queue with them); on shared or named ones, only ours.
+        owned = self.local_services if self._owns_services else None
+        if self.redis_db is not None and self.services is not None and not (owned and owned.redis):
             try:
                 _redis(self.services, self.redis_db).flushdb()
             except ClusterError:
                 pass
-        if self._db_created and not self.keep_database:
+        if (self._db_created and not self.keep_database and self.services is not None
+                and not (owned and owned.postgres)):
             _pg_admin(self.services, f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
             self._db_created = False
+        if owned is not None:
+            owned.stop()
+            self._owns_services = False
+            self._db_created = False
+
+    # ---- the servers under it: stopped, killed, started again (faults) ----------------------------
+
+    def _local(self) -> LocalServices:
+        if self.local_services is None:
+            raise ClusterError("PostgreSQL and Redis are servers the environment names, not the cluster's own")
+        return self.local_services
+
+    def restart_postgres(self, kill: bool = False) -> None:
+        """Stop PostgreSQL (kill=True: SIGKILL the postmaster and its backends) and start it again on the
+        same port with its data. In a test session the server is shared by the session's clusters."""
+        self._local().restart_postgres(kill=kill)
+
+    def restart_redis(self, kill: bool = False) -> None:
+        """Stop Redis (kill=True: SIGKILL) and start it again on the same port; it keeps no data, so the
+        broker's queued messages are lost, as with a Redis that keeps nothing on disk."""
+        self._local().restart_redis(kill=kill)
 
     def _stop_sim_servers(self) -> None:
         # A failed run may leave the stand-ins up (teardown only runs when the DAG gets that far).
@@ -519,7 +590,12 @@ def running_cluster(root: Path, **kwargs: Any) -> Iterator[AirflowCluster]:
     tests (never skips them), after stopping whatever it did start."""
     import pytest
 
-    cluster = AirflowCluster(root, **kwargs)
+    try:
+        services, local = start_services(shared=True)
+    except ClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    cluster = AirflowCluster(root, services=services, **kwargs)
+    cluster.local_services = local  # the session's: not stopped with the cluster
     try:
         cluster.start()
     except ClusterError as exc:
@@ -560,15 +636,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cluster = AirflowCluster(args.root, workers=args.workers, api_port=args.port,
                              extra_env={"TRACEGEN_OUTPUT_URI": str(args.root / "output")})
-    print(f"starting a distributed Airflow (PostgreSQL DB {cluster.database}, Celery on Redis, "
-          f"{args.workers} workers) ...", flush=True)
+    print(f"starting a distributed Airflow (private PostgreSQL and Redis unless TRACEGEN_PG_PORT/"
+          f"TRACEGEN_REDIS_PORT name running ones; DB {cluster.database}, Celery on Redis, {args.workers} workers) "
+          "...", flush=True)
 
     interrupt_on_signals()
     try:
         cluster.start()
         print(f"\nUI:        {cluster.api_url}\nuser:      {ADMIN_USER}\npassword:  {cluster.password}\n"
-              f"logs:      {cluster.home / 'component-logs'}\nCtrl-C stops every component and drops the "
-              "database.", flush=True)
+              f"logs:      {cluster.home / 'component-logs'}\n"
+              f"database:  {cluster.services.pg_url(cluster.database, 'postgresql')}\n"
+              f"broker:    redis://{cluster.services.redis_host}:{cluster.services.redis_port}/{cluster.redis_db}\n"
+              "Ctrl-C stops every component and drops the database (and stops the private servers).", flush=True)
         while True:
             time.sleep(2)
             dead = [name for name, c in cluster.components.items() if not c.alive]
