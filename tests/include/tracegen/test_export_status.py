@@ -149,9 +149,10 @@ def test_status_rate_and_eta_follow_recent_commits(root):
 def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
     """Silent loss is seen where it matters: the final report names a part that no longer matches its entry,
     and the scheduled rerun retires it, so its rows are work again instead of 'done' forever."""
+    from engine_support.helpers import rerun_work
+
     from tracegen.audit.run_report import audit_and_report
     from tracegen.run.records import read_run_record
-    from tracegen.run.rerun import unfinished_work
 
     out, ledger = root
     (part,) = [ledger.read_entry(k)["part"] for k in ledger.entries() if "seg-a1" in k]
@@ -163,7 +164,7 @@ def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
                              .removeprefix("file://")).read_text())
     assert any(part in note and "verify" in note for note in report["audit"]["notes"]), report["audit"]["notes"]
 
-    work = unfinished_work(str(out))
+    work = rerun_work(str(out))
     assert [(w.work.start, w.work.remaining) for w in work] == [(0, 7)]  # 0-4 lost, 7 failed, 9 never sent
     assert dataset_status(str(out))["done"] == 3
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from engine_support.helpers import make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import make_config, open_ledger, prepare, rerun_work, write_dataset
 
 from tracegen.audit.review import (
     CURRENT,
@@ -31,7 +31,6 @@ from tracegen.plan import pilot_indices
 from tracegen.run import QUESTION_FILE, RUN_FILE
 from tracegen.run.decision import GATE_REPORT, apply, ask, rows_held
 from tracegen.run.records import read_run_record, stopped_at_gate
-from tracegen.run.rerun import unfinished_work
 from tracegen.run.spec import RunSpec
 from tracegen.store.records import FAILED, OK, GeneratedRow
 from tracegen.store.storage import StorageKeyError
@@ -114,7 +113,7 @@ def test_the_pilot_gate_asks_with_the_table_and_the_run_waits(tmp_path) -> None:
     # Stored beside the record: until it is answered, the scheduled rerun leaves the run alone.
     assert CapQuestion.from_json(json.loads(ledger.get_run_file("run-1", QUESTION_FILE))) == question
     assert stopped_at_gate(ledger, spec)
-    assert unfinished_work(spec.config.output_uri) == []
+    assert rerun_work(spec.config.output_uri) == []
 
 
 def test_continuing_at_the_recommended_cap_goes_on_in_place(tmp_path) -> None:
@@ -143,7 +142,7 @@ def test_continuing_at_the_recommended_cap_goes_on_in_place(tmp_path) -> None:
         i // 100 for i in cut}
     assert sum(w.remaining for w in work) == N_ROWS - (len(frame) - len(cut))
     assert not stopped_at_gate(ledger, decided)
-    assert sum(w.work.remaining for w in unfinished_work(spec.config.output_uri)) == sum(w.remaining for w in work)
+    assert sum(w.work.remaining for w in rerun_work(spec.config.output_uri)) == sum(w.remaining for w in work)
 
     # The final report says who decided what, when, on which table.
     report = audit_and_report(read_run_record(ledger, "run-1"), name="report")
@@ -172,7 +171,7 @@ def test_another_cap_the_current_cap_stop_and_a_timeout(tmp_path) -> None:
     assert work == [] and decided.config == spec.config and decided.decisions == (timed_out,)
     ledger = open_ledger(spec.config)
     assert stopped_at_gate(ledger, read_run_record(ledger, "run-1"))  # the rerun never finishes it
-    assert unfinished_work(spec.config.output_uri) == []
+    assert rerun_work(spec.config.output_uri) == []
 
 
 @pytest.mark.parametrize(("kind", "params", "message"), [
@@ -230,7 +229,7 @@ def test_nothing_is_asked_when_no_gate_held_the_run(tmp_path) -> None:
     assert ask(passing, drift_sample=continuous_sample(passing), context_length=CONTEXT) is None
     with pytest.raises(StorageKeyError):  # nothing asked: the rerun is free to retry the failed rows
         ledger.get_run_file("run-1", QUESTION_FILE)
-    assert sum(w.work.remaining for w in unfinished_work(passing.config.output_uri)) == 2
+    assert sum(w.work.remaining for w in rerun_work(passing.config.output_uri)) == 2
 
 
 def test_the_continuous_gate_asks_about_the_rows_it_held_back(tmp_path) -> None:
