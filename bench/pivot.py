@@ -100,6 +100,25 @@ def final(out: Path) -> tuple[np.ndarray, float, dict]:
     return lengths, left, pivot_summary(frame, run_id="pivot")
 
 
+def seams(out: Path) -> dict[str, int]:
+    """Of the rows the pivot extended: how many were cut at 4096 inside a character (their first text ends in
+    U+FFFD), how many got their text from /detokenize, and the current rows whose text holds U+FFFD."""
+    ledger = open_ledger(str(out))
+    first, extended, current = {}, {}, 0
+    frame = ledger.frame()
+    cur = set(zip(frame.loc[current_mask(frame), "part"], frame.loc[current_mask(frame), "index"], strict=True))
+    for part in sorted(set(frame["part"])):
+        for row in ledger.read_part(part):
+            text = (row.reasoning_content or "") + (row.content or "")
+            current += (part, row.index) in cur and "\ufffd" in text
+            if row.run_id == "first" and row.finish_reason == "length":
+                first[row.index] = text.endswith("\ufffd")
+            elif row.run_id == "pivot" and row.pivot == "extended":
+                extended[row.index] = (row.provenance or {}).get("text")
+    return {"extended": len(extended), "cut_inside": sum(first.get(i, False) for i in extended),
+            "decoded": sum(v == "decoded" for v in extended.values()), "fffd_rows": current}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=4000)
@@ -121,6 +140,7 @@ def main() -> int:
         started = time.monotonic()
         spent: dict[str, int] = {}
         runs: dict[str, tuple[np.ndarray, float, dict]] = {}
+        marks: dict[str, dict[str, int]] = {}
         arms = {"a": [("direct", HIGH, "extend")],
                 "b": [("first", LOW, "extend"), ("pivot", HIGH, "extend")],
                 "c": [("first", LOW, "regenerate"), ("pivot", HIGH, "regenerate")]}
@@ -134,6 +154,8 @@ def main() -> int:
                 if run_id == "pivot":
                     spent[arm] = tokens
             runs[arm] = final(out)
+            if arm in ("a", "b"):
+                marks[arm] = seams(out)
         elapsed = time.monotonic() - started
     finally:
         fleet.stop()
@@ -159,6 +181,10 @@ def main() -> int:
         ks = stats.ks_2samp(lengths, direct) if arm != "a" else None
         cells = f"{ks.statistic:8.4f} {ks.pvalue:10.2e}" if ks else f"{'-':>8} {'-':>10}"
         print(f"  ({arm}) {name:<12} {cells} {np.mean(lengths > LOW):8.1%} {left:13.2%} {lengths.mean():7.0f}")
+    b = marks["b"]
+    print(f"\nseams: (b) extended {b['extended']:,} rows, {b['cut_inside']:,} cut at {LOW} inside a character; "
+          f"{b['decoded']:,} texts decoded from all their ids (/detokenize); current rows holding U+FFFD: "
+          f"(a) {marks['a']['fffd_rows']:,}, (b) {b['fffd_rows']:,}")
     print(f"\n{elapsed:.0f} s in all; --sim-seed {args.sim_seed} (prompt difficulties), sample noise fresh per request")
     shutil.rmtree(work, ignore_errors=True)
     return 0
