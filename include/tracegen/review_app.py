@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tracegen.config import RUN_ID_PATTERN, ConfigError, safe_run_id
 from tracegen.run import RUN_FILE
+from tracegen.run.stage import ASKING, GOING, STOPPED, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +177,6 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-STOPPED = "stopped by the gate"
-ASKING = "waiting for the reviewer's answer"
 
 
 @dataclass(frozen=True)
@@ -239,25 +238,24 @@ def _get_json(ledger: Any, run_id: str, name: str) -> dict[str, Any] | None:
 
 def gate_stage(run_doc: dict[str, Any] | None, pilot: dict[str, Any] | None,
                present: set[str]) -> tuple[str | None, str | None]:
-    """(stage, the report that decided it) from the stored files, as `run.records.stopped_at_gate` reads
-    them: the last decision stops (the reviewer's, or an unanswered question's timeout), or the pilot said
-    stop under gate_mode=stop, or the question is asked and not answered yet."""
+    """(stage, the report that decided it) from the stored files by `run.records.run_stage`, the rule every
+    reader uses; the stage is None while no gate holds the run."""
     decisions = [d for d in (run_doc or {}).get("decisions") or [] if isinstance(d, dict)]
-    by_trigger = {"pilot": "pilot-report.html", "drift": "gate-report.html"}
-    if decisions:
-        last = decisions[-1]
-        if last.get("cap") is None:
-            name = by_trigger.get(last.get("trigger"), "pilot-report.html")
-            return STOPPED, name if name in present else None
-        return None, None
+    last = decisions[-1] if decisions else None
     pilot_says = ((pilot or {}).get("verdict") or {}).get("verdict")
     mode = (((run_doc or {}).get("config")) or {}).get("gate_mode")
-    if "question.json" in present:
-        name = "gate-report.html" if "gate-report.html" in present and pilot_says != "stop" else "pilot-report.html"
-        return ASKING, name if name in present else None
-    if pilot_says == "stop" and mode == "stop":
-        return STOPPED, "pilot-report.html" if "pilot-report.html" in present else None
-    return None, None
+    asked = "question.json" in present
+    stage = run_stage(gate_mode=mode if isinstance(mode, str) else None, pilot_verdict=pilot_says,
+                      question_asked=asked, last_decision_continues=None if last is None else last.get("cap") is not None)
+    if stage == GOING:
+        return None, None
+    if last is not None:
+        name = {"pilot": "pilot-report.html", "drift": "gate-report.html"}.get(last.get("trigger"), "pilot-report.html")
+    elif asked and pilot_says != "stop" and "gate-report.html" in present:
+        name = "gate-report.html"
+    else:
+        name = "pilot-report.html"
+    return stage, name if name in present else None
 
 
 def summarise_run(ledger: Any, run_id: str, present: set[str]) -> RunSummary:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from tracegen import plan
 from tracegen.audit.stats import current_mask, pivot_summary, pivot_text
-from tracegen.run.records import latest_run, read_run_record
+from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED
@@ -141,9 +141,9 @@ def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
         mine = frame[frame["run_id"] == run_id] if len(frame) else frame
         try:
             record = read_run_record(ledger, run_id)
-            cap, created = record.config.max_tokens, record.created_at
+            cap, created, stage = record.config.max_tokens, record.created_at, stage_of(ledger, record)
         except (StorageKeyError, RunSpecError):
-            cap, created = None, None
+            cap, created, stage = None, None, None
         ok = mine[mine["status"] == OK] if len(mine) else mine
         pivot = pivot_summary(mine) if len(mine) else {}
         rows.append(
@@ -158,6 +158,7 @@ def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
                 "extended": pivot.get("extended", 0),
                 "regenerated": pivot.get("regenerated", 0) + pivot.get("fallback_regenerated", 0),
                 "verdict": _verdict(ledger, run_id),
+                "stage": stage,
             }
         )
     return sorted(rows, key=lambda r: r["created_at"] or 0)
@@ -225,5 +226,6 @@ def format_status(s: dict[str, Any]) -> str:
             + (f"extended {r['extended']:,}  " if r["extended"] else "")
             + (f"regenerated {r['regenerated']:,}  " if r["regenerated"] else "")
             + f"verdict {r['verdict'] or '-'}"
+            + (f"  ({r['stage']})" if r.get("stage") not in (None, GOING) else "")
         )
     return "\n".join(lines)

@@ -12,13 +12,14 @@ from typing import Any
 
 from tracegen.run import PILOT_REPORT, QUESTION_FILE, RUN_FILE
 from tracegen.run.spec import RunSpec, RunSpecError
+from tracegen.run.stage import ASKING, GOING, STOPPED, run_stage
 from tracegen.store.ledger import Ledger
 from tracegen.store.storage import StorageKeyError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PILOT_REPORT", "QUESTION_FILE", "RUN_FILE", "gate_verdict", "latest_run", "pilot_report",
-           "read_run_record", "stopped_at_gate", "write_run_record"]
+__all__ = ["ASKING", "GOING", "PILOT_REPORT", "QUESTION_FILE", "RUN_FILE", "STOPPED", "gate_verdict", "latest_run",
+           "pilot_report", "read_run_record", "run_stage", "stage_of", "stopped_at_gate", "write_run_record"]
 
 
 def write_run_record(ledger: Ledger, spec: RunSpec) -> str:
@@ -70,16 +71,20 @@ def gate_verdict(report: dict[str, Any] | None) -> tuple[str | None, str | None]
     return verdict.get("verdict"), verdict.get("reason")
 
 
-def stopped_at_gate(ledger: Ledger, spec: RunSpec) -> bool:
-    """Is this run held at its gate: stopped by it (gate_mode=stop), stopped by the reviewer or by an
-    unanswered question, or still waiting for an answer (gate_mode=ask)? Its rows left are then not
-    work for anyone but the reviewer."""
-    if spec.decisions:
-        return not spec.decisions[-1].continues
+def stage_of(ledger: Ledger, spec: RunSpec) -> str:
+    """`run_stage` of a run whose spec (and decisions) the caller trusts, with the root's question and
+    pilot report."""
     try:
         ledger.get_run_file(spec.run_id, QUESTION_FILE)
-        return True  # asked, not answered yet
+        asked = True
     except StorageKeyError:
-        pass
-    verdict, _ = gate_verdict(pilot_report(ledger, spec.run_id))
-    return verdict == "stop" and spec.config.gate_mode in ("stop", "ask")
+        asked = False
+    verdict = None if asked or spec.decisions else gate_verdict(pilot_report(ledger, spec.run_id))[0]
+    return run_stage(gate_mode=spec.config.gate_mode, pilot_verdict=verdict, question_asked=asked,
+                     last_decision_continues=spec.decisions[-1].continues if spec.decisions else None)
+
+
+def stopped_at_gate(ledger: Ledger, spec: RunSpec) -> bool:
+    """Is this run held at its gate (stopped, or waiting for the reviewer)? Its rows left are then not
+    work for anyone but the reviewer."""
+    return stage_of(ledger, spec) != GOING
