@@ -1,7 +1,7 @@
 """Benchmark: planning/resume over 1,000,000 indices, and reading a 1,000,000-row ledger.
 
 Prints absolute times and ratios against baselines run in the same process:
-- plan: vectorised `done_mask` + `remaining` + `remaining_per_chunk` + `best_rows` vs a plain Python
+- plan: vectorised `done_mask` + `remaining` + `remaining_per_chunk` + `current_rows` vs a plain Python
   loop that builds a set of done indices and filters the index range (the seed pipeline's approach);
 - ledger read: `Ledger.frame()` from the compaction snapshot vs from the ~2,000 raw entries.
 
@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from tracegen.plan import best_rows, choose_chunk_size, chunks, done_mask, remaining, remaining_per_chunk
+from tracegen.plan import choose_chunk_size, chunks, done_mask, remaining, remaining_per_chunk
+from tracegen.store.current import current_rows
 from tracegen.store.ledger import SCHEMA, Ledger, entry_key, part_key
 from tracegen.store.records import LEDGER_COLUMNS
 from tracegen.store.storage import LocalStorage
@@ -121,7 +122,7 @@ def main() -> None:
     todo = remaining(frame, np.arange(n), 8192, "regenerate")
     t_plan = time.perf_counter() - t
     t = time.perf_counter()
-    best = best_rows(frame)
+    best = current_rows(frame)
     t_best = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -135,8 +136,8 @@ def main() -> None:
     print(f"ledger.frame() from snapshot: {t_snap:6.2f} s   ratio: {t_raw / t_snap:5.1f}x faster than from entries")
     print(f"plan (done_mask + per-chunk counts + remaining over {n:,} indices): {t_plan:6.3f} s")
     print(f"naive Python-set plan:        {t_naive:6.2f} s   ratio: {t_naive / t_plan:5.1f}x faster vectorised")
-    print(f"best_rows ({len(best):,} indices):  {t_best:6.3f} s")
-    print(f"plan + best_rows + frame from snapshot: {t_plan + t_best + t_snap:6.2f} s (target < 2 s)")
+    print(f"current_rows ({len(best):,} indices):  {t_best:6.3f} s")
+    print(f"plan + current_rows + frame from snapshot: {t_plan + t_best + t_snap:6.2f} s (target < 2 s)")
     print(f"remaining under 8192/regenerate: {todo.size:,} of {n:,}")
 
 

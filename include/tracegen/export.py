@@ -48,12 +48,12 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pandas as pd
 
-from tracegen import plan
 from tracegen.audit.runaway_rows import find_runaways
 from tracegen.dataset.index import check_unchanged
 from tracegen.dataset.reader import InvalidRow, read_rows
 from tracegen.dataset.stored import load_index
 from tracegen.run.records import latest_run
+from tracegen.store.current import current_rows
 from tracegen.store.ledger import Ledger, PartDamageError
 from tracegen.store.records import EXTENDED, OK, GeneratedRow, unpack_token_ids
 from tracegen.store.storage import LocalStorage, S3Storage, Storage, StorageKeyError, fsync_dir, open_storage
@@ -140,7 +140,7 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     previous, previous_version = lock.read_manifest()
     replaced = _manifest_shards(dest, previous)
     frame = ledger.frame()
-    best = plan.best_rows(frame) if len(frame) else frame
+    best = current_rows(frame) if len(frame) else frame
     best = best[best["status"] == OK]
     truncated = best["finish_reason"] == "length"
     left_out_truncated = 0 if include_truncated else int(truncated.sum())

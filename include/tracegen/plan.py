@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from tracegen.store.records import COMPLETE, FAILED, INVALID, OK, PLAN_COLUMNS, REJECTED
+from tracegen.store.records import COMPLETE, INVALID, OK, PLAN_COLUMNS, REJECTED
 
 if TYPE_CHECKING:
     from tracegen.config import RunConfig
@@ -216,36 +216,6 @@ def remaining_per_chunk(mask: np.ndarray, plan: Iterable[Chunk]) -> np.ndarray:
     if stops.max() > mask.size:
         raise ValueError(f"a chunk ends at {stops.max()}, beyond the mask's {mask.size} rows")
     return left[stops] - left[starts]
-
-
-def best_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per index, the row that supersedes the others; export and "current" audits use it.
-
-    Order of preference: a non-failed row over a failed one; a complete row (ok, finish not `length`)
-    over an incomplete one — a finished completion is what the drafter needs, even under a lower cap;
-    then the higher cap (a row extended or regenerated under 8192 beats its 4096 truncation); then the
-    newest commit.
-    One row per index, in the frame's order (sort by "index" if you need index order).
-    """
-    if frame.empty:
-        return frame.copy()
-    status = frame["status"]
-    not_failed = (status != FAILED).to_numpy(bool)
-    complete = ((status == OK) & frame["finish_reason"].isin(COMPLETE)).to_numpy(bool)
-    cap = frame["max_tokens"].to_numpy(np.int64)
-    if "committed_at" in frame.columns:
-        when = frame["committed_at"].to_numpy("datetime64[us]").astype(np.int64)
-    else:
-        when = np.zeros(len(frame), np.int64)
-    idx = frame["index"].to_numpy(np.int64)
-    # Pack the preferences into one int64 (caps fit in 32 bits) so the sort has three keys, not five.
-    rank = (not_failed.astype(np.int64) << 34) | (complete.astype(np.int64) << 33) | np.clip(cap, 0, (1 << 32) - 1)
-    order = np.lexsort((when, rank, idx))  # stable; last key is the primary one; ties keep frame order
-    sorted_idx = idx[order]
-    last_of_group = np.ones(len(order), dtype=bool)
-    last_of_group[:-1] = sorted_idx[1:] != sorted_idx[:-1]
-    # Taking rows in ascending position is several times faster than a scattered take on string columns.
-    return frame.take(np.sort(order[last_of_group])).reset_index(drop=True)
 
 
 # ---- a run's chunk layout and the work it hands to mapped tasks -------------------------------------

@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
-from tracegen.audit.stats import current_mask, pivot_summary, pivot_text
+from tracegen.audit.stats import pivot_summary, pivot_text
 from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
+from tracegen.store.current import current_mask
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED
 from tracegen.store.storage import StorageKeyError, open_storage

@@ -178,7 +178,7 @@ def joined_seams(ledger: Any, frame: Any) -> int:
     """Current extended rows whose text was joined from two decodings (the server had no /detokenize:
     provenance `text: joined`): where the cut fell inside a character their seam holds U+FFFD. Reads the
     parts that hold current extended rows (the ledger does not record how a text was made)."""
-    from tracegen.audit.stats import current_mask
+    from tracegen.store.current import current_mask
     from tracegen.store.records import EXTENDED
 
     if len(frame) == 0 or "pivot" not in frame.columns:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen.audit.runaway import is_runaway, is_runaway_text, runaway_score, text_token_ids
-from tracegen.audit.stats import current_mask
+from tracegen.store.current import current_mask
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import OK, GeneratedRow, unpack_token_ids
 

@@ -4,9 +4,9 @@ The audit reads the ledger frame only (never completion text) and is vectorised 
 a second or two. Several ledger rows may exist for one dataset index (failed attempts then a success; a row cut
 at 4096 and its regeneration at 8192), so every figure says which rows it counts:
 
-* *current* rows: the one row per index that supersedes the others — the row export keeps, in the same order
-  of preference as ``tracegen.plan.best_rows``: a non-failed row over a failed one, then a complete row (ok,
-  finish not ``length``) over an incomplete one, then the higher cap, then the newest commit.
+* *current* rows: the one row per index that supersedes the others — the row export keeps, by the one rule
+  ``tracegen.store.current.current_mask``: a non-failed row over a failed one, then a complete row over an
+  incomplete one, then the higher cap, then the newest commit.
   Token distribution, finish reasons, truncation, buckets and the per-prompt-length / per-category breakdowns
   count current rows only, so no index is counted twice.
 * *superseded* rows are counted, never mixed in.
@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen.run import MEASURE_CHUNK
+from tracegen.store.current import current_mask
 from tracegen.store.records import (
     EXTENDED,
     FAILED,
@@ -80,16 +81,6 @@ def _rate(num: int | float, den: int | float) -> float | None:
     return float(num) / float(den) if den else None
 
 
-def _ordered_commit_codes(col: pd.Series) -> np.ndarray:
-    """Integer codes that sort like the commit times (ISO strings sort lexically; datetimes natively)."""
-    if pd.api.types.is_datetime64_any_dtype(col):
-        # Through the tz-naive UTC values: numpy has no tz-aware datetime and warns on the conversion.
-        naive = col.dt.tz_convert("UTC").dt.tz_localize(None) if col.dt.tz is not None else col
-        return naive.to_numpy().astype("datetime64[ns]").astype(np.int64)
-    codes, _ = pd.factorize(col, sort=True)  # missing -> -1: sorts as oldest
-    return codes
-
-
 class _Coded:
     """A string column as integer codes plus labels. Factorising once is far cheaper than comparing a million
     Python strings (pandas 3 stores strings in Arrow; object arrays would copy them all)."""
@@ -113,30 +104,6 @@ class _Coded:
 
     def isin(self, values: tuple[str, ...] | list[str]) -> np.ndarray:
         return np.isin(self.codes, [self.code(v) for v in values])
-
-
-def current_mask(frame: pd.DataFrame) -> np.ndarray:
-    """Boolean mask selecting the one row per index that supersedes the others (see module docstring)."""
-    n = len(frame)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    index = frame["index"].to_numpy(dtype=np.int64)
-    status = _Coded(frame["status"])
-    not_failed = (~status.eq(FAILED)).astype(np.int8)
-    cap = frame["max_tokens"].to_numpy(dtype=np.int64)
-    complete = (status.eq(OK) & ~_Coded(frame["finish_reason"]).eq("length")).astype(np.int8)
-    if "committed_at" in frame.columns:
-        newest = _ordered_commit_codes(frame["committed_at"])
-    else:
-        newest = np.zeros(n, dtype=np.int64)
-    # lexsort's last key is primary; ties at the end resolve to the original order (later rows are newer).
-    order = np.lexsort((np.arange(n), newest, cap, complete, not_failed, index))
-    sorted_index = index[order]
-    last = np.ones(n, dtype=bool)
-    last[:-1] = sorted_index[:-1] != sorted_index[1:]
-    mask = np.zeros(n, dtype=bool)
-    mask[order[last]] = True
-    return mask
 
 
 def _quantiles(values: np.ndarray) -> dict[str, Any]:

@@ -39,7 +39,7 @@ import pandas as pd
 from tracegen import plan
 from tracegen.audit import gate
 from tracegen.audit.capfit import candidate_caps
-from tracegen.audit.stats import current_mask, gate_counts
+from tracegen.audit.stats import gate_counts
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetSpec
 from tracegen.generate.chunk import fleet_endpoints
@@ -48,6 +48,7 @@ from tracegen.generate.extend import not_extendable
 from tracegen.run import MEASURE_CHUNK, MEASURE_FILE
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
+from tracegen.store.current import current_mask
 from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
 from tracegen.store.records import COMPLETE, FAILED, OK
 from tracegen.store.storage import StorageKeyError

@@ -10,7 +10,7 @@ failure, not a long completion; the report counts how many were resampled so the
 
 The fresh rows go through the chunk engine (spool, commit, resume) under their own chunk number,
 `RESAMPLE_CHUNK`. It is the one place an index gets a second non-failed row under the same cap: what
-plan and export read is still one current row per index (`plan.best_rows`). Which rows are runaways is
+plan and export read is still one current row per index (`store.current`). Which rows are runaways is
 judged on their parts (`audit.runaway_rows`), so this reads the parts holding truncated rows once.
 """
 

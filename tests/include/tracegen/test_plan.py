@@ -10,7 +10,6 @@ import pytest
 
 from tracegen.plan import (
     Chunk,
-    best_rows,
     choose_chunk_size,
     chunks,
     done_mask,
@@ -20,6 +19,7 @@ from tracegen.plan import (
     remaining_per_chunk,
     superseded_rows,
 )
+from tracegen.store.current import current_rows
 from tracegen.store.ledger import Ledger, empty_frame, rows_to_frame
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED, GeneratedRow
 from tracegen.store.storage import LocalStorage
@@ -168,7 +168,7 @@ def test_the_4096_to_8192_pivot(tmp_path: Path) -> None:
     assert remaining(f2, np.arange(20), 16384, "regenerate").tolist() == [10, 15]
     # Nothing old is lost: both generations of index 0 are in the ledger, the newer supersedes at export.
     assert (f2["index"] == 0).sum() == 2
-    best = best_rows(f2).set_index("index")
+    best = current_rows(f2).set_index("index")
     assert best.loc[0, "max_tokens"] == 8192 and best.loc[0, "finish_reason"] == "stop"
     assert best.loc[10, "max_tokens"] == 8192  # truncated twice: the higher cap wins
     assert best.loc[15, "finish_reason"] == "length" and best.loc[15, "max_tokens"] == 4096  # failure never wins
@@ -176,7 +176,7 @@ def test_the_4096_to_8192_pivot(tmp_path: Path) -> None:
     assert len(best) == 20
 
 
-def test_best_rows_preferences() -> None:
+def test_current_rows_preferences() -> None:
     old, new = "2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00"
     f = pd.concat([
         frame(r(0, finish="stop", cap=4096), at=old),
@@ -188,12 +188,12 @@ def test_best_rows_preferences() -> None:
         frame(r(3, status=FAILED), at=old),
         frame(r(3, status=FAILED, tokens=7), at=new),
     ], ignore_index=True)
-    best = best_rows(f).set_index("index")
+    best = current_rows(f).set_index("index")
     assert best.loc[0, "finish_reason"] == "stop" and best.loc[0, "max_tokens"] == 4096
     assert best.loc[1, "completion_tokens"] == 2
     assert best.loc[2, "status"] == REJECTED
     assert best.loc[3, "completion_tokens"] == 7
-    assert best_rows(frame()).empty
+    assert current_rows(frame()).empty
 
 
 def test_remaining_per_chunk_and_validation() -> None:

@@ -28,9 +28,9 @@ from engine_support.helpers import (
 
 from tracegen.export import export_dataset
 from tracegen.generate.engine import ChunkInterrupted, InvalidRowError
-from tracegen.plan import best_rows
 from tracegen.simulator.lengths import CALIBRATIONS, draw
 from tracegen.status import dataset_status, format_status
+from tracegen.store.current import current_rows
 from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED, GeneratedRow, unpack_token_ids
 from tracegen.store.storage import S3Storage, StorageError
@@ -184,7 +184,7 @@ def test_pivot_with_extend_sends_only_continuations_and_pays_only_the_new_tokens
         assert row.provenance["supersedes"]["part"] in set(f8.loc[f8["run_id"] == "run-4096", "part"])
         assert (row.provenance["tokens_before"], row.provenance["tokens_after"]) == (4096, row.completion_tokens)
     # The extended rows supersede their truncations; the ledger says what the pivot did.
-    best = best_rows(f8).set_index("index")
+    best = current_rows(f8).set_index("index")
     assert (best.loc[sorted(truncated), "run_id"] == "run-8192").all()
     mine = f8[f8["run_id"] == "run-8192"]
     assert (mine["pivot"] == "extended").all() and (mine["prefix_tokens"] == 4096).all()

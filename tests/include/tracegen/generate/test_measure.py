@@ -36,6 +36,7 @@ from tracegen.generate.measure import (
     worst_case_tokens,
 )
 from tracegen.sglang.client import ClientConfig
+from tracegen.store.current import current_rows
 from tracegen.store.records import OK, unpack_token_ids
 
 SIM = dict(sim_time_scale=20000, log_level="warning", enable_metrics=True, max_running_requests=128,
@@ -124,7 +125,7 @@ def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new
     assert plan.remaining(frame, pilot, 16384, "extend").size == 0
     still = {i for i, r in measured.items() if r.finish_reason == "length"}
     assert set(plan.remaining(frame, pilot, 32768, "extend").tolist()) == still
-    cur = plan.best_rows(frame)
+    cur = current_rows(frame)
     cur = cur[cur["index"].isin(truncated)]
     assert (cur["chunk"] == MEASURE_CHUNK).all()
 

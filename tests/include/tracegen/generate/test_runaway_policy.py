@@ -27,6 +27,7 @@ from tracegen.export import export_dataset
 from tracegen.generate.resample import resample_runaways
 from tracegen.run import RESAMPLE_CHUNK
 from tracegen.sglang.client import ClientConfig
+from tracegen.store.current import current_rows
 from tracegen.store.records import OK
 
 SIM = dict(sim_time_scale=20000, log_level="warning", enable_metrics=True, sim_length_model="short",
@@ -109,7 +110,7 @@ def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(t
     # One fresh sample beside the looping row under the same cap is expected, not duplicated work ...
     assert ledger.check_invariants() == []
     # The fresh sample is the current row; nothing is left to generate at the cap.
-    current = plan.best_rows(frame)
+    current = current_rows(frame)
     assert set(current.loc[current["index"].isin(runaways), "chunk"]) == {RESAMPLE_CHUNK}
     assert plan.remaining(frame, range(N_ROWS), CAP, "extend").size == 0
     # A higher cap later continues the fresh sample, not the row it replaced (both cut at 256).
