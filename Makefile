@@ -78,16 +78,17 @@ bench-capfit: venv
 	$(PY) bench/capfit_accuracy.py
 
 # The same comparison with a whole tracegen_generate run on a real Airflow (PostgreSQL, CeleryExecutor on
-# Redis, as `make airflow-up`) and its bundled 2-GPU simulated fleet; about 13 minutes. Needs PostgreSQL and
-# Redis on loopback.
+# Redis, as `make airflow-up`) and its bundled 2-GPU simulated fleet; about 13 minutes. Starts its own private
+# PostgreSQL and Redis on free loopback ports (system-deps).
 .PHONY: bench-occupancy-airflow
-bench-occupancy-airflow: venv
+bench-occupancy-airflow: venv system-deps
 	$(PY) bench/occupancy_airflow.py
 
 # The distributed setup (PostgreSQL + CeleryExecutor on Redis, two workers) as local processes, for a person:
-# prints the UI URL and credentials. Needs PostgreSQL and Redis on loopback (docs/deployment.md).
+# prints the UI URL and credentials. Starts its own private PostgreSQL and Redis on free loopback ports
+# (system-deps; TRACEGEN_PG_PORT / TRACEGEN_REDIS_PORT name running ones instead, docs/deployment.md).
 .PHONY: airflow-up
-airflow-up: venv
+airflow-up: venv system-deps
 	bash scripts/airflow-cluster.sh
 
 # Every benchmark; each prints its figures as ratios against a baseline run in the same process.
@@ -115,9 +116,12 @@ soak: venv system-deps
 rehearsal: venv system-deps
 	$(PY) bench/rehearsal.py
 
-# Faults injected into real tracegen_generate runs on the distributed deployment (PostgreSQL, CeleryExecutor
-# on Redis, an SSH fleet of stand-ins, S3 on an S3-compatible server): Celery worker, scheduler and stand-in
-# SIGKILLs and S3 outages, then every row checked. CPU heavy, under an hour on 2 cores; docs/reliability.md.
+# Faults injected into real tracegen_generate runs on the distributed deployment (private PostgreSQL,
+# CeleryExecutor on private Redis, an SSH fleet of stand-ins, S3 on an S3-compatible server): Celery worker,
+# scheduler and stand-in SIGKILLs, S3 outages, PostgreSQL and Redis restarts, sshd killed while provisioning
+# and while tunnels carry requests, prepare_run's worker killed and S3 flapping under it, with the scheduled
+# rerun DAG on a one-minute schedule beside the runs; then every row checked. CPU heavy, about an hour on
+# 2 cores; docs/reliability.md.
 .PHONY: chaos
 chaos: venv system-deps
 	$(PY) bench/chaos.py
