@@ -44,8 +44,8 @@ def _status(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from tracegen.audit.run_report import audit_and_report
     from tracegen.run.records import latest_run
+    from tracegen.run.report import audit_and_report
     from tracegen.store.ledger import open_ledger
 
     ledger = open_ledger(_root(args), args.aws_conn_id)
@@ -65,12 +65,15 @@ def _export(args: argparse.Namespace) -> int:
     from tracegen.export import export_dataset
 
     result = export_dataset(
-        _root(args), _uri(args.dest), fmt=args.format, shard_rows=args.shard_rows,
+        _root(args), _uri(args.dest), fmt=args.format, layout=args.layout, shard_rows=args.shard_rows,
         include_truncated=args.include_truncated, overwrite=args.overwrite, with_token_ids=args.with_token_ids,
         aws_conn_id=args.aws_conn_id,
     )
-    print(f"exported {result.rows:,} rows in {result.shards} shards to {result.dest}")
-    print(f"manifest: {result.manifest_uri}")
+    if result.data_uri:
+        print(f"exported {result.rows:,} rows ({result.layout}) to {result.data_uri}")
+    else:
+        print(f"exported {result.rows:,} rows in {result.shards} shards to {result.dest}")
+    print(f"manifest: {result.manifest_uri} (export {result.export_id}; trainer settings and provenance inside)")
     return 0
 
 
@@ -139,7 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write the final deduplicated dataset with a manifest")
     p.add_argument("output_uri")
     p.add_argument("dest", help="destination directory or s3:// prefix")
-    p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    p.add_argument("--layout", choices=["messages", "tokens", "conversations"], default="messages",
+                   help="messages: tracegen's shards (prompt messages + the generated turn, counts); tokens: one "
+                   "plain JSONL file of {id, input_ids, loss_mask} (SpecForge data.prompts_path, speculators "
+                   "prepare-data --data); conversations: one plain JSONL file of {id, conversations, tools}. "
+                   "The manifest names the file and each trainer's settings")
+    p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl",
+                   help="shard format of the messages layout (the trainer layouts are plain JSONL)")
     p.add_argument("--shard-rows", type=int, default=10_000)
     p.add_argument("--include-truncated", action="store_true",
                    help="also export rows that still end with finish_reason=length (left out by default)")

@@ -120,9 +120,9 @@ def measure_tail(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[
     the highest candidate cap the context and the token budget allow, so the pilot report's cap table is
     measured up to that cap. The pilot report is written first, for its verdict: the chunks beside the
     pilot stop on it and leave the fleet to the measurement; the gate's audit then rewrites it."""
-    from tracegen.audit.run_report import audit_and_report
     from tracegen.generate.measure import measure_tail as measure
     from tracegen.plan import pilot_indices
+    from tracegen.run.report import audit_and_report
 
     spec = _spec(run)
     if not pilot.get("indices"):
@@ -151,8 +151,8 @@ def audit_and_gate(
     run beside the pilot (`generate_alongside_pilot`); none while a question is to be asked."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from tracegen.audit.run_report import audit_and_report
     from tracegen.plan import pilot_indices
+    from tracegen.run.report import audit_and_report
 
     spec = _spec(run)
     lead = spec.layout.stagger
@@ -390,7 +390,7 @@ def final_report(run: dict[str, Any]) -> dict[str, Any]:
     The cap, and the reviewer's decision when the gate asked, are the decided run's (`apply_decision`'s
     XCom, pushed for a stop too): this task runs whatever happened, so a run that never decided is
     audited at the cap it was prepared with."""
-    from tracegen.audit.run_report import audit_and_report
+    from tracegen.run.report import audit_and_report
 
     return audit_and_report(_as_decided(run), name="report").to_json()
 

@@ -71,10 +71,10 @@ def _rows(run_id: str, cap: int, indices: range, truncated_every: int):
 def make_run(root: Path, raw: str, cap: int, indices: range, every: int, names: tuple[str, ...], n: int,
              gate_mode: str = "ask", n_rows: int = 400):
     """One run through the real ledger and report code: its rows committed, its record, its reports."""
-    from tracegen.audit.run_report import audit_and_report
     from tracegen.config import RunConfig, safe_run_id
     from tracegen.plan import ChunkLayout
     from tracegen.run.records import write_run_record
+    from tracegen.run.report import audit_and_report
     from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
     from tracegen.store.ledger import Ledger
     from tracegen.store.storage import open_storage

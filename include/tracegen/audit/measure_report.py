@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tracegen.run import MEASURE_FILE
+from tracegen.store.layout import MEASURE_FILE
 from tracegen.store.ledger import Ledger
 from tracegen.store.storage import StorageKeyError
 

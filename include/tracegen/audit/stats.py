@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen.run import MEASURE_CHUNK
 from tracegen.store.current import current_mask
+from tracegen.store.layout import MEASURE_CHUNK
 from tracegen.store.records import (
     EXTENDED,
     FAILED,

@@ -15,7 +15,7 @@ from typing import Any
 
 from tracegen.config import LOCAL_SIM, state_dir
 from tracegen.fleet.spec import FleetSpec, FleetSpecError
-from tracegen.run.spec import FleetRef, fleet_digest
+from tracegen.fleet_ref import FleetRef, fleet_digest
 
 __all__ = ["LOCAL_SIM", "FleetChangedError", "load_fleet", "local_sim_fleet", "reference", "resolve"]
 

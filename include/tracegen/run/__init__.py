@@ -1,14 +1,14 @@
 """One run of `tracegen_generate`: its typed description (`spec`), how it is prepared (`prepare`), how it is
-stored beside the data (`records`), and what the scheduled rerun finds left of it (`rerun`)."""
+stored beside the data (`records`), where it stands at its gate (`stage`), its audit and reports
+(`report`), and what the scheduled rerun finds left of it (`rerun`)."""
 
-# runs/<run_id>/ in the output root: the run's record, and the pilot audit's report (its verdict is the gate's).
-RUN_FILE = "run.json"
-PILOT_REPORT = "pilot-report.json"
-# The question a gate put to the reviewer (gate_mode=ask); the answer goes into the run's record.
-QUESTION_FILE = "question.json"
-# The tail measurement's decision and cost (`tracegen.generate.measure`), read by the reports.
-MEASURE_FILE = "measure.json"
-# Chunk numbers of rows generated outside the run's chunks, beside the pilot's (99_999): the pilot's truncated
-# rows continued to measure the tail, and the fresh samples of runaway rows (runaway_policy=resample).
-MEASURE_CHUNK = 99_998
-RESAMPLE_CHUNK = 99_997
+from tracegen.store.layout import (
+    MEASURE_CHUNK,
+    MEASURE_FILE,
+    PILOT_REPORT,
+    QUESTION_FILE,
+    RESAMPLE_CHUNK,
+    RUN_FILE,
+)
+
+__all__ = ["MEASURE_CHUNK", "MEASURE_FILE", "PILOT_REPORT", "QUESTION_FILE", "RESAMPLE_CHUNK", "RUN_FILE"]

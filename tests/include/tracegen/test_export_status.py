@@ -151,8 +151,8 @@ def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
     and the scheduled rerun retires it, so its rows are work again instead of 'done' forever."""
     from engine_support.helpers import rerun_work
 
-    from tracegen.audit.run_report import audit_and_report
     from tracegen.run.records import read_run_record
+    from tracegen.run.report import audit_and_report
 
     out, ledger = root
     (part,) = [ledger.read_entry(k)["part"] for k in ledger.entries() if "seg-a1" in k]
@@ -172,8 +172,8 @@ def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_status_report_and_export_say_what_the_extend_pivot_did(tmp_path, fmt):
     """Run A (4096) cut index 1; run C (8192, extend) continued it from its tokens: 4096 reused, 1000 new."""
-    from tracegen.audit.run_report import audit_and_report
     from tracegen.run.records import read_run_record
+    from tracegen.run.report import audit_and_report
     from tracegen.store.records import pack_token_ids
 
     dataset = write_dataset(tmp_path / "prompts.jsonl", 3)

@@ -23,11 +23,11 @@ def _loaded_by(module: str) -> list[str]:
 
 
 @pytest.mark.parametrize("module", ["tracegen.status", "tracegen.export", "tracegen.review_app",
-                                    "tracegen.audit.run_report", "tracegen.run.records", "tracegen.params"])
+                                    "tracegen.run.report", "tracegen.run.records", "tracegen.params"])
 def test_read_only_tools_load_no_engine_fleet_or_client(module: str) -> None:
     loaded = _loaded_by(module)
     assert module in loaded
-    pulled = [m for m in loaded if m.startswith(GPU_SIDE)]
+    pulled = [m for m in loaded if any(m == p or m.startswith(p + ".") for p in GPU_SIDE)]
     assert pulled == [], f"importing {module} pulls in {pulled}"
 
 
@@ -84,3 +84,58 @@ def test_no_import_cycles() -> None:
     # work; only cycles between distinct modules count.
     real = [c for c in cycles if not any(modules[m].name == "__init__.py" for m in c)]
     assert real == [], real
+
+
+# The package's layers, top to bottom, as docs/architecture.md states them. A module may import its own
+# layer and the layers below it, never one above: the adapters (CLI, Airflow tasks, pages) sit on the run,
+# the run on the audit and the fleet, and everything on the output root's storage and the config.
+LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
+    {"__main__", "celery_config", "sample_data"},
+    {"cli", "demo"},
+    {"steps"},
+    {"review_app", "review_gate", "status", "export"},
+    {"generate"},
+    {"run"},
+    {"audit", "fleet"},
+    {"simulator", "plan", "params"},
+    {"dataset", "sglang"},
+    {"store", "config", "cap_rule", "fleet_ref"},
+))
+
+
+def _layer_of(unit: str) -> int:
+    for depth, layer in enumerate(LAYERS):
+        if unit in layer:
+            return depth
+    raise AssertionError(f"tracegen.{unit} is in no layer: add it to LAYERS and to docs/architecture.md")
+
+
+def climbs(package: Path = PACKAGE) -> list[str]:
+    """Every import of a package or top-level module from one above it."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).with_suffix("")
+        unit = rel.parts[0]
+        for imported in sorted(_imports(path)):
+            parts = imported.split(".")
+            target = parts[1] if len(parts) > 1 else None
+            if target is None or target == unit or not (package / target).exists() and not (
+                    package / f"{target}.py").exists():
+                continue
+            if _layer_of(target) < _layer_of(unit) and not any(f.startswith(f"{rel}: imports tracegen.{target} ")
+                                                                for f in found):
+                found.append(f"{rel}: imports tracegen.{target} (layer {_layer_of(target)}) from layer {_layer_of(unit)}")
+    return found
+
+
+def test_no_package_imports_one_above_it() -> None:
+    assert climbs() == []
+
+
+def test_the_layer_check_catches_a_planted_climb(tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "tracegen"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json"))
+    (copy / "store" / "planted.py").write_text("from tracegen.run.records import read_run_record\n")
+    assert climbs(copy) == ["store/planted: imports tracegen.run (layer 5) from layer 9"]

@@ -24,7 +24,6 @@ from engine_support.helpers import (
 )
 
 from tracegen import plan
-from tracegen.audit.run_report import audit_and_report
 from tracegen.audit.stats import gate_counts
 from tracegen.generate.engine import PILOT_CHUNK
 from tracegen.generate.measure import (
@@ -35,6 +34,7 @@ from tracegen.generate.measure import (
     read_measurement,
     worst_case_tokens,
 )
+from tracegen.run.report import audit_and_report
 from tracegen.sglang.client import ClientConfig
 from tracegen.store.current import current_rows
 from tracegen.store.records import OK, unpack_token_ids

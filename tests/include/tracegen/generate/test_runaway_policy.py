@@ -21,11 +21,11 @@ from engine_support.helpers import (
 )
 
 from tracegen import plan
-from tracegen.audit.run_report import audit_and_report
 from tracegen.audit.runaway_rows import find_runaways
 from tracegen.export import export_dataset
 from tracegen.generate.resample import resample_runaways
 from tracegen.run import RESAMPLE_CHUNK
+from tracegen.run.report import audit_and_report
 from tracegen.sglang.client import ClientConfig
 from tracegen.store.current import current_rows
 from tracegen.store.records import OK

@@ -24,13 +24,13 @@ from tracegen.audit.review import (
     CapQuestion,
     decide,
 )
-from tracegen.audit.run_report import audit_and_report
 from tracegen.config import RunConfig
 from tracegen.generate.gate_watch import continuous_sample
 from tracegen.plan import pilot_indices
 from tracegen.run import QUESTION_FILE, RUN_FILE
 from tracegen.run.decision import GATE_REPORT, apply, ask, rows_held
 from tracegen.run.records import read_run_record, stopped_at_gate
+from tracegen.run.report import audit_and_report
 from tracegen.run.spec import RunSpec
 from tracegen.store.records import FAILED, OK, GeneratedRow
 from tracegen.store.storage import StorageKeyError

@@ -16,9 +16,9 @@ from tracegen import plan
 from tracegen.audit import capfit, gate, measure_report, report
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
 from tracegen.audit.stats import audit, censoring_arrays, gate_counts
-from tracegen.run import RESAMPLE_CHUNK
 from tracegen.run.spec import RunSpec
 from tracegen.store.current import current_mask
+from tracegen.store.layout import RESAMPLE_CHUNK
 from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
 from tracegen.store.records import FAILED, OK
 
