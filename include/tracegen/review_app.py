@@ -1,7 +1,7 @@
 """The review pages reviewers open from the Airflow UI: every run of every output root, and each run's report.
 
 A FastAPI app that `plugins/tracegen_review.py` mounts into Airflow's api-server under `/tracegen`.
-It only reads what `tracegen.audit.run_report.audit_and_report` stored (`runs/<run_id>/{pilot-report,report}.
+It only reads what `tracegen.run.report.audit_and_report` stored (`runs/<run_id>/{pilot-report,report}.
 {json,html}` and `run.json`) through `tracegen.store.storage`, so local and s3:// output roots look the same.
 
 Every route requires an Airflow user allowed to see plugin views and to read the runs of
