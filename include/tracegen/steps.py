@@ -257,17 +257,14 @@ def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict
 
 
 def _cap_raise(spec):
-    """The operator's raise of this run's cap (`tracegen_raise_cap`), or None. A malformed Variable fails
-    the task, naming it, rather than being ignored: someone meant to change this run's cap."""
+    """The operator's raise of this run's cap (`tracegen_raise_cap`), or None. A Variable no raise task
+    made, or whose cap the run cannot take, is ignored and logged (`run.cap_raise.decode`), never trusted
+    and never a reason to fail the run."""
     from airflow.sdk import Variable
-    from airflow.sdk.exceptions import AirflowFailException
 
-    from tracegen.run.cap_raise import RaiseRefused, decode, variable_key
+    from tracegen.run.cap_raise import decode, variable_key
 
-    try:
-        return decode(Variable.get(variable_key(spec.run_id), default=None), spec.run_id)
-    except RaiseRefused as exc:
-        raise AirflowFailException(str(exc)) from None
+    return decode(Variable.get(variable_key(spec.run_id), default=None), spec.run_id)
 
 
 def _at_raised_cap(spec):
