@@ -1,0 +1,442 @@
+"""The final dataset: one row per index (the row that supersedes the others), in a layout a drafter
+trainer reads as it is (`layouts`): tracegen's own `messages` shards (the default), or one plain JSONL file
+of `tokens` (`input_ids` + `loss_mask`) or `conversations` for SpecForge and speculators, with a manifest
+that names the file to pass to each trainer and the settings that keep every row whole (`manifest`).
+
+Rows still truncated (`finish_reason == "length"`) are left out unless asked for: they would teach
+the drafter the wrong ending. A row extended past a lower cap (truncated_policy=extend) is one seamless
+completion here, split into thinking, answer and tool calls as an uninterrupted generation is, and its
+token ids are the whole completion's. The manifest says how many rows were written, left out and why, with
+a sha256 per file, whose tokens these are (model, fleet, servers, sampling, cap decisions) and how long
+the rows are.
+
+Memory is bounded: the ledger is read with the export's columns only (`selection`), the rows are written a
+shard of indices at a time (each part read once per shard, hashed as read), and a trainer layout's single
+file is streamed to disk and moved or uploaded into place (`sink`).
+
+An export never clobbers: a destination that holds anything needs `overwrite`, one inside the output
+root (or holding it) is refused, and files are written under names of their own export, so the
+manifest, published last in one atomic PUT, switches readers from the previous export to the new one.
+Only then are the previous export's files removed; a failed export leaves the previous one as it was.
+
+Every part is checked against its ledger entry as it is read (size and sha256 of the bytes read): a part
+that is not what was committed stops the export, naming it, before a byte of it is published.
+
+One export at a time per destination (`lock`): an export holds `export.lock` in the destination while it
+writes, and publishes its manifest only over the one it read at the start; it then removes only the files
+that manifest listed (and files no manifest lists whose export began longer than LOCK_STALE_S before, the
+leftovers of a killed export).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import pandas as pd
+
+from tracegen.audit.runaway_rows import find_runaways
+from tracegen.dataset.index import check_unchanged
+from tracegen.dataset.reader import InvalidRow, read_rows
+from tracegen.dataset.stored import load_index
+from tracegen.export import layouts as L
+from tracegen.export import manifest as M
+from tracegen.export.errors import ExportError, ExportLockError
+from tracegen.export.lock import LOCK, LOCK_STALE_S, MANIFEST, DestinationLock
+from tracegen.export.selection import ledger_rows
+from tracegen.export.sink import FileSink
+from tracegen.run.records import latest_run
+from tracegen.store.current import current_mask
+from tracegen.store.layout import MEASURE_CHUNK
+from tracegen.store.ledger import Ledger, PartDamageError
+from tracegen.store.records import COMPLETE, EXTENDED, OK, REGENERATED, RESAMPLED, GeneratedRow
+from tracegen.store.storage import Storage, open_storage
+
+__all__ = ["FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
+           "ExportLockError", "ExportResult", "export_dataset"]
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("jsonl", "parquet")
+LAYOUTS = L.LAYOUTS
+# Files of any export: this version's shards (`shard-<export id>-00000`), earlier ones' (`shard-00000`), and
+# a trainer layout's data file (`data-<export id>/<layout>.jsonl`).
+_SHARD_RE = re.compile(
+    r"shard-(?:(?P<time>\d{8}T\d{6}Z)-[0-9a-f]{8}-)?\d{5}\.(?:jsonl\.gz|parquet)"
+    r"|data-(?P<dtime>\d{8}T\d{6}Z)-[0-9a-f]{8}/(?:tokens|conversations)\.jsonl"
+)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    dest: str
+    rows: int
+    shards: int
+    manifest_uri: str
+    export_id: str = ""
+    layout: str = L.MESSAGES
+    sha256: str = ""  # the manifest's
+    data_uri: str | None = None  # a trainer layout's file
+
+
+def export_dataset(
+    output_uri: str,
+    dest_uri: str,
+    *,
+    fmt: str = "jsonl",
+    layout: str = L.MESSAGES,
+    shard_rows: int = 10_000,
+    include_truncated: bool = False,
+    overwrite: bool = False,
+    with_token_ids: bool = False,
+    aws_conn_id: str = "aws_default",
+) -> ExportResult:
+    """Export the output root's final dataset to `dest_uri`. A destination that is not empty needs
+    `overwrite`; then the previous export there stays complete until the new manifest replaces it."""
+    if layout not in LAYOUTS:
+        raise ExportError(f"layout {layout!r} is not one of {LAYOUTS}")
+    if fmt not in FORMATS or (layout != L.MESSAGES and fmt != "jsonl"):
+        raise ExportError(f"format {fmt!r} is not one of {FORMATS if layout == L.MESSAGES else ('jsonl',)}"
+                          f" (layout {layout}: trainers read plain JSONL)")
+    if shard_rows < 1:
+        raise ExportError(f"shard_rows must be >= 1, got {shard_rows}")
+    # Before either storage is opened: opening a local destination creates its directory.
+    if _nested(output_uri, dest_uri):
+        raise ExportError(
+            f"export destination {dest_uri} is inside the output root {output_uri} (or holds it); "
+            "export beside the root, never into it"
+        )
+    ledger = Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))
+    record = latest_run(ledger, aws_conn_id)
+    if record is None:
+        raise ExportError(f"{output_uri}: no run has been planned here; nothing to export")
+    index = load_index(ledger)
+    # Before the destination is touched: an edited dataset would pair these completions with other prompts.
+    check_unchanged(index, aws_conn_id)
+    dest = open_storage(dest_uri, aws_conn_id=aws_conn_id)
+    lock = DestinationLock.of(dest)
+    lock.acquire()
+    try:
+        return _export(ledger, record, index, dest, lock, fmt=fmt, layout=layout, shard_rows=shard_rows,
+                       include_truncated=include_truncated, overwrite=overwrite, with_token_ids=with_token_ids)
+    finally:
+        lock.release()
+
+
+class _Figures:
+    """What the rows written add up to: counts, lengths, how the prompts are shaped, the last token ids."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.finish_reasons: dict[str, int] = {}
+        self.extended = 0
+        self.no_token_ids = 0
+        self.prompt_len: list[np.ndarray] = []
+        self.response_len: list[np.ndarray] = []
+        self.last_ids: dict[str, dict[str, int]] = {}  # finish reason -> last response id -> rows
+        self.without_system = 0
+        self.with_history = 0
+        self.max_turns = 0
+
+    def add(self, shaped: list[tuple[Any, GeneratedRow, L.Shaped]]) -> None:
+        self.rows += len(shaped)
+        for prompt, row, s in shaped:
+            fr = str(row.finish_reason)
+            self.finish_reasons[fr] = self.finish_reasons.get(fr, 0) + 1
+            self.extended += row.pivot == EXTENDED
+            if s.last_id is not None:
+                ids = self.last_ids.setdefault(fr, {})
+                ids[str(s.last_id)] = ids.get(str(s.last_id), 0) + 1
+            system, history = L.prompt_shape(prompt)
+            self.without_system += not system
+            self.with_history += history > 0
+            self.max_turns = max(self.max_turns, len(prompt.messages or []) + 1)
+        self.prompt_len.append(np.fromiter((s.prompt_len for _, _, s in shaped), np.int64, len(shaped)))
+        self.response_len.append(np.fromiter((s.response_len for _, _, s in shaped), np.int64, len(shaped)))
+
+    def to_json(self) -> dict[str, Any]:
+        p = np.concatenate(self.prompt_len) if self.prompt_len else np.zeros(0, np.int64)
+        r = np.concatenate(self.response_len) if self.response_len else np.zeros(0, np.int64)
+        return {
+            "lengths": M.lengths(p, r),
+            "prompts": {"rows_without_system_prompt": self.without_system,
+                        "rows_with_assistant_history": self.with_history, "max_turns": self.max_turns},
+        }
+
+
+def _end_of_turn(last_ids: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Whether the response ids of finished rows end with one stop token, as SGLang returns them."""
+    finished = {fr: ids for fr, ids in last_ids.items() if fr in COMPLETE}
+    counts: dict[str, int] = {}
+    for ids in finished.values():
+        for tok, n in ids.items():
+            counts[tok] = counts.get(tok, 0) + n
+    total = sum(counts.values())
+    top = max(counts.items(), key=lambda kv: kv[1]) if counts else None
+    return {
+        "finished_rows_with_ids": total,
+        "last_token_ids": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:5]),
+        "token_id": int(top[0]) if top else None,
+        "all_finished_rows_end_with_it": bool(top and top[1] == total),
+        "loss_mask_covers_it": True,
+        "note": "SGLang keeps the matched stop token (the model's end of turn, e.g. <|im_end|>) in a finished "
+                "row's output ids; the tokens layout keeps it, under loss_mask 1, so the drafter learns where "
+                "the target stops. A row cut at the cap (finish_reason length) has no stop token.",
+    }
+
+
+def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: DestinationLock, *, fmt: str,
+            layout: str, shard_rows: int, include_truncated: bool, overwrite: bool,
+            with_token_ids: bool) -> ExportResult:
+    """The export proper, while `lock` holds `dest`."""
+    started = time.time()
+    before = [k for k in dest.list("") if k != LOCK]
+    if before and not overwrite:
+        raise ExportError(
+            f"export destination {dest.uri} is not empty ({len(before)} objects, e.g. {before[0]}); "
+            "pass --overwrite (overwrite=True) to replace the export there"
+        )
+    # What this export replaces: it publishes only over this manifest, and removes only its files.
+    previous, previous_version = lock.read_manifest()
+    replaced = _manifest_shards(dest, previous)
+    frame = ledger_rows(ledger)
+    current = frame.loc[current_mask(frame)] if len(frame) else frame
+    best = current[(current["status"] == OK).to_numpy(bool)]
+    truncated = (best["finish_reason"] == "length").to_numpy(bool)
+    left_out_truncated = 0 if include_truncated else int(truncated.sum())
+    policy = record.config.runaway_policy
+    runaways: list[int] = []
+    if include_truncated and truncated.any():
+        # Truncated rows whose tail loops: no cap finishes them. Judged only when truncated rows are
+        # exported (otherwise they are left out with the rest). 'keep' exports them; 'drop' does not, nor
+        # 'resample' the ones whose fresh sample looped again.
+        runaways = sorted(find_runaways(ledger, frame))
+        if policy != "keep":
+            best = best[~best["index"].isin(runaways)]
+            truncated = (best["finish_reason"] == "length").to_numpy(bool)
+    left_out_runaway = len(runaways) if policy != "keep" else 0
+    if not include_truncated:
+        best = best[~truncated]
+    best = best.sort_values("index").reset_index(drop=True)
+
+    export_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+    shards: list[dict[str, Any]] = []
+    figures = _Figures()
+    indices = best["index"].to_numpy(dtype=np.int64)
+    sink = FileSink(dest, L.data_file(export_id, layout)) if layout != L.MESSAGES else None
+    written = 0
+    try:
+        for shard_no, start in enumerate(range(0, len(best), shard_rows)):
+            part = best.iloc[start : start + shard_rows]
+            try:
+                shaped = list(_shaped(ledger, index, part, record.config.aws_conn_id, layout, with_token_ids))
+            except PartDamageError as exc:
+                d = exc.damage
+                raise ExportError(
+                    f"part {ledger.storage.uri_for(d.part)} is not what its ledger entry {d.entry} committed: "
+                    f"{d.problem}; not exported, and nothing was published ({dest.uri} holds what it held); "
+                    f"`python -m tracegen verify {ledger.storage.uri}` lists the damaged parts, `--retire` makes "
+                    "their rows work again for the next run or rerun"
+                ) from exc
+            kept = [t for t in shaped if t[2] is not None]
+            figures.no_token_ids += len(shaped) - len(kept)
+            docs = [s.doc for _, _, s in kept]
+            data = _encode(docs, fmt if sink is None else "plain")
+            if sink is None:
+                name = f"shard-{export_id}-{shard_no:05d}.{'jsonl.gz' if fmt == 'jsonl' else 'parquet'}"
+                dest.put(name, data)
+                shards.append({"name": name, "rows": len(docs), "sha256": hashlib.sha256(data).hexdigest(),
+                               "first_index": int(indices[start]),
+                               "last_index": int(indices[start + len(part) - 1])})
+                log.info("export: %s (%d rows)", dest.uri_for(name), len(docs))
+            else:
+                sink.write(data)
+                log.info("export: %d rows written to %s", written + len(docs), dest.uri_for(sink.key))
+            written += len(docs)
+            figures.add(kept)
+            lock.refresh()  # still ours: a holder that stopped refreshing may have been taken over
+        if sink is not None:
+            sink.publish()
+            shards.append({"name": sink.key, "rows": written, "sha256": sink.sha256.hexdigest(), "bytes": sink.size})
+            sink = None
+    except BaseException:
+        # Nothing lists these files; the previous export (if any) is untouched.
+        if sink is not None:
+            sink.abort()
+        _remove(dest, [s["name"] for s in shards])
+        raise
+
+    manifest = _manifest(ledger, record, index, frame, best, export_id, layout, fmt, with_token_ids,
+                         include_truncated, policy, runaways, figures, shards, dest,
+                         left_out_truncated=left_out_truncated, left_out_runaway=left_out_runaway)
+    body = json.dumps(manifest, indent=2).encode()
+    manifest_uri = dest.uri_for(MANIFEST)
+    try:
+        # The publish: readers switch here, if the manifest is still the one this export replaces.
+        lock.publish(body, previous_version)
+    except BaseException:
+        _remove(dest, [s["name"] for s in shards])
+        raise
+    # Only files of the manifest replaced, and leftovers of a killed export no manifest lists (older than
+    # any live export's): another export's files, or a file someone keeps here, are not ours to remove.
+    listed = {s["name"] for s in shards}
+    leftovers = [k for k in before if k not in replaced and _older_export(k, started - LOCK_STALE_S)]
+    _remove(dest, sorted((set(replaced) | set(leftovers)) - listed))
+    return ExportResult(dest.uri, figures.rows, len(shards), manifest_uri, export_id=export_id, layout=layout,
+                        sha256=hashlib.sha256(body).hexdigest(),
+                        data_uri=dest.uri_for(shards[0]["name"]) if layout != L.MESSAGES and shards else None)
+
+
+def _manifest(ledger: Ledger, record: Any, index: Any, frame: pd.DataFrame, best: pd.DataFrame, export_id: str,
+              layout: str, fmt: str, with_token_ids: bool, include_truncated: bool, policy: str,
+              runaways: list[int], figures: _Figures, shards: list[dict[str, Any]], dest: Storage, *,
+              left_out_truncated: int, left_out_runaway: int) -> dict[str, Any]:
+    exported = best["index"].to_numpy(np.int64)
+    cur = frame[frame["index"].isin(exported)] if len(frame) else frame
+    pivot = best["pivot"].astype(object).to_numpy()
+    measured = (best["chunk"].to_numpy(np.int64) == MEASURE_CHUNK) & (pivot == EXTENDED)
+    fig = figures.to_json()
+    doc: dict[str, Any] = {
+        "schema": 2,
+        "export_id": export_id,
+        "source": ledger.storage.uri,
+        "dataset": ledger.dataset(),
+        "newest_run": record.run_id,
+        "max_tokens": record.config.max_tokens,
+        "layout": layout,
+        "format": fmt,
+        "rows": figures.rows,
+        "dataset_rows": index.n_rows,
+        "finish_reasons": figures.finish_reasons,
+        "extended_rows": figures.extended,
+        # How the rows written came to be (ledger provenance of each current row).
+        "provenance_counts": {
+            "first_generation": int(pd.isna(pivot).sum() if len(pivot) else 0),
+            "extended": int(((pivot == EXTENDED) & ~measured).sum()),
+            "measured": int(measured.sum()),
+            "regenerated": int(np.isin(pivot, [REGENERATED, "fallback-regenerated"]).sum()),
+            "resampled": int((pivot == RESAMPLED).sum()),
+        },
+        "with_token_ids": with_token_ids or layout == L.TOKENS,
+        "left_out": {
+            "truncated": left_out_truncated,
+            "runaway": left_out_runaway,
+            "not_ok_or_missing": int(index.n_rows - len(best) - left_out_truncated - left_out_runaway),
+            # The tokens layout cannot write a row whose server returned no ids.
+            **({"no_token_ids": figures.no_token_ids} if layout == L.TOKENS else {}),
+        },
+        # Judged when truncated rows are exported (include_truncated): the runaways among them, and the policy.
+        "runaway_policy": policy,
+        "runaway_rows": len(runaways) if include_truncated else None,
+        "runaway_indices": runaways[:1000],
+        "superseded_ledger_rows": int(len(frame) - frame["index"].nunique()) if len(frame) else 0,
+        "ledger_rows_for_exported": int(len(cur)),
+        **fig,
+        "provenance": M.provenance(ledger, record, record.config.aws_conn_id),
+        "shards": shards,
+    }
+    if layout == L.TOKENS:
+        doc["end_of_turn"] = _end_of_turn(figures.last_ids)
+    if layout != L.MESSAGES and shards:
+        doc["data_file"] = shards[0]["name"]
+        doc["data_dir"] = L.data_dir(export_id)
+        doc["trainers"] = M.trainer_settings(layout, dest.uri_for(shards[0]["name"]),
+                                             dest.uri_for(L.data_dir(export_id)), fig)
+    return doc
+
+
+def _manifest_shards(dest: Storage, manifest: bytes | None) -> list[str]:
+    """The shard names a published manifest lists (a name that is not a shard's is never removed)."""
+    if manifest is None:
+        return []
+    try:
+        names = [s["name"] for s in json.loads(manifest)["shards"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("export: %s does not parse (%s); only unlisted shards of killed exports are removed",
+                    dest.uri_for(MANIFEST), exc)
+        return []
+    return [n for n in names if isinstance(n, str) and _SHARD_RE.fullmatch(n)]
+
+
+def _older_export(key: str, cutoff: float) -> bool:
+    """A shard whose export began before `cutoff` (epoch seconds); False for other keys and undated names."""
+    m = _SHARD_RE.fullmatch(key)
+    stamp = m and (m["time"] or m["dtime"])
+    if not stamp:
+        return False
+    return datetime.strptime(stamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp() < cutoff
+
+
+def _remove(dest: Storage, keys: list[str]) -> None:
+    for key in keys:
+        try:
+            dest.delete(key)
+        except Exception as exc:  # a cleanup failure must not hide the export's own outcome
+            log.warning("export: could not remove %s: %s", dest.uri_for(key), exc)
+
+
+def _location(uri: str) -> tuple[str, str]:
+    """(namespace, '/'-terminated path) of a storage URI: two locations nest when one path prefixes the other."""
+    parsed = urlparse(uri)
+    if uri.startswith("/") or parsed.scheme == "file":
+        path = Path(uri if uri.startswith("/") else unquote(parsed.path)).resolve()
+        return "file", str(path).rstrip("/") + "/"
+    if parsed.scheme == "s3":
+        prefix = parsed.path.strip("/")
+        return f"s3://{parsed.netloc}", f"{prefix}/" if prefix else ""
+    return uri, ""
+
+
+def _nested(a: str, b: str) -> bool:
+    (space_a, path_a), (space_b, path_b) = _location(a), _location(b)
+    return space_a == space_b and (path_a.startswith(path_b) or path_b.startswith(path_a))
+
+
+def _shaped(ledger: Ledger, index: Any, best: pd.DataFrame, aws_conn_id: str, layout: str,
+            with_token_ids: bool) -> Iterator[tuple[Any, GeneratedRow, L.Shaped | None]]:
+    """The chosen generated rows joined with their prompts and shaped, in index order, reading each part
+    once (None: a tokens row without ids)."""
+    generated: dict[int, GeneratedRow] = {}
+    for part, group in best.groupby("part", sort=False, observed=True):
+        wanted = {(int(i), str(r)) for i, r in zip(group["index"], group["run_id"], strict=True)}
+        for row in ledger.read_verified_part(str(part)):  # hashed as read: a damaged part raises
+            if (row.index, row.run_id) in wanted:
+                generated[row.index] = row
+    lo, hi = int(best["index"].min()), int(best["index"].max()) + 1
+    for prompt in read_rows(index, lo, hi, aws_conn_id=aws_conn_id):
+        row = generated.pop(prompt.index, None)
+        if row is None or isinstance(prompt, InvalidRow):
+            continue
+        yield prompt, row, L.shape(layout, prompt, row, with_token_ids)
+
+
+def _encode(rows: list[dict[str, Any]], fmt: str) -> bytes:
+    """A shard's bytes (`jsonl`: gzipped, `parquet`), or plain JSONL lines for a trainer layout's file."""
+    if fmt in ("jsonl", "plain"):
+        text = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
+        data = text.encode("utf-8")
+        return data if fmt == "plain" else gzip.compress(data, mtime=0)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Nested message structures vary row to row (tool calls, content parts): store them as JSON text.
+    table = pa.Table.from_pylist(
+        [{**r, "messages": json.dumps(r["messages"], ensure_ascii=False),
+          "tools": json.dumps(r["tools"]) if r["tools"] is not None else None} for r in rows]
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
