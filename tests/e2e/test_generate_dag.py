@@ -148,6 +148,7 @@ def _has(ledger: Ledger, run_id: str, name: str) -> bool:
         return False
 
 
+@pytest.mark.timeout(600)
 def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri):
     # 1. The seed's cap: the pilot gate stops the run (gate_mode=stop: an unattended run, nobody to ask).
     # Six chunks of 100: the first three run beside the pilot (and stop with its gate), the other three
@@ -216,6 +217,7 @@ def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_ur
     assert set(frame["server"]) == {f"{spec.hosts[0].conn_id}:gpu0", f"{spec.hosts[0].conn_id}:gpu1"}
 
 
+@pytest.mark.timeout(600)  # three `airflow dags test` runs of 600 and 400 rows: 150-360 s on 2 cores
 def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow_env, dataset, fleet, s3_uri):
     from tracegen.fleet import provision
 
