@@ -13,16 +13,37 @@ through the REST API, and while each one generates, faults are injected at rando
 - `s3`: once a generation task has started generating, the S3 endpoint refuses connections and cuts open
   ones until a commit (a part or ledger-entry call) has been refused and is being retried, then 1-5 s more
   (45 s at most);
-- `server`: SIGKILL of a random stand-in server's process group on the GPU host.
+- `server`: SIGKILL of a random stand-in server's process group on the GPU host;
+- `postgres`: the metadata DB (and Celery's result backend) killed with SIGKILL, or stopped fast, while
+  generation tasks run; started again 1-5 s later on the same port with its data (crash recovery);
+- `redis`: the broker killed (SIGKILL) or stopped while generation tasks run; started again 1-5 s later,
+  empty (it keeps nothing on disk, so queued Celery messages are lost);
+- `sshd-provision`: while `provision_fleet` runs (half the time with a stand-in killed first, so it
+  relaunches one over SSH), the GPU host's sshd and every SSH connection to it are SIGKILLed; sshd is
+  started again on the same port 1-4 s later;
+- `sshd-tunnel`: the same once a generation task is generating through its tunnels;
+- `prepare-kill`: the Celery worker running `prepare_run` SIGKILLed (half the time the moment the dataset
+  index is stored, just before the run's record is written); `prepare_run` is not retried, so the run
+  fails and is triggered again, as an operator would;
+- `prepare-s3`: S3 flaps while `prepare_run` runs: down until one of its calls has been refused, up for
+  0.2-1 s, down again, until the run record's PUT has been refused and retried (60 s at most).
 
-After each run: every dataset row is present exactly once (no row lost, none committed twice), no row is
-torn (every committed part parses and matches its ledger entry), the ledger invariants hold,
-`python -m tracegen verify` is clean, and the run completed, by its own task retries or, when the faults
-exhausted them, by `tracegen_rerun_failed`. The time from each fault to the next commit in the output
-root (the run making progress again) is recorded.
+Throughout, the scheduled rerun DAG (`tracegen_rerun_failed`) is unpaused on a one-minute schedule
+(TRACEGEN_RERUN_SCHEDULE) over every chaos root (the `tracegen_output_roots` Variable), with leases void
+after 20 s (TRACEGEN_LEASE_TTL_S) so a killed task's hold expires within a run. Like docker-compose's
+`restart: always`, an Airflow component that exits on its own (a scheduler losing its database) is
+started again, and counted.
 
-    python bench/chaos.py                       # the full run: >= 30 worker, 10 scheduler, 10 S3, 10 server faults
-    python bench/chaos.py --worker 2 --scheduler 1 --s3 1 --server 1    # a small trial
+After each run: every dataset row is present exactly once (no row lost, no index committed twice under
+one cap), no row is torn (every committed part parses and matches its ledger entry), the ledger invariants
+hold, `python -m tracegen verify` is clean, no scheduled rerun found work in the root while its run was
+live, and the run completed, by its own task retries or, when the faults exhausted them, by the scheduled
+`tracegen_rerun_failed`. The time from each fault to the next commit in the output root (the run making
+progress again) is recorded.
+
+    python bench/chaos.py                       # the full campaign (counts: --help)
+    python bench/chaos.py --worker 2 --scheduler 1 --s3 1 --server 1 --postgres 1 --redis 1 \
+        --sshd-provision 1 --sshd-tunnel 1 --prepare-kill 1 --prepare-s3 1    # a small trial
 
 Results: a JSON file (--out) and a Markdown summary on stdout.
 """
@@ -54,15 +75,30 @@ _CLIENT_HOME = Path(tempfile.mkdtemp(prefix="tracegen-chaos-client-"))
 os.environ.update({"AIRFLOW_HOME": str(_CLIENT_HOME), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_CLIENT_HOME}/airflow.db"})
 
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError, DirFactory, free_port  # noqa: E402
+from e2e.airflow_cluster import (  # noqa: E402
+    AirflowApi,
+    AirflowCluster,
+    ClusterError,
+    DirFactory,
+    free_port,
+    interrupt_on_signals,
+)
 from fixtures import s3 as s3_fixture  # noqa: E402
 from fixtures import sshd as sshd_fixture  # noqa: E402
 
 GENERATE = "tracegen_generate"
 RERUN = "tracegen_rerun_failed"
-FAULTS = ("worker", "scheduler", "s3", "server")
+FAULTS = ("worker", "scheduler", "s3", "server", "postgres", "redis", "sshd-provision", "sshd-tunnel",
+          "prepare-kill", "prepare-s3")
+# Injected at a moment of their own at the start of a run (prepare_run, provision_fleet), before the others.
+PHASE_FAULTS = ("prepare-kill", "prepare-s3", "sshd-provision")
+# At most one of each group per run: the fleet keeps one of its two servers; a run is prepared and
+# provisioned once.
+ONE_PER_RUN = (("server",), ("prepare-kill", "prepare-s3"), ("sshd-provision",))
 _COMMIT_CALL = re.compile(r'"S3 (head|put) (ledger|parts)/[^/" ]+/c\d')
+_RECORD_PUT = re.compile(r'"S3 put runs/[^/" ]+/run\.json: transient error')
 CHUNK_TASKS = ("run_pilot", "generate_alongside_pilot", "generate_chunk", "generate_at_decided_cap")
+DATASET_INDEX_KEY = "dataset/index.json"
 
 
 @dataclass
@@ -71,7 +107,8 @@ class Fault:
     at: float  # seconds since the run was triggered
     detail: str
     recovered_s: float | None = None  # fault (s3: end of outage) to the next commit; None: no commit after it
-    duration_s: float = 0.0  # s3: how long the endpoint was down
+    duration_s: float = 0.0  # s3, postgres, redis, sshd: how long it was down
+    missed: bool = False  # injected, but not into what it is meant for (still owed; injected again later)
 
 
 @dataclass
@@ -80,14 +117,20 @@ class Trial:
     run_id: str
     output: str
     faults: list[Fault] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)  # every tracegen_generate run into this root
+    retriggered: int = 0  # runs triggered again after prepare_run died (it is not retried, by design)
     state: str = ""
     wall_s: float = 0.0
-    rerun: bool = False
-    rerun_s: float = 0.0
+    rerun: bool = False  # finished by the scheduled tracegen_rerun_failed
+    rerun_s: float = 0.0  # from the run's end until the scheduled rerun had finished it
+    reruns_during: int = 0  # scheduled rerun runs whose discovery ran while this root's run was live
+    rerun_live_items: int = 0  # work they found in this root meanwhile (must be 0)
+    rerun_items: int = 0  # work the scheduled reruns found in this root once its run had ended
+    self_exits: list[str] = field(default_factory=list)  # components that exited on their own, restarted
     completed: bool = False
     rows: int = 0
     lost: int = 0
-    duplicated: int = 0
+    duplicated: int = 0  # rows beyond the first of one (index, max_tokens), non-failed
     torn: int = 0
     invariant_problems: list[str] = field(default_factory=list)
     verify_rc: int = -1
@@ -95,6 +138,17 @@ class Trial:
     s3_retries: int = 0  # every S3 call retried in the run's task logs (reads, listings, PUTs)
     tasks_retried: int = 0
     error: str = ""
+
+
+def _when(iso: str | None) -> float | None:
+    """An Airflow API timestamp as epoch seconds."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
+
+
+def _same_root(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
 
 
 class CommitWatch:
@@ -145,6 +199,13 @@ class Chaos:
         self.stack = contextlib.ExitStack()
         self.trials: list[Trial] = []
         self.timers: list[threading.Timer] = []
+        self.roots: list[str] = []  # every chaos root so far: the scheduled rerun's tracegen_output_roots
+        # Airflow components down on purpose (a kill whose restart is pending): the supervisor leaves them.
+        self.down: set[str] = set()
+        self.exits: list[tuple[float, str]] = []  # (monotonic time, what) of components that exited on their own
+        self._lock = threading.Lock()
+        self._supervising = threading.Event()
+        self.sshd_procs: list[subprocess.Popen] = []  # sshd listeners started again after a kill
 
     # ---- set-up --------------------------------------------------------------------------------------
 
@@ -152,6 +213,8 @@ class Chaos:
         factory = DirFactory(self.root)
         self.s3 = self.stack.enter_context(contextlib.contextmanager(s3_fixture.s3.__wrapped__)())
         self.sshd = self.stack.enter_context(contextlib.contextmanager(sshd_fixture.sshd.__wrapped__)(factory))
+        # After the fleet's teardown (which needs sshd) and the cluster's stop: the listeners started again.
+        self.stack.callback(self._stop_sshd_restarts)
         import boto3
 
         self.direct = boto3.client("s3", endpoint_url=self.s3.direct_endpoint, region_name="us-east-1",
@@ -187,15 +250,64 @@ class Chaos:
             # an hour; the figures say how long recovery takes with them.
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(self.args.orphan_check_s),
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+            # The scheduled rerun runs beside the chaos runs, every minute instead of every hour, over every
+            # chaos root; a killed task's lease is void after 20 s instead of 5 minutes, so the rerun can
+            # finish a run whose retries ran out within the campaign.
+            "TRACEGEN_RERUN_SCHEDULE": self.args.rerun_schedule,
+            "TRACEGEN_LEASE_TTL_S": str(self.args.lease_ttl_s),
         })
         self.stack.callback(self.cluster.stop)
         self.stack.callback(self._teardown_fleet)
         self.stack.callback(self._cancel_timers)
+        self.stack.callback(self._supervising.clear)
         self.cluster.start(wait_s=300)
         self.api = self.cluster.api()
+        self._set_roots()
         for dag_id in (GENERATE, RERUN):
             self.api.wait_for_dag(dag_id, timeout=300)
             self.api.unpause(dag_id)
+        self._supervising.set()
+        threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
+
+    def _set_roots(self) -> None:
+        """The scheduled rerun's roots: every chaos root so far (an empty list until the first run)."""
+        value = json.dumps(self.roots)
+        for _ in range(10):
+            try:
+                try:
+                    self.api.set_variable("tracegen_output_roots", value)
+                except ClusterError:  # it exists: replace its value
+                    self.api._call("PATCH", "/variables/tracegen_output_roots",
+                                   json={"key": "tracegen_output_roots", "value": value})
+                return
+            except Exception:  # noqa: BLE001 - the api-server may be without its database for a moment
+                time.sleep(2)
+                self._api()
+        raise RuntimeError("could not set tracegen_output_roots")
+
+    def _supervise(self) -> None:
+        """docker-compose's `restart: always`: an Airflow component that exits on its own (not killed by a
+        fault) is started again, and the exit is recorded."""
+        while self._supervising.wait(2) and self._supervising.is_set():
+            for name, component in list(self.cluster.components.items()):
+                with self._lock:
+                    if name in self.down or component.alive or not self._supervising.is_set():
+                        continue
+                    code = component.proc.returncode if component.proc else None
+                    self.exits.append((time.monotonic(), f"{name} (exit {code})"))
+                    print(f"  supervisor: {name} exited on its own (code {code}); starting it again", flush=True)
+                    self.cluster.restart(name)
+
+    def _restart(self, name: str) -> None:
+        with self._lock:
+            if self._supervising.is_set():
+                self.cluster.restart(name)
+            self.down.discard(name)
+
+    def _kill(self, name: str) -> None:
+        with self._lock:
+            self.down.add(name)
+            self.cluster.components[name].kill()
 
     def _teardown_fleet(self) -> None:
         from tracegen.fleet import teardown
@@ -235,14 +347,14 @@ class Chaos:
                 return None
             name = self.rng.choice(alive)
             tasks = self.cluster.components[name].running_tasks()
-            self.cluster.components[name].kill()
+            self._kill(name)
             pause = self.rng.uniform(1, 4)
-            self._later(pause, self.cluster.restart, name)
+            self._later(pause, self._restart, name)
             return Fault(kind, at, f"{name} killed with {len(tasks)} task(s) running, restarted after {pause:.1f} s")
         if kind == "scheduler":
-            self.cluster.components["scheduler"].kill()
+            self._kill("scheduler")
             pause = self.rng.uniform(2, 6)
-            self._later(pause, self.cluster.restart, "scheduler")
+            self._later(pause, self._restart, "scheduler")
             return Fault(kind, at, f"scheduler killed, restarted after {pause:.1f} s")
         if kind == "s3":
             # Down until a commit (its ledger entry's HEAD, part or entry PUT) has been refused and is retried, then
@@ -283,7 +395,247 @@ class Chaos:
                     os.killpg(int(values["pgid"]), signal.SIGKILL)
                     return Fault(kind, at, f"stand-in {pid_file.stem} (group {values['pgid']}) killed")
             return None  # none running right now: try again later
+        if kind in ("postgres", "redis"):
+            # The servers the cluster started for itself: the metadata DB (and Celery's result backend), or
+            # the broker. Half the time a crash (SIGKILL), half a clean fast shutdown; back on the same port.
+            local = self.cluster.local_services
+            crash = self.rng.random() < 0.5
+            pause = self.rng.uniform(1, 5)
+            started = time.monotonic()
+            if kind == "postgres":
+                local.kill_postgres() if crash else local.stop_postgres()
+                time.sleep(pause)
+                local.start_postgres()  # crash recovery from its WAL when killed
+            else:
+                local.kill_redis() if crash else local.stop_redis()
+                time.sleep(pause)
+                local.start_redis()  # empty: it keeps nothing on disk, so queued messages are gone
+            seconds = time.monotonic() - started
+            what = "PostgreSQL" if kind == "postgres" else "Redis"
+            return Fault(kind, at, f"{what} {'SIGKILLed' if crash else 'stopped (fast shutdown)'} with "
+                         f"{self._running_count(run_id)} generation task(s) running, down {seconds:.1f} s",
+                         duration_s=seconds)
+        if kind == "sshd-tunnel":
+            # Once a generation task generates through its tunnels: a chunk task running and an SSH connection
+            # open (sshd's per-connection process under the listener).
+            wait_until = time.monotonic() + 60
+            while time.monotonic() < wait_until and not (len(self._sshd_processes()) > 1
+                                                         and self._running_count(run_id) > 0):
+                time.sleep(0.5)
+            time.sleep(self.rng.uniform(0.5, 3.0))
+            at = time.monotonic() - t0
+            if len(self._sshd_processes()) <= 1:
+                return Fault(kind, at, "no SSH connection open for a minute", missed=True)
+            killed, seconds = self._bounce_sshd()
+            return Fault(kind, at, f"sshd and {killed - 1} connection process(es) SIGKILLed with "
+                         f"{self._running_count(run_id)} generation task(s) running, down {seconds:.1f} s",
+                         duration_s=seconds)
         raise ValueError(kind)
+
+    def _running_count(self, run_id: str) -> int:
+        with contextlib.suppress(Exception):
+            return sum(1 for ti in self.api.task_instances(GENERATE, run_id)
+                       if ti["state"] == "running" and ti["task_id"] in CHUNK_TASKS)
+        return -1
+
+    def _task(self, run_id: str, task_id: str) -> dict[str, Any] | None:
+        with contextlib.suppress(Exception):
+            for ti in self.api.task_instances(GENERATE, run_id):
+                if ti["task_id"] == task_id:
+                    return ti
+        return None
+
+    def _wait_task_running(self, run_id: str, task_id: str, timeout: float = 240) -> dict[str, Any] | None:
+        """The task instance once it runs; None when it ended first or the run did (or at the timeout)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ti = self._task(run_id, task_id)
+            if ti is not None and ti["state"] == "running":
+                return ti
+            if ti is not None and ti["state"] in ("success", "failed", "upstream_failed", "skipped"):
+                return None
+            time.sleep(0.2)
+        return None
+
+    def _has(self, key: str) -> bool:
+        with contextlib.suppress(Exception):
+            self.direct.head_object(Bucket=self.s3.bucket, Key=key)
+            return True
+        return False
+
+    def inject_prepare(self, kind: str, t0: float, run_id: str, root_prefix: str) -> Fault:
+        """A fault in `prepare_run`, the run's first task (retries=0)."""
+        ti = self._wait_task_running(run_id, "prepare_run")
+        at = time.monotonic() - t0
+        if ti is None:
+            return Fault(kind, at, "prepare_run was never seen running", missed=True)
+        record = f"{root_prefix}runs/"
+        if kind == "prepare-kill":
+            # The worker whose supervisor runs this task instance (titled with its id).
+            name = None
+            deadline = time.monotonic() + 20
+            while name is None and time.monotonic() < deadline:
+                name = next((n for n in self.cluster.worker_names if self.cluster.components[n].alive and any(
+                    ti["id"] in t for t in self.cluster.components[n].running_tasks())), None)
+                if name is None:
+                    time.sleep(0.05)
+            if name is None:
+                return Fault(kind, at, "no worker was found running prepare_run", missed=True)
+            at_index = self.rng.random() < 0.5
+            if at_index:
+                # The moment the dataset index is stored: the run's record is the next write.
+                deadline = time.monotonic() + 60
+                while not self._has(root_prefix + DATASET_INDEX_KEY) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            else:
+                time.sleep(self.rng.uniform(0, 2))
+            at = time.monotonic() - t0
+            ended = self._task(run_id, "prepare_run")
+            self._kill(name)
+            pause = self.rng.uniform(1, 4)
+            self._later(pause, self._restart, name)
+            wrote = bool(self.direct.list_objects_v2(Bucket=self.s3.bucket, Prefix=record).get("KeyCount"))
+            missed = ended is not None and ended["state"] == "success"
+            return Fault(kind, at, f"{name} running prepare_run SIGKILLed "
+                         f"{'as the dataset index was stored' if at_index else 'at a random moment'} "
+                         f"(run record {'written' if wrote else 'not written'}), restarted after {pause:.1f} s"
+                         f"{'; prepare_run had already succeeded' if missed else ''}", missed=missed)
+        # prepare-s3: S3 flaps from the moment the dataset is indexed (what follows are prepare_run's
+        # writes: the dataset binding, the index, the run record) until the run record's PUT has been refused
+        # and is being retried: down until a call is refused, up for a moment (its retry may go through), down.
+        log_dir = self.cluster.home / "logs" / f"dag_id={GENERATE}" / f"run_id={run_id}" / "task_id=prepare_run"
+        wait_until = time.monotonic() + 60
+        while self._log_count(log_dir, '"indexed ') == 0 and time.monotonic() < wait_until:
+            time.sleep(0.03)
+        at = time.monotonic() - t0
+        started = time.monotonic()
+        flaps = 0
+        caught = False
+        try:
+            while time.monotonic() - started < 60:
+                refused = self._log_count(log_dir, "transient error")
+                self.s3.proxy.down()
+                flaps += 1
+                until = time.monotonic() + 10
+                while self._log_count(log_dir, "transient error") <= refused and time.monotonic() < until:
+                    time.sleep(0.05)
+                if self._log_count(log_dir, _RECORD_PUT) > 0:
+                    caught = True
+                    time.sleep(self.rng.uniform(1, 5))
+                    break
+                if time.monotonic() >= until:  # nothing refused for 10 s: has prepare_run ended?
+                    ti = self._task(run_id, "prepare_run")
+                    if ti is None or ti["state"] != "running":
+                        break
+                # Up when the refused call is retried (its log line says in how long), for a moment: the
+                # retry and perhaps a call or two after it go through, the next is refused.
+                time.sleep(max(0.0, self._last_retry_delay(log_dir) - 0.1))
+                self.s3.proxy.up()
+                time.sleep(self.rng.uniform(0.05, 0.25))
+        finally:
+            self.s3.proxy.up()
+        seconds = time.monotonic() - started
+        ti = self._task(run_id, "prepare_run")
+        # Missed only when prepare_run got through without its record's PUT being refused: a prepare_run
+        # that failed on the outage is an outcome, not a miss.
+        missed = not caught and ti is not None and ti["state"] == "success"
+        return Fault(kind, at, f"S3 flapped {flaps} time(s) over {seconds:.1f} s during prepare_run, "
+                     f"{'the run record PUT refused and retried' if caught else 'the run record PUT never refused'}"
+                     f" (prepare_run {ti and ti['state']})", duration_s=seconds, missed=missed)
+
+    def inject_provision(self, t0: float, run_id: str) -> Fault:
+        """sshd (with every SSH connection) killed while `provision_fleet` runs."""
+        relaunch = self.rng.random() < 0.5
+        killed = ""
+        if relaunch:
+            for pid_file in sorted(self.fleet_work.glob("*.pid")):
+                values = dict(line.split("=", 1) for line in pid_file.read_text().splitlines() if "=" in line)
+                with contextlib.suppress(ProcessLookupError, KeyError, ValueError):
+                    os.killpg(int(values["pgid"]), signal.SIGKILL)
+                    killed = pid_file.stem
+                    break
+        ti = self._wait_task_running(run_id, "provision_fleet")
+        if ti is None:
+            return Fault("sshd-provision", time.monotonic() - t0, "provision_fleet was never seen running",
+                         missed=True)
+        # Once it has connected over SSH (paramiko's "Connected" line): then it checks, (re)launches and
+        # health-checks the servers through that connection and its tunnels.
+        log_dir = self.cluster.home / "logs" / f"dag_id={GENERATE}" / f"run_id={run_id}" / "task_id=provision_fleet"
+        wait_until = time.monotonic() + 60
+        while self._log_count(log_dir, '"Connected (version') == 0 and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        time.sleep(self.rng.uniform(0.0, 1.0))
+        ti = self._task(run_id, "provision_fleet")
+        at = time.monotonic() - t0
+        if ti is None or ti["state"] != "running":
+            return Fault("sshd-provision", at, f"provision_fleet was {ti and ti['state']} before sshd was killed",
+                         missed=True)
+        count, seconds = self._bounce_sshd()
+        return Fault("sshd-provision", at, f"sshd and {count - 1} connection process(es) SIGKILLed while "
+                     f"provision_fleet ran{f' (relaunching {killed}, killed first)' if killed else ''}, "
+                     f"down {seconds:.1f} s", duration_s=seconds)
+
+    # ---- the GPU host's sshd ------------------------------------------------------------------------
+
+    def _sshd_processes(self) -> list[int]:
+        """The GPU host's sshd listener and every sshd process under it (each connection's)."""
+        config = str(self.sshd.dir / "sshd_config")
+        exe_path = os.path.realpath(sshd_fixture.SSHD)
+        parent: dict[int, int] = {}
+        exe: dict[int, str] = {}
+        named: set[int] = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parent[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                exe[pid] = os.readlink(entry / "exe")
+                # sshd retitles itself ("sshd: /usr/sbin/sshd -D -e -f CONFIG [listener] ..."): a substring.
+                if config in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    named.add(pid)
+        found = {pid for pid in named if exe.get(pid) == exe_path and exe.get(parent.get(pid, 0)) != exe_path}
+        grew = True
+        while grew:
+            more = {pid for pid, ppid in parent.items() if ppid in found and exe.get(pid) == exe_path} - found
+            found |= more
+            grew = bool(more)
+        return sorted(found)
+
+    def _bounce_sshd(self) -> tuple[int, float]:
+        """SIGKILL sshd and every connection it serves (tunnels, running scripts lose their SSH side), then
+        start it again on the same port 1-4 s later; (processes killed, seconds down)."""
+        started = time.monotonic()
+        for _ in range(3):  # stopped first, so none forks a process we would miss
+            for pid in self._sshd_processes():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+        victims = self._sshd_processes()
+        if not victims:
+            raise RuntimeError(f"no sshd process of {self.sshd.dir / 'sshd_config'} found to kill")
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.sshd_procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        time.sleep(self.rng.uniform(1, 4))
+        config = self.sshd.dir / "sshd_config"
+        with self.sshd.log.open("ab") as log_fh:
+            proc = subprocess.Popen([sshd_fixture.SSHD, "-D", "-e", "-f", str(config)], stdout=log_fh,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.sshd_procs.append(proc)
+        sshd_fixture._wait_for_banner(self.sshd.port, proc, self.sshd.log)
+        return len(victims), time.monotonic() - started
+
+    def _stop_sshd_restarts(self) -> None:
+        for proc in self.sshd_procs:
+            if proc.poll() is None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+            if proc.poll() is None:
+                proc.kill()
 
     # ---- one run -------------------------------------------------------------------------------------
 
@@ -325,36 +677,72 @@ class Chaos:
         return False
 
     def trial(self, run_no: int, faults: list[str]) -> tuple[Trial, list[str]]:
-        """One run with `faults` injected at random moments while it generates; returns the trial and the
-        faults it ended before they could be injected."""
-        output = f"s3://{self.s3.bucket}/{self.prefix}run-{run_no:02d}/"
+        """One run with `faults` injected at random moments while it generates (those of PHASE_FAULTS at
+        their phase first); returns the trial and the faults it ended before they could be injected."""
+        name = f"run-{run_no:02d}"
+        output = f"s3://{self.s3.bucket}/{self.prefix}{name}/"
+        root_prefix = f"{self.prefix}{name}/"
         self._api()
+        # The scheduled rerun watches this root from now on, as it watches every earlier one.
+        self.roots.append(output)
+        self._set_roots()
         t0 = time.monotonic()
+        t0_wall = time.time()
         run_id = self.api.trigger(GENERATE, self.conf(output))
-        trial = Trial(run_no, run_id, output)
-        watch = CommitWatch(self.direct, self.s3.bucket, f"{self.prefix}run-{run_no:02d}/")
+        trial = Trial(run_no, run_id, output, run_ids=[run_id])
+        watch = CommitWatch(self.direct, self.s3.bucket, root_prefix)
         left = list(faults)
         deadline = t0 + self.args.run_timeout
-        # Faults start once the run is planned (prepare_run is not retried: a bad param must fail at once).
+
+        def record(fault: Fault | None, kind: str) -> None:
+            if fault is None:
+                return
+            trial.faults.append(fault)
+            # A fault that missed what it is meant for (an S3 outage no commit ran into, a prepare_run or
+            # provisioning over before it struck) is recorded, but still owed.
+            if not fault.missed:
+                left.remove(kind)
+            print(f"  run {run_no} +{fault.at:5.1f}s {fault.kind}{' (missed)' if fault.missed else ''}: "
+                  f"{fault.detail}", flush=True)
+
+        # Faults of the run's first tasks, at their moment.
+        for kind in [k for k in left if k in ("prepare-kill", "prepare-s3")][:1]:
+            record(self.inject_prepare(kind, t0, run_id, root_prefix), kind)
+            while True:  # until Airflow has an outcome for prepare_run (a dead worker's: after its heartbeat timeout)
+                prepared = self._task(run_id, "prepare_run")
+                if prepared is None or prepared["state"] in ("success", "failed", "upstream_failed") \
+                        or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+            if prepared is not None and prepared["state"] != "success":
+                # prepare_run is not retried (a bad param must fail at once): wait for Airflow to fail it
+                # (a dead worker's task after its heartbeat timeout), then trigger the run again, as an operator.
+                while self._state(GENERATE, run_id) not in ("success", "failed") and time.monotonic() < deadline:
+                    time.sleep(1)
+                ti = self._task(run_id, "prepare_run")
+                print(f"  run {run_no}: prepare_run {ti and ti['state']}, run {self._state(GENERATE, run_id)}; "
+                      "triggered again", flush=True)
+                run_id = self.api.trigger(GENERATE, self.conf(output))
+                trial.run_ids.append(run_id)
+                trial.run_id = run_id
+                trial.retriggered += 1
+        if "sshd-provision" in left:
+            record(self.inject_provision(t0, run_id), "sshd-provision")
+        # The other faults start once the run is planned.
         while not self._generating(run_id) and self._state(GENERATE, run_id) not in ("success", "failed"):
             if time.monotonic() > deadline:
                 break
             time.sleep(1)
-        while left:
+        while any(k not in PHASE_FAULTS for k in left):
+            kind = next(k for k in left if k not in PHASE_FAULTS)
             time.sleep(self.rng.uniform(self.args.gap_min, self.args.gap_max))
             if self._state(GENERATE, run_id) in ("success", "failed") or time.monotonic() > deadline:
                 break
-            # An S3 outage or a lost server is meant for a run that is committing or generating: wait for a
-            # generation task to be running (not merely queued behind a retry).
-            if left[0] in ("s3", "server") and not self._chunk_running(run_id):
+            # An S3 outage, a lost server, a database, broker or sshd down are meant for a run that is
+            # committing or generating: wait for a generation task to be running (not merely queued behind a retry).
+            if kind in ("s3", "server", "postgres", "redis", "sshd-tunnel") and not self._chunk_running(run_id):
                 continue
-            fault = self.inject(left[0], t0, run_id)
-            if fault is not None:
-                trial.faults.append(fault)
-                # An outage no commit ran into is recorded, but an outage during a commit is still owed.
-                if not (fault.kind == "s3" and "no commit" in fault.detail):
-                    left.pop(0)
-                print(f"  run {run_no} +{fault.at:5.1f}s {fault.kind}: {fault.detail}", flush=True)
+            record(self.inject(kind, t0, run_id), kind)
         while (state := self._state(GENERATE, run_id)) not in ("success", "failed"):
             if time.monotonic() > deadline:
                 state = "timeout"
@@ -365,21 +753,63 @@ class Chaos:
         self.s3.proxy.up()
         status = self._status(output)
         if state != "success" or status.get("left", 1) != 0:
+            # Not by the harness: the scheduled rerun (every minute here) finishes it once the run has ended
+            # and its dead tasks' leases have expired.
             trial.rerun = True
             started = time.monotonic()
-            self._rerun(output)
+            while self._status(output).get("left", 1) != 0 and time.monotonic() - started < self.args.rerun_wait:
+                time.sleep(5)
             trial.rerun_s = time.monotonic() - started
         time.sleep(1.5)  # the watcher's last poll
         watch.stop()
         for fault in trial.faults:
-            since = fault.at + fault.duration_s + t0
+            # From the fault; from the end of an S3 outage (the run cannot commit during it).
+            since = fault.at + (fault.duration_s if fault.kind in ("s3", "prepare-s3") else 0.0) + t0
             commit = watch.first_after(since)
             fault.recovered_s = None if commit is None else round(commit - since, 1)
         self._check(trial)
+        self._check_reruns(trial, t0_wall)
+        with self._lock:
+            trial.self_exits = [what for when, what in self.exits if when >= t0]
         with contextlib.suppress(Exception):
-            trial.tasks_retried = sum(1 for t in self.api.task_instances(GENERATE, run_id) if t["try_number"] > 1)
-        trial.s3_put_retries, trial.s3_retries = self._s3_retries(run_id)
+            trial.tasks_retried = sum(1 for r in trial.run_ids for t in self.api.task_instances(GENERATE, r)
+                                      if t["try_number"] > 1)
+        counts = [self._s3_retries(r) for r in trial.run_ids]
+        trial.s3_put_retries, trial.s3_retries = sum(c[0] for c in counts), sum(c[1] for c in counts)
         return trial, left
+
+    def _check_reruns(self, trial: Trial, since: float) -> None:
+        """What the scheduled reruns found in this root: nothing while one of its runs was queued or running
+        (their discovery started inside the run's live window, from Airflow's own timestamps)."""
+        try:
+            self._api()
+            live = []
+            for run_id in trial.run_ids:
+                run = self.api.run(GENERATE, run_id)
+                live.append((_when(run.get("queued_at")) or _when(run.get("start_date")) or since,
+                             _when(run.get("end_date")) or time.time()))
+            body = self.api._call("GET", f"/dags/{RERUN}/dagRuns", params={"limit": 100, "order_by": "-start_date"})
+            for rerun in body["dag_runs"]:
+                if (_when(rerun.get("start_date")) or 0) < since - 120:
+                    continue
+                rid = rerun["dag_run_id"]
+                find = next((t for t in self.api.task_instances(RERUN, rid)
+                             if t["task_id"] == "find_unfinished_work"), None)
+                began = _when(find and find.get("start_date"))
+                if began is None:
+                    continue
+                try:
+                    items = self.api.xcom(RERUN, rid, "find_unfinished_work") or []
+                except ClusterError:
+                    items = []
+                mine = sum(1 for item in items if _same_root(item.get("output_uri", ""), trial.output))
+                if any(start <= began <= end for start, end in live):
+                    trial.reruns_during += 1
+                    trial.rerun_live_items += mine
+                elif began >= since:
+                    trial.rerun_items += mine
+        except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed trial
+            trial.error = (trial.error + "; " if trial.error else "") + f"rerun check: {type(exc).__name__}: {exc}"
 
     def _status(self, output: str) -> dict[str, Any]:
         from tracegen.status import dataset_status
@@ -388,19 +818,6 @@ class Chaos:
             return dataset_status(output)
         except Exception as exc:  # noqa: BLE001 - reported in the trial
             return {"error": str(exc)}
-
-    def _rerun(self, output: str) -> None:
-        """The scheduled rerun DAG, triggered now for this root; twice at most."""
-        self._api()
-        with contextlib.suppress(ClusterError):
-            self.api._call("DELETE", "/variables/tracegen_output_roots")
-        self.api.set_variable("tracegen_output_roots", json.dumps([output]))
-        for _ in range(2):
-            run_id = self.api.trigger(RERUN, {})
-            with contextlib.suppress(ClusterError):
-                self.api.wait_run(RERUN, run_id, self.args.run_timeout)
-            if self._status(output).get("left", 1) == 0:
-                return
 
     def _check(self, trial: Trial) -> None:
         from tracegen.store.ledger import Ledger
@@ -414,10 +831,13 @@ class Chaos:
             trial.invariant_problems = ledger.check_invariants(deep=True)
             damage = ledger.verify_parts(deep=True)
             frame = ledger.frame()
-            kept = frame[frame["status"] != FAILED]["index"].tolist() if len(frame) else []
-            trial.rows = len(set(kept))
-            trial.lost = n - len(set(kept) & set(range(n)))
-            trial.duplicated = len(kept) - len(set(kept))
+            kept = frame[frame["status"] != FAILED] if len(frame) else frame
+            indices = set(kept["index"].tolist()) if len(kept) else set()
+            trial.rows = len(indices)
+            trial.lost = n - len(indices & set(range(n)))
+            # No index committed twice under one cap: each (index, max_tokens) of the non-failed rows once.
+            per_cap = kept.groupby(["index", "max_tokens"]).size() if len(kept) else None
+            trial.duplicated = int((per_cap - 1).sum()) if per_cap is not None else 0
             # A torn row is a committed row that cannot be read back: a damaged part, or a row that fails to
             # parse (read_part raises on the first one).
             damaged = {item.part for item in damage}
@@ -442,11 +862,25 @@ class Chaos:
         trial.verify_rc = verify.returncode
 
     def _log_lines(self, run_id: str, text: str) -> int:
-        logs = self.cluster.home / "logs" / f"dag_id={GENERATE}" / f"run_id={run_id}"
-        count = 0
-        for path in logs.rglob("*.log") if logs.exists() else []:
+        return self._log_count(self.cluster.home / "logs" / f"dag_id={GENERATE}" / f"run_id={run_id}", text)
+
+    @staticmethod
+    def _last_retry_delay(where: Path) -> float:
+        """The delay the last retried S3 call announced in these logs ("...; retry 3 in 1.23s")."""
+        found = 0.0
+        for path in where.rglob("*.log") if where.exists() else []:
             with contextlib.suppress(OSError):
-                count += path.read_text(errors="replace").count(text)
+                delays = re.findall(r"transient error .*?; retry \d+ in ([0-9.]+)s", path.read_text(errors="replace"))
+                found = float(delays[-1]) if delays else found
+        return found
+
+    @staticmethod
+    def _log_count(where: Path, pattern: str | re.Pattern[str]) -> int:
+        count = 0
+        for path in where.rglob("*.log") if where.exists() else []:
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace")
+                count += text.count(pattern) if isinstance(pattern, str) else len(pattern.findall(text))
         return count
 
     def _s3_retries(self, run_id: str) -> tuple[int, int]:
@@ -466,8 +900,7 @@ class Chaos:
     # ---- the whole campaign --------------------------------------------------------------------------
 
     def campaign(self) -> None:
-        quota = {"worker": self.args.worker, "scheduler": self.args.scheduler, "s3": self.args.s3,
-                 "server": self.args.server}
+        quota = {kind: getattr(self.args, kind.replace("-", "_")) for kind in FAULTS}
         pending = [k for k, n in quota.items() for _ in range(n)]
         self.rng.shuffle(pending)
         started = time.monotonic()
@@ -478,14 +911,11 @@ class Chaos:
             self._report(trial)
             run_no = 1
         while pending and time.monotonic() - started < self.args.budget_minutes * 60:
-            take = pending[: self.args.faults_per_run]
-            # At most one stand-in kill per run: the fleet here has two servers, and a run must keep one.
-            if take.count("server") > 1:
-                take = [k for k in take if k != "server"] + ["server"]
-                take = take[: self.args.faults_per_run]
+            take = take_faults(pending, self.args.faults_per_run)
             for kind in take:
                 pending.remove(kind)
             print(f"run {run_no}: faults {take}", flush=True)
+            self.pending = take + pending  # what an interruption would leave
             trial, left = self.trial(run_no, take)
             pending = left + pending
             self._report(trial)
@@ -497,42 +927,93 @@ class Chaos:
         self.trials.append(trial)
         ok = trial.completed and not (trial.lost or trial.duplicated or trial.torn or trial.invariant_problems) \
             and trial.verify_rc == 0
+        ok = ok and not trial.rerun_live_items and not trial.error
         print(f"  -> {trial.state}{' + rerun' if trial.rerun else ''} in {trial.wall_s:.0f} s"
-              f"{f' (+{trial.rerun_s:.0f} s rerun)' if trial.rerun else ''}: rows {trial.rows}/{self.args.rows}, "
-              f"lost {trial.lost}, duplicated {trial.duplicated}, torn {trial.torn}, invariants "
-              f"{len(trial.invariant_problems)} problems, verify rc {trial.verify_rc}"
+              f"{f' (+{trial.rerun_s:.0f} s until the scheduled rerun finished it)' if trial.rerun else ''}"
+              f"{f', triggered again {trial.retriggered}x' if trial.retriggered else ''}: rows "
+              f"{trial.rows}/{self.args.rows}, lost {trial.lost}, duplicated {trial.duplicated}, torn {trial.torn}, "
+              f"invariants {len(trial.invariant_problems)} problems, verify rc {trial.verify_rc}; scheduled reruns "
+              f"during the run {trial.reruns_during} (work found in it {trial.rerun_live_items}), after it "
+              f"{trial.rerun_items} item(s)"
+              f"{'; exited on their own: ' + ', '.join(trial.self_exits) if trial.self_exits else ''}"
               f"{', ERROR ' + trial.error if trial.error else ''} [{'ok' if ok else 'FAIL'}]", flush=True)
         out = Path(self.args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"args": vars(self.args), "trials": [asdict(t) for t in self.trials]}, indent=1))
 
 
+def take_faults(pending: list[str], n: int) -> list[str]:
+    """The next faults of the queue for one run: up to n, at most one of each ONE_PER_RUN group."""
+    take: list[str] = []
+    for kind in pending:
+        if len(take) == n:
+            break
+        group = next((g for g in ONE_PER_RUN if kind in g), ())
+        if not any(k in group for k in take):
+            take.append(kind)
+    return take
+
+
+def _ok(t: Trial) -> bool:
+    return (t.completed and not (t.lost or t.duplicated or t.torn or t.invariant_problems or t.rerun_live_items
+                                 or t.error) and t.verify_rc == 0)
+
+
 def summary(trials: list[Trial], rows: int) -> str:
     faults = [f for t in trials for f in t.faults]
-    lines = ["| fault | injected | next commit after it: median / max (s) | no commit after it |",
-             "|---|---|---|---|"]
+    lines = ["| fault | injected | runs with it | completed | by own retries / scheduled rerun / triggered again "
+             "| next commit after it: median / max (s) | no commit after it | rows lost | duplicated | "
+             "`verify` not clean |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for kind in FAULTS:
-        mine = [f for f in faults if f.kind == kind]
+        mine = [f for f in faults if f.kind == kind and not f.missed]
+        missed = sum(1 for f in faults if f.kind == kind and f.missed)
+        runs = [t for t in trials if any(f.kind == kind and not f.missed for f in t.faults)]
         rec = sorted(f.recovered_s for f in mine if f.recovered_s is not None)
         med = f"{rec[len(rec) // 2]:.1f} / {rec[-1]:.1f}" if rec else "-"
-        lines.append(f"| {kind} | {len(mine)} | {med} | {len(mine) - len(rec)} |")
+        done = [t for t in runs if t.completed]
+        how = (f"{sum(not t.rerun and not t.retriggered for t in done)} / {sum(t.rerun for t in done)} / "
+               f"{sum(bool(t.retriggered) for t in done)}")
+        lines.append(f"| {kind} | {len(mine)}{f' (+{missed} missed)' if missed else ''} | {len(runs)} | "
+                     f"{len(done)}/{len(runs)} | {how} | {med} | {len(mine) - len(rec)} | "
+                     f"{sum(t.lost for t in runs)} | {sum(t.duplicated for t in runs)} | "
+                     f"{sum(t.verify_rc != 0 for t in runs)} |")
     workers = [f for f in faults if f.kind == "worker"]
     outages = [f for f in faults if f.kind == "s3"]
     lines += ["", f"worker kills that took running tasks: {sum(' 0 task' not in f.detail for f in workers)} of "
               f"{len(workers)}; S3 outages during a commit (refused and retried): "
               f"{sum('a commit retried' in f.detail for f in outages)} of {len(outages)}, down "
               f"{min((f.duration_s for f in outages), default=0):.0f}-{max((f.duration_s for f in outages), default=0):.0f} s"]
+    for kind in ("postgres", "redis", "sshd-provision", "sshd-tunnel", "prepare-s3"):
+        mine = [f for f in faults if f.kind == kind and not f.missed]
+        if mine:
+            lines.append(f"{kind}: down {min(f.duration_s for f in mine):.1f}-{max(f.duration_s for f in mine):.1f} s"
+                         + (f", {sum('SIGKILL' in f.detail for f in mine)} of {len(mine)} a SIGKILL"
+                            if kind in ("postgres", "redis") else ""))
+    exits: dict[str, int] = {}
+    for t in trials:
+        for what in t.self_exits:
+            name = what.split(" ")[0]
+            exits[name] = exits.get(name, 0) + 1
     faulty = [t for t in trials if t.faults]
     lines += [
         "",
         f"runs: {len(trials)} ({len(faulty)} with faults) of {rows} rows each; "
         f"completed: {sum(t.completed for t in trials)}; by their own retries: "
-        f"{sum(t.completed and not t.rerun for t in trials)}, after tracegen_rerun_failed: "
-        f"{sum(t.completed and t.rerun for t in trials)}",
-        f"rows lost: {sum(t.lost for t in trials)}, duplicated: {sum(t.duplicated for t in trials)}, "
-        f"torn: {sum(t.torn for t in trials)}; ledger invariant problems: "
+        f"{sum(t.completed and not t.rerun and not t.retriggered for t in trials)}, after the scheduled "
+        f"tracegen_rerun_failed: {sum(t.completed and t.rerun for t in trials)} (finished "
+        f"{' '.join(f'{t.rerun_s:.0f}' for t in trials if t.rerun) or '-'} s after the run ended), triggered again "
+        f"after prepare_run died: {sum(bool(t.retriggered) for t in trials)}; all checks clean: "
+        f"{sum(_ok(t) for t in trials)}",
+        f"rows lost: {sum(t.lost for t in trials)}, duplicated (an index twice under one cap): "
+        f"{sum(t.duplicated for t in trials)}, torn: {sum(t.torn for t in trials)}; ledger invariant problems: "
         f"{sum(len(t.invariant_problems) for t in trials)}; `tracegen verify` not clean: "
         f"{sum(t.verify_rc != 0 for t in trials)}",
+        f"scheduled reruns whose discovery ran during a live run: {sum(t.reruns_during for t in trials)}, work they "
+        f"found in its root: {sum(t.rerun_live_items for t in trials)}; work found in a root after its run ended: "
+        f"{sum(t.rerun_items for t in trials)} chunk(s)",
+        f"components that exited on their own and were started again: "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(exits.items())) or 'none'}",
         f"run wall time: {' '.join(f'{t.wall_s:.0f}' for t in trials)} s; task retries: "
         f"{sum(t.tasks_retried for t in trials)}; S3 calls retried through outages: "
         f"{sum(t.s3_retries for t in trials)}, of which commits: {sum(t.s3_put_retries for t in trials)}",
@@ -546,6 +1027,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduler", type=int, default=10, help="scheduler SIGKILLs (default 10)")
     parser.add_argument("--s3", type=int, default=10, help="S3 outages (default 10)")
     parser.add_argument("--server", type=int, default=10, help="stand-in server SIGKILLs (default 10)")
+    parser.add_argument("--postgres", type=int, default=6, help="PostgreSQL restarts mid-run (default 6)")
+    parser.add_argument("--redis", type=int, default=6, help="Redis (broker) restarts mid-run (default 6)")
+    parser.add_argument("--sshd-provision", type=int, default=4,
+                        help="sshd killed with its connections while provision_fleet runs (default 4)")
+    parser.add_argument("--sshd-tunnel", type=int, default=4,
+                        help="sshd killed with its connections while tunnels carry requests (default 4)")
+    parser.add_argument("--prepare-kill", type=int, default=3,
+                        help="the worker running prepare_run SIGKILLed (default 3)")
+    parser.add_argument("--prepare-s3", type=int, default=3,
+                        help="S3 flapping while prepare_run writes the run record (default 3)")
     parser.add_argument("--faults-per-run", type=int, default=6)
     parser.add_argument("--rows", type=int, default=60, help="dataset rows (default 60)")
     parser.add_argument("--pilot", type=int, default=10)
@@ -560,11 +1051,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="a first run without faults, for the wall time")
     parser.add_argument("--orphan-check-s", type=int, default=15,
                         help="[scheduler] orphaned_tasks_check_interval of the cluster (Airflow's default: 300)")
+    parser.add_argument("--rerun-schedule", default="* * * * *",
+                        help="TRACEGEN_RERUN_SCHEDULE: the scheduled rerun's cron, running beside the runs")
+    parser.add_argument("--lease-ttl-s", type=float, default=20.0,
+                        help="TRACEGEN_LEASE_TTL_S: a killed task's lease is void after this (default 20)")
+    parser.add_argument("--rerun-wait", type=float, default=600.0,
+                        help="how long a run that did not finish may wait for the scheduled rerun (s)")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--root", default=str(PROJECT / ".state" / "chaos"))
     parser.add_argument("--out", default=str(PROJECT / ".state" / "chaos" / "results.json"))
     args = parser.parse_args(argv)
     chaos = Chaos(args)
+    interrupt_on_signals()  # a SIGTERM stops what the campaign started, as Ctrl-C does
     started = time.monotonic()
     try:
         chaos.start()
@@ -577,8 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + summary(chaos.trials, args.rows))
     left = getattr(chaos, "pending", None)
     print(f"\nwall time: {(time.monotonic() - started) / 60:.1f} min; faults not injected (budget): {left or 'none'}")
-    bad = [t for t in chaos.trials if not t.completed or t.lost or t.duplicated or t.torn or t.invariant_problems
-           or t.verify_rc != 0 or t.error]
+    bad = [t for t in chaos.trials if not _ok(t)]
     return 1 if bad or left else 0
 
 
