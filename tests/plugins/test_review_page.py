@@ -261,10 +261,13 @@ def test_report_files_are_served_as_stored(server: Server) -> None:
     resp = _get(f"{base}/pilot-report.html", headers=server.auth)
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
     assert "script-src" not in resp.headers["content-security-policy"]  # default-src 'none' forbids scripts
-    stored = (run_dir / "pilot-report.html").read_text()
-    body_start = stored.index("<body")
-    assert resp.text.startswith(stored[:body_start]) and resp.text.endswith(stored[-2000:])
     assert "report.html</a>" in resp.text  # the navigation bar links the run's other files
+    # The page frames the stored file, which is served byte for byte at raw/<name>, sandboxed.
+    assert f'src="/tracegen/roots/{key}/runs/{_stored_id(PASS_RUN)}/raw/pilot-report.html"' in resp.text
+    raw = _get(f"{base}/raw/pilot-report.html", headers=server.auth)
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/html")
+    assert raw.content == (run_dir / "pilot-report.html").read_bytes()
+    assert "sandbox" in raw.headers["content-security-policy"]
 
 
 def test_dag_run_link_finds_the_report_from_airflows_run_id(server: Server) -> None:
@@ -272,11 +275,23 @@ def test_dag_run_link_finds_the_report_from_airflows_run_id(server: Server) -> N
     resp = _get(f"{server.url}/tracegen/runs/{httpx.URL(PASS_RUN).raw_path.decode()}",
                      headers=server.auth, params={"dag_id": "tracegen_generate"})
     assert resp.status_code == 200
-    assert "8192" in resp.text and "<svg" in resp.text
+    framed = _get(server.url + _frame_src(resp.text), headers=server.auth)
+    assert framed.status_code == 200 and "8192" in framed.text and "<svg" in framed.text
     # A run the gate stopped has only its pilot report: that is what the tab shows.
     resp = _get(f"{server.url}/tracegen/runs/{STOP_RUN}", headers=server.auth)
-    assert resp.status_code == 200 and "STOP" in resp.text.upper()
-    assert (server.output / "runs" / _stored_id(STOP_RUN) / "pilot-report.html").read_text()[-500:] in resp.text
+    assert resp.status_code == 200 and _frame_src(resp.text).endswith("/raw/pilot-report.html")
+    framed = _get(server.url + _frame_src(resp.text), headers=server.auth)
+    assert framed.text == (server.output / "runs" / _stored_id(STOP_RUN) / "pilot-report.html").read_text()
+    assert "STOP" in framed.text.upper()
+
+
+def _frame_src(page: str) -> str:
+    """The stored report an app page frames (its raw URL)."""
+    import re
+
+    match = re.search(r'<iframe sandbox="" title="[^"]*" src="([^"]+)"', page)
+    assert match, page[:500]
+    return match.group(1)
 
 
 @pytest.mark.parametrize(
@@ -342,6 +357,16 @@ def _login(browser: Browser, server: Server) -> None:
     browser.set_cookie(server.url + "/", "_token", server.token)
 
 
+def _open_frame(browser: Browser, server: Server) -> str:
+    """Open the stored report the current page frames, at its own (raw, sandboxed) URL: its text is not
+    readable through the page, whose frame has an opaque origin. Returns the app page's URL."""
+    page = browser.url()
+    src = browser.eval("document.querySelector('iframe[sandbox]').getAttribute('src')")
+    assert "/raw/" in src, src
+    browser.goto(server.url + src)
+    return page
+
+
 def test_browser_without_login_lands_on_the_login_page(server: Server, browser: Browser) -> None:
     browser.clear_cookies()
     browser.goto(f"{server.url}/tracegen/")
@@ -360,6 +385,9 @@ def test_browser_renders_run_list_and_report(server: Server, browser: Browser) -
     browser.eval("[...document.querySelectorAll('a')].find(a => a.href.includes('"
                  + _stored_id(PASS_RUN) + "/report.html')).click()")
     browser.wait_for("location.pathname.endsWith('/report.html') && document.readyState === 'complete'")
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    browser.screenshot(SCREENSHOT_DIR / "review-report-page.png")  # the bar and the framed report
+    _open_frame(browser, server)
     text = browser.text()
     assert "PASS" in text.upper() and "8192" in text.replace(",", "")
     assert browser.eval("document.querySelectorAll('svg').length") >= 2  # the inline plots
@@ -470,7 +498,7 @@ LIVE_RUN = "manual__2026-01-02T15:00:00.000000+00:00"  # generating: the progres
 
 
 def _key(uri: str) -> str:
-    from tracegen.review_app import root_key
+    from tracegen.review.roots import root_key
 
     return root_key(uri)
 
@@ -488,22 +516,26 @@ def _trigger_run(server: Server, raw: str, conf: dict) -> dict:
 
 
 def test_served_reports_carry_a_csp_that_forbids_forms_base_framing_and_sandboxes_them(server: Server) -> None:
-    url = f"{server.url}/tracegen/roots/{_key(str(server.output))}/runs/{PLANTED_RUN}/report.html"
+    url = f"{server.url}/tracegen/roots/{_key(str(server.output))}/runs/{PLANTED_RUN}/raw/report.html"
     csp = _get(url, headers=server.auth).headers["content-security-policy"]
     for directive in ("default-src 'none'", "form-action 'none'", "base-uri 'none'", "frame-ancestors 'self'",
                       "sandbox"):
         assert directive in csp, (directive, csp)
     assert "allow-" not in csp  # no sandbox exception: no scripts, forms, popups or top navigation
-    # The app's own pages: the same rules but the sandbox (the progress page refreshes itself).
+    # The app's own pages: the same rules but the sandbox (the progress page refreshes itself); the page
+    # showing a stored report frames it (same origin only), sandboxed by the frame and by its own CSP.
     own = _get(f"{server.url}/tracegen/", headers=server.auth).headers["content-security-policy"]
     assert "form-action 'none'" in own and "frame-ancestors 'self'" in own and "sandbox" not in own
+    shown = _get(url.replace("/raw/", "/"), headers=server.auth)
+    assert "frame-src 'self'" in shown.headers["content-security-policy"] and "sandbox" not in own
+    assert _frame_src(shown.text).endswith(f"/runs/{PLANTED_RUN}/raw/report.html")
 
 
 def test_browser_a_planted_form_and_meta_refresh_do_nothing(server: Server, browser: Browser) -> None:
     """A report.html written into the output root by hand, with a form posting to the Airflow origin, a
     meta refresh and a <base>: served, shown, and inert."""
     _login(browser, server)
-    url = f"{server.url}/tracegen/roots/{_key(str(server.output))}/runs/{PLANTED_RUN}/report.html"
+    url = f"{server.url}/tracegen/roots/{_key(str(server.output))}/runs/{PLANTED_RUN}/raw/report.html"
     browser.goto(url)
     assert "planted report" in browser.text()
     time.sleep(3)  # the planted refresh asked for 1 s
@@ -542,12 +574,14 @@ def test_browser_a_run_stopped_by_the_gate_shows_the_report_that_decided_and_the
     browser.goto(f"{server.url}/tracegen/runs/{_quoted(GATE_STOP_RUN)}?dag_id=tracegen_generate")
     text = browser.text()
     assert "Stopped by the gate." in text and "This is the report that decided (pilot-report.html)" in text
-    assert "pilot-report" in text.split("Run\n", 1)[-1]  # the Run table at the bottom names the pilot audit
     # The next run one step away: the same settings at the recommended cap.
     assert f"max_tokens={rec:,}" in text
     assert json.dumps({**conf, "max_tokens": rec}, sort_keys=True) in text
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     browser.screenshot(SCREENSHOT_DIR / "review-stopped-by-gate.png")
+    _open_frame(browser, server)
+    text = browser.text()
+    assert "pilot-report" in text.split("Run\n", 1)[-1]  # the Run table at the bottom names the pilot audit
     # The run list says so too.
     browser.goto(f"{server.url}/tracegen/")
     row = browser.eval(f"[...document.querySelectorAll('tr')].map(r => r.innerText)"
@@ -556,6 +590,51 @@ def test_browser_a_run_stopped_by_the_gate_shows_the_report_that_decided_and_the
     # Each run links back to its page in Airflow.
     hrefs = browser.eval("[...document.querySelectorAll('a')].map(a => a.getAttribute('href'))")
     assert f"/dags/tracegen_generate/runs/{_quoted(GATE_STOP_RUN)}" in hrefs
+
+
+TAB = "document.querySelector('iframe[title=\"tracegen report\"]')"  # the UI's frame of the run's tab
+TAB_DOC = f"({TAB} && {TAB}.contentDocument)"
+
+
+def _ensure_run(server: Server, raw: str, conf: dict) -> None:
+    if _get(f"{server.url}/api/v2/dags/tracegen_generate/dagRuns/{_quoted(raw)}", headers=server.auth).status_code != 200:
+        _trigger_run(server, raw, conf)
+
+
+def test_browser_every_link_in_the_run_tab_lands_on_its_page(server: Server, browser: Browser) -> None:
+    """Issue #31 finding 1: inside the Airflow UI's "tracegen report" tab, each link of the bar opens its
+    page with the reviewer's session (a 200 page, never the login page or "Not authenticated"), and no
+    link opens Airflow inside the tab."""
+    _ensure_run(server, GATE_STOP_RUN, {"max_tokens": 4096, "gate_mode": "stop", "output_uri": str(server.output),
+                                        "pilot_size": 100})
+    _login(browser, server)
+    tab = f"{server.url}/dags/tracegen_generate/runs/{_quoted(GATE_STOP_RUN)}/plugin/tracegen-run-report"
+    ready = f"{TAB_DOC} && {TAB_DOC}.readyState === 'complete' && {TAB_DOC}.querySelector('nav') && {TAB_DOC}.body.innerText"
+    browser.goto(tab)
+    assert "Stopped by the gate." in browser.wait_for(ready, 60)
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+    browser.screenshot(SCREENSHOT_DIR / "journey-5-run-tab-stopped.png")
+    # Airflow's own pages are named, not linked, inside the tab (the UI's frame may not leave itself).
+    assert browser.eval(f"[...{TAB_DOC}.querySelectorAll('a')].filter(a => a.getAttribute('href').startsWith('/dags/')).length") == 0
+    assert "/dags/tracegen_generate" in browser.eval(f"{TAB_DOC}.body.innerText")
+    links = browser.eval(f"[...{TAB_DOC}.querySelectorAll('nav a')].map(a => a.innerText)")
+    assert {"all runs", "progress", "report.html", "report.json", "pilot-report.json"} <= set(links), links
+    for text in links:
+        browser.goto(tab)
+        browser.wait_for(ready, 60)
+        browser.eval(f"[...{TAB_DOC}.querySelectorAll('nav a')].find(a => a.innerText === {json.dumps(text)}).click()")
+        landed = browser.wait_for(
+            f"{TAB_DOC} && {TAB}.contentWindow.location.pathname !== '/tracegen/runs/{_quoted(GATE_STOP_RUN)}' && "
+            f"{TAB_DOC}.readyState === 'complete' && [{TAB}.contentWindow.location.pathname, "
+            f"performance.getEntriesByType && {TAB}.contentWindow.performance.getEntriesByType('navigation')[0].responseStatus, "
+            f"{TAB_DOC}.body.innerText]", 60)
+        path, status, body = landed
+        assert status == 200, (text, path, status, body[:300])
+        assert path.startswith("/tracegen/") and "Not authenticated" not in body and "Sign in" not in body, (text, path)
+        if text.endswith(".json"):
+            assert json.loads(body), (text, body[:300])
+    browser.goto(tab)
+    browser.wait_for(ready, 60)
 
 
 def test_browser_a_run_in_a_root_named_only_by_its_conf_is_listed_and_its_tab_shows_the_question(
@@ -579,7 +658,7 @@ def test_browser_a_run_in_a_root_named_only_by_its_conf_is_listed_and_its_tab_sh
 
 
 def test_conf_output_root_is_data_checked_by_the_uri_rule() -> None:
-    from tracegen.review_app import conf_output_root
+    from tracegen.review.access import conf_output_root
 
     assert conf_output_root({"output_uri": "/data/out", "aws_conn_id": "someone_elses"}) == ("/data/out", None)
     assert conf_output_root({"output_uri": "s3://bucket/prefix"}) == ("s3://bucket/prefix", None)
@@ -594,7 +673,9 @@ def test_a_run_whose_output_is_gone_says_so(server: Server) -> None:
     _trigger_run(server, GONE_RUN, {"output_uri": str(gone)})
     resp = _get(f"{server.url}/tracegen/runs/{_quoted(GONE_RUN)}", headers=server.auth)
     assert resp.status_code == 404 and "never" not in resp.json()["detail"]
-    assert "a run that failed before it has none" in resp.json()["detail"]  # not prepared: no claim it was
+    # Queued, not prepared: neither a claim that it was, nor that it failed.
+    assert "is queued and has not written its record yet" in resp.json()["detail"]
+    assert "failed" not in resp.json()["detail"]
     # Its first task finished, so it wrote its record there; the root is gone since.
     resp = httpx.patch(f"{server.url}/api/v2/dags/tracegen_generate/dagRuns/{_quoted(GONE_RUN)}/taskInstances/"
                        "prepare_run", headers=server.auth, json={"new_state": "success"}, timeout=TIMEOUT)
@@ -612,6 +693,9 @@ def test_browser_a_finished_report_says_what_to_do_next_and_what_each_count_coun
     browser.goto(f"{server.url}/tracegen/runs/{_quoted(PASS_RUN)}")
     text = browser.text()
     assert "Finished. Next: export the dataset: python -m tracegen export " + str(server.output) in text
+    browser.screenshot(SCREENSHOT_DIR / "review-finished.png")
+    _open_frame(browser, server)
+    text = browser.text()
     assert "proceed with generation" not in text  # the gate's advice is for a run still to generate
     assert "this is the final audit of a finished run" in text
     report = json.loads((server.output / "runs" / _stored_id(PASS_RUN) / "report.json").read_text())
@@ -635,7 +719,6 @@ def test_browser_a_finished_report_says_what_to_do_next_and_what_each_count_coun
                 if abs(exact[i] - exact[j]) > 0.01 * max(exact[i], exact[j]):  # options that differ read differently
                     assert shown[i] != shown[j], (column, shown, exact)
     assert all(r[header.index("GPU time")].endswith("GPU-h") for r in rows)
-    browser.screenshot(SCREENSHOT_DIR / "review-finished.png")
 
 
 def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, browser: Browser) -> None:

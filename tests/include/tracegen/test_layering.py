@@ -93,7 +93,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"__main__", "celery_config", "sample_data"},
     {"cli", "demo"},
     {"steps"},
-    {"review_app", "review_gate", "status", "export"},
+    {"review", "review_app", "review_gate", "status", "export"},
     {"generate"},
     {"run"},
     {"audit", "fleet"},

@@ -1,0 +1,10 @@
+"""The review pages reviewers open from the Airflow UI: every run of every output root, and each run's
+report, progress and next step. A FastAPI app (`app.create_app`) that `plugins/tracegen_review.py` mounts
+into Airflow's api-server under `/tracegen`.
+
+- `access`: who may see the pages (Airflow's authentication and DAG read access), Airflow's view of runs;
+- `read_model`: one read model of a run from its stored files (its stage, reports, question), the report
+  names; `summary`: a run's line in the list; `roots`: the output roots, each once, and their runs;
+- pages: `runs_page` (the run list), `run_tab` (the DAG run's tab), `files_page` (a run's report files),
+  `progress_page` (live progress), over `page` (CSS, CSP, navigation) and `next_step` (what to do next).
+"""

@@ -1,0 +1,89 @@
+"""A run's report files: JSON as stored; an HTML report shown on an app page (navigation, the run's state and
+next step) that frames the stored file, which is served raw, sandboxed, at `raw/<name>`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import HTTPException
+from fastapi.responses import HTMLResponse, Response
+
+from tracegen.review.access import AirflowRun, require_dag_read
+from tracegen.review.next_step import status_for
+from tracegen.review.page import (
+    FRAMING_CSP,
+    NAV_CSS,
+    REPORT_CSP,
+    e,
+    framed,
+    html_response,
+    nav_for,
+    page,
+    raw_url,
+)
+from tracegen.review.read_model import REPORT_FILES, RunView, read_run
+from tracegen.review.roots import Site, check_run_id
+from tracegen.review.summary import summarise
+
+# The frame fills the window under the bar; the stored report scrolls inside it.
+_FRAME_CSS = ("html,body{height:100%;margin:0}body{display:flex;flex-direction:column;"
+              "font:14px/1.45 system-ui,sans-serif;color:#1f2328}main{display:contents}"
+              "iframe{flex:1;border:0;width:100%;min-height:480px}.bar{padding:0 24px}"
+              "code{font-size:12px;word-break:break-all}a{color:#0969da}")
+
+
+def report_page(request: Request, key: str, view: RunView, name: str, status: str) -> HTMLResponse:
+    """The app page showing one stored HTML report: links here are the app's, sent with the session."""
+    nav = nav_for(request, key, view.run_id, view.present, name, view.has_record)
+    body = (f'<nav style="{NAV_CSS}">{nav}</nav>' + (f'<div class="bar">{status}</div>' if status else "")
+            + f'<iframe sandbox="" title="{e(name)} of run {e(view.run_id)}" '
+              f'src="{e(raw_url(request, key, view.run_id, name))}"></iframe>')
+    return html_response(page(f"{name} · {view.run_id}", body, css=_FRAME_CSS), csp=FRAMING_CSP)
+
+
+def show_report(request: Request, key: str, uri: str, view: RunView, name: str, af: AirflowRun | None,
+                raw_run_id: str | None = None) -> HTMLResponse:
+    status = status_for(view, summarise(view), name, uri, af, raw_run_id, framed=framed(request))
+    return report_page(request, key, view, name, status)
+
+
+def read_file(ledger: Any, run_id: str, name: str) -> bytes:
+    from tracegen.store.storage import StorageError, StorageKeyError, StorageLinkError
+
+    try:
+        return ledger.get_run_file(run_id, name)
+    except StorageLinkError as exc:
+        # A link planted in the output root is data, never followed (tracegen.store.storage).
+        raise HTTPException(404, f"run {run_id!r} has no {name} the pages can serve: {exc}") from None
+    except StorageKeyError:
+        raise HTTPException(404, f"run {run_id!r} has no {name} in {ledger.storage.uri}") from None
+    except StorageError as exc:
+        raise HTTPException(503, f"cannot read {name} of run {run_id!r}: {exc}") from None
+
+
+def _checked(request: Request, site: Site, root: str, run_id: str, name: str) -> tuple[Any, str, bytes]:
+    require_dag_read(request)
+    check_run_id(run_id)
+    if name not in REPORT_FILES:
+        raise HTTPException(404, f"no such report file {name!r}; a run has {', '.join(REPORT_FILES)}")
+    ledger, uri = site.open_root(root)
+    return ledger, uri, read_file(ledger, run_id, name)
+
+
+def register(app: FastAPI, site: Site) -> None:
+    @app.get("/roots/{root}/runs/{run_id}/raw/{name}", name="raw_report_file")
+    def raw_report_file(request: Request, root: str, run_id: str, name: str) -> Response:
+        """The stored file's bytes: an HTML report under the sandboxing CSP, framed by `report_file`."""
+        _, _, data = _checked(request, site, root, run_id, name)
+        if name.endswith(".json"):
+            return Response(data, media_type="application/json")
+        return Response(data, media_type="text/html; charset=utf-8",
+                        headers={"Content-Security-Policy": REPORT_CSP, "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/roots/{root}/runs/{run_id}/{name}", name="report_file")
+    def report_file(request: Request, root: str, run_id: str, name: str) -> Response:
+        ledger, uri, data = _checked(request, site, root, run_id, name)
+        if name.endswith(".json"):
+            return Response(data, media_type="application/json")
+        return show_report(request, root, uri, read_run(ledger, run_id), name, site.airflow_run_for(run_id))

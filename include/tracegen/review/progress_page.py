@@ -1,0 +1,101 @@
+"""A run's live progress (`status.run_progress` from the ledger), refreshing itself while the run generates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import HTTPException
+from fastapi.responses import HTMLResponse
+
+from tracegen.review.access import RAISE_CAP_DAG, require_dag_read
+from tracegen.review.page import duration, e, html_response, nav_for, page
+from tracegen.review.read_model import RunView, read_run
+from tracegen.review.roots import Site, check_run_id
+
+PROGRESS_REFRESH_S = 5
+LIVE_STATES = ("running", "queued")
+
+
+def cap_decided(view: RunView) -> bool:
+    """The run has decided its cap (a question asked or answered, or a raise taken): a raise is refused."""
+    return view.asked or bool(view.decisions) or view.stage_and_decider[0] is not None
+
+
+def progress_of(request: Request, site: Site, root: str, run_id: str) -> tuple[dict[str, Any], RunView]:
+    from tracegen.run.records import read_run_record
+    from tracegen.run.spec import RunSpecError
+    from tracegen.status import run_progress
+    from tracegen.store.storage import StorageError, StorageKeyError
+
+    require_dag_read(request)
+    check_run_id(run_id)
+    ledger, uri = site.open_root(root)
+    try:
+        record = read_run_record(ledger, run_id)
+        view = read_run(ledger, run_id)
+        progress = run_progress(ledger, record)
+    except StorageKeyError:
+        raise HTTPException(404, f"run {run_id!r} has no run record in {uri}: no progress to show") from None
+    except (StorageError, RunSpecError) as exc:
+        raise HTTPException(503, f"cannot read the progress of run {run_id!r}: {exc}") from None
+    af = site.airflow_run_for(run_id)
+    state = af.state if af else None
+    stage = view.stage_and_decider[0]
+    live = state in LIVE_STATES and stage is None and progress["left"] > 0
+    if not live and progress["left"]:
+        progress["eta_s"] = None  # a run that is not generating has no time of arrival
+    return (progress | {"state": stage or state, "live": live, "airflow_run_id": af.run_id if af else None,
+                        "raise_allowed": live and not cap_decided(view)}, view)
+
+
+def _eta(p: dict[str, Any]) -> str:
+    if p["left"] == 0:
+        return "done"
+    if not p["live"]:
+        return f"none: the run is {p['state'] or 'not running'}"
+    return duration(p["eta_s"]) + (" at the current rate" if p["eta_s"] else "")
+
+
+def render_progress(request: Request, key: str, view: RunView, p: dict[str, Any]) -> str:
+    pct = 100 * p["done"] / p["total"] if p["total"] else 100.0
+    rate = "–" if p["truncation_rate"] is None else f"{100 * p['truncation_rate']:.1f}%"
+    interval = ("–" if p["truncation_low"] is None
+                else f"{100 * p['truncation_low']:.1f}%–{100 * p['truncation_high']:.1f}%")
+    window = f"over the last {p['window_s'] / 60:.0f} min"
+    rows = [
+        ("done", f"{p['done']:,} of {p['total']:,} dataset rows ({pct:.1f}%) at max_tokens={p['max_tokens']:,}; "
+                 f"{p['left']:,} left"),
+        ("rows/s", "idle: nothing committed " + window if p["rows_per_s"] is None
+         else f"{p['rows_per_s']:,.2f} {window}"),
+        ("tokens/s", "–" if p["tokens_per_s"] is None else f"{p['tokens_per_s']:,.0f} completion tokens/s {window}"),
+        ("truncated so far", f"{rate} ({p['truncated']:,} of the {p['completed_by_run']:,} rows this run completed "
+                             f"at its cap); 95% interval {interval}; threshold {100 * p['threshold']:.1f}%"),
+        ("ETA", _eta(p)),
+    ]
+    table = "".join(f'<tr><th class="l">{e(k)}</th><td class="l wrap" id="progress-{e(k.split()[0].replace("/", "-"))}">'
+                    f"{e(v)}</td></tr>" for k, v in rows)
+    if p["raise_allowed"] and p.get("airflow_run_id"):
+        # The mid-run pivot: the same run goes on at a higher cap, nothing is stopped (tracegen.run.cap_raise).
+        table += (f'<tr><th class="l">raise the cap</th><td class="l wrap" id="progress-raise">without stopping the '
+                  f'run: trigger <a href="{e(f"/dags/{RAISE_CAP_DAG}")}">{RAISE_CAP_DAG}</a> with run_id '
+                  f"<code>{e(p['airflow_run_id'])}</code> and the new max_tokens (above {p['max_tokens']:,}); "
+                  "chunks starting after it use the new cap, rows already truncated are extended to it.</td></tr>")
+    links = nav_for(request, key, view.run_id, view.present, "progress", view.has_record)
+    state = p["state"]
+    refresh = (f'<p class="uri">Refreshes every {PROGRESS_REFRESH_S} s while the run is {e(state or "running")}.</p>'
+               if p["live"] else f'<p class="uri">Not refreshing: the run is {e(state or "not running")}.</p>')
+    body = f"<p>{links}</p><h1>Progress of run {e(view.run_id)}</h1><table>{table}</table>{refresh}"
+    head = f'<meta http-equiv="refresh" content="{PROGRESS_REFRESH_S}">' if p["live"] else ""
+    return page(f"progress {view.run_id}", body, head=head)
+
+
+def register(app: FastAPI, site: Site) -> None:
+    @app.get("/roots/{root}/runs/{run_id}/progress.json", name="run_progress_json")
+    def run_progress_json(request: Request, root: str, run_id: str) -> dict[str, Any]:
+        return progress_of(request, site, root, run_id)[0]
+
+    @app.get("/roots/{root}/runs/{run_id}/progress", name="run_progress")
+    def run_progress_page(request: Request, root: str, run_id: str) -> HTMLResponse:
+        progress, view = progress_of(request, site, root, run_id)
+        return html_response(render_progress(request, root, view, progress))

@@ -1,0 +1,71 @@
+"""One line of the run list (and of `runs.json`): a `RunView` summarised."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tracegen.review.read_model import PILOT_HTML, RunView, read_run
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of the run list, read from a run's stored files (never from the ledger's rows)."""
+
+    run_id: str
+    created: str | None
+    max_tokens: int | None
+    pilot_verdict: str | None
+    final_verdict: str | None
+    rows: int | None
+    truncation_rate: float | None
+    reports: tuple[str, ...]
+    problem: str | None = None
+    stage: str | None = None  # STOPPED, ASKING, or None (running or finished: Airflow's state says which)
+    deciding_report: str | None = None  # the report whose verdict stopped the run or asked the question
+    recommended_cap: int | None = None
+    has_record: bool = False  # run.json is there: the run has progress to show
+
+    @property
+    def verdict(self) -> str | None:
+        return self.final_verdict or self.pilot_verdict
+
+
+def _verdict(report: dict[str, Any] | None) -> str | None:
+    return ((report or {}).get("verdict") or {}).get("verdict")
+
+
+def summarise(view: RunView) -> RunSummary:
+    shown = view.final or view.pilot or {}
+    audit = shown.get("audit") or {}
+    rate = (audit.get("truncation") or {}).get("rate")
+    rows = (audit.get("rows") or {}).get("current_rows")
+    cap = view.config.get("max_tokens")
+    stage, deciding = view.stage_and_decider
+    # A run held at its gate goes on at the cap of the report that decided; a finished one at its final's.
+    decided_by = (view.pilot if deciding == PILOT_HTML else None) or shown
+    rec = (decided_by.get("cap_table") or {}).get("recommended_cap")
+    return RunSummary(
+        run_id=view.run_id,
+        created=view.created(),
+        max_tokens=cap if isinstance(cap, int) else None,
+        pilot_verdict=_verdict(view.pilot),
+        final_verdict=_verdict(view.final),
+        rows=rows if isinstance(rows, int) else None,
+        truncation_rate=float(rate) if isinstance(rate, int | float) else None,
+        reports=view.reports,
+        stage=stage,
+        deciding_report=deciding,
+        recommended_cap=rec if isinstance(rec, int) else None,
+        has_record=view.has_record,
+    )
+
+
+def summarise_run(ledger: Any, run_id: str, present: set[str] | frozenset[str]) -> RunSummary:
+    """Summary of one run; an unreadable file becomes `problem` on its line, not a failed page."""
+    try:
+        view = read_run(ledger, run_id, present)
+    except ValueError as exc:
+        reports = RunView(run_id, frozenset(present), None, None, None).reports
+        return RunSummary(run_id, None, None, None, None, None, None, reports, problem=str(exc))
+    return summarise(view)
