@@ -1,7 +1,7 @@
-"""`make demo`: the seed's 4096 → 8192 pivot, end to end through the real `tracegen_generate` DAG.
+"""`make demo`: the 4096 → 8192 pivot (18% of rows truncated at 4096, the cap raised to 8192), end to end through the real `tracegen_generate` DAG.
 
 Runs `airflow dags test` on a local SQLite metadata DB against a simulated fleet (two SGLang stand-ins
-launched exactly like SGLang) and the bundled prompts, at the seed's cap. The pilot gate finds too many
+launched exactly like SGLang) and the bundled prompts, at a 4096 cap. The pilot gate finds too many
 rows truncated and asks (gate_mode=ask): the run waits at its question, as it would in the UI's Required
 Actions. `airflow dags test` starts no api-server, so the demo answers for the reviewer through the REST
 API's own handler, with the cap the report recommends, and the same run goes on at that cap from the
@@ -140,7 +140,7 @@ def main() -> int:
         _say(f"  removed the {len(dropped)} oldest demo output root(s) ({', '.join(p.name for p in dropped)}) and "
              f"their {forgotten} run(s) in the metadata DB; the last {KEEP_DEMOS} demos are kept under {demo}")
 
-    _say("[2/4] tracegen_generate with max_tokens=4096 (the seed's cap; gate_mode=ask, the default) ...")
+    _say("[2/4] tracegen_generate with max_tokens=4096 (gate_mode=ask, the default) ...")
     # The output root in the conf too: the review pages find each run's root from the run itself.
     conf = {"max_tokens": 4096, "pilot_size": DEMO_PILOT, "teardown": True, "output_uri": str(output)}
     log1 = logs / "run-4096.log"

@@ -1,7 +1,7 @@
 """What a different ``max_tokens`` would do: natural output lengths from measurements, and the cap table.
 
 A row that finished with ``length`` under cap C only tells us its natural length exceeds C (it is
-right-censored), so naive quantiles of observed lengths are wrong (the seed's P90 = P99 = 4096 is the cap, not a
+right-censored), so naive quantiles of observed lengths are wrong (a 1,500-row sample of a 913,786-prompt job at a 4096 cap read P90 = P99 = 4096: the cap, not a
 length). The table is built from three pieces:
 
 * **Observed, up to the measured cap.** The pilot's truncated rows may be *extended* (continued from their
@@ -16,8 +16,8 @@ length). The table is built from three pieces:
   the rows above the tail start (`tail_from`, where about 20 % more rows than at the measured cap remain), each
   giving P(L > cap | L > measured cap). The point prediction takes their median; the interval is the envelope
   of their intervals, so it carries the uncertainty of which law the tail follows, not only sampling noise.
-  Before issue #17 a single log-normal was extrapolated from the pilot's cap, and its bootstrap interval
-  covered the truth in 0 of 12 seeds on non-log-normal laws (docs/benchmarks.md, "Cap from measurements").
+  A single log-normal extrapolated from the pilot's cap is not enough: its bootstrap interval covered the
+  truth in 0 of 12 seeds on non-log-normal laws (docs/benchmarks.md, "Cap from measurements").
 
 Sampling noise comes from a bootstrap over rows (multinomial weights over distinct (length, censored, runaway)
 values, so a million rows cost no more than a thousand) for the Kaplan-Meier part and the floor, and from the
@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special
 
-# The caps the table weighs, as multiples of the run's cap: at 4096, the seed's 5120, 6144, 8192, 12288 and
+# The caps the table weighs, as multiples of the run's cap: at 4096: 5120, 6144, 8192, 12288 and
 # 16384. Relative, so a pilot at 8192 is shown 10240-32768 rather than caps it has already passed, and a run
-# whose lengths are scaled down (the seed-scale rehearsal) gets the same ladder scaled.
+# whose lengths are scaled down (the 913,786-prompt rehearsal, `make rehearsal`) gets the same ladder scaled.
 CANDIDATE_RATIOS = (1.25, 1.5, 2.0, 3.0, 4.0)
 
 
@@ -60,7 +60,7 @@ TAIL_BINS = 256
 # A family whose tail log-likelihood is this far below the best one's is left out of the point and the interval:
 # a 2-parameter family 6 log-likelihood units worse is rejected by the data (likelihood ratio p ~ 0.0025).
 FAMILY_LOGLIK_SLACK = 6.0
-# The log-normal of all rows (the method before issue #17) joins the tail families. It is the point prediction
+# The log-normal of all rows joins the tail families. It is the point prediction
 # when the measured tail is short (see TAIL_SPAN; a pilot not extended spans only ~38% to ~18% of rows) and the
 # families' shapes diverge beyond it, while the whole sample pins the log-normal's spread (bench/capfit_accuracy.py
 # on the stand-in's laws, 10 seeds: worst error at 8192 0.45 / 1.38 / 1.37 points on lognormal / logt / bimodal
@@ -534,7 +534,7 @@ def _fit_tails(fit: LengthFit, counts: np.ndarray, mu: float, sigma: float, draw
         fit._tails = [t for t in tails if t.loglik >= best - FAMILY_LOGLIK_SLACK]
         fit._dropped = {t.family: float(best - t.loglik) for t in tails if t.loglik < best - FAMILY_LOGLIK_SLACK}
     if WHOLE_SAMPLE_LOGNORMAL:
-        # The log-normal of all rows, as before issue #17, as one more opinion: on a short measured tail it is
+        # The log-normal of all rows, as one more opinion: on a short measured tail it is
         # the steadiest of them (its likelihood is over other rows, so it is not compared with the tail fits').
         t = _fit_tail(FAMILIES[0], *_tail_data(values, kind, counts, 0.5), 0.5, (mu, sigma), draws, rng)
         if t is not None:

@@ -105,7 +105,7 @@ def _fold_loose_entries(ledger: Ledger) -> None:
     """Fold the entries committed since the newest snapshot into a new one once there are more than
     COMPACT_OVER, before this task reads the ledger twice (the continuous gate, then its own rows). Without
     it the planner's snapshot ages through the fan-out and every chunk start parses everything committed
-    since, so a chunk start grew slower with every chunk done (docs/benchmarks.md, the seed-scale rehearsal).
+    since, so a chunk start grew slower with every chunk done (docs/benchmarks.md, the 913,786-prompt rehearsal).
     Only an optimisation: a compaction that fails is logged, and the task reads the entries instead."""
     try:
         if ledger.compact_loose(COMPACT_OVER) is not None:

@@ -1,6 +1,6 @@
 """A mid-run pivot: an operator raises the cap of a running run from the UI, and the same run goes on.
 
-The seed's team bumped 4096 to 8192 by killing the job, checking, and relaunching. Here the operator
+A team without it raises 4096 to 8192 by killing the job, checking, and relaunching. Here the operator
 triggers `tracegen_raise_cap` with the run's id and the new cap, and nothing is killed:
 
 1. The raise is checked against the run as its first task described it (the `RunSpec` in Airflow's
