@@ -255,6 +255,10 @@ class Chaos:
             # finish a run whose retries ran out within the campaign.
             "TRACEGEN_RERUN_SCHEDULE": self.args.rerun_schedule,
             "TRACEGEN_LEASE_TTL_S": str(self.args.lease_ttl_s),
+            # Airflow's advice "under high load": on a shared 2-core machine (load 10) the api-server answered a
+            # task's supervisor too late five times running at its default 5 s, and the supervisor killed a
+            # fault-free run's prepare_run.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": str(self.args.execution_api_timeout_s),
         })
         self.stack.callback(self.cluster.stop)
         self.stack.callback(self._teardown_fleet)
@@ -705,27 +709,34 @@ class Chaos:
             print(f"  run {run_no} +{fault.at:5.1f}s {fault.kind}{' (missed)' if fault.missed else ''}: "
                   f"{fault.detail}", flush=True)
 
-        # Faults of the run's first tasks, at their moment.
-        for kind in [k for k in left if k in ("prepare-kill", "prepare-s3")][:1]:
-            record(self.inject_prepare(kind, t0, run_id, root_prefix), kind)
-            while True:  # until Airflow has an outcome for prepare_run (a dead worker's: after its heartbeat timeout)
-                prepared = self._task(run_id, "prepare_run")
-                if prepared is None or prepared["state"] in ("success", "failed", "upstream_failed") \
-                        or time.monotonic() > deadline:
-                    break
-                time.sleep(1)
-            if prepared is not None and prepared["state"] != "success":
-                # prepare_run is not retried (a bad param must fail at once): wait for Airflow to fail it
-                # (a dead worker's task after its heartbeat timeout), then trigger the run again, as an operator.
+        def prepared_or_again() -> str:
+            """Wait for prepare_run's outcome (a dead worker's task: after its heartbeat timeout). prepare_run
+            is not retried (a bad param must fail at once): when it failed, wait for the run to end and trigger
+            it again, as an operator would. Returns the run id to follow."""
+            nonlocal run_id
+            for _ in range(3):
+                while True:
+                    prepared = self._task(run_id, "prepare_run")
+                    if prepared is None or prepared["state"] in ("success", "failed", "upstream_failed") \
+                            or time.monotonic() > deadline:
+                        break
+                    time.sleep(1)
+                if prepared is None or prepared["state"] == "success" or time.monotonic() > deadline:
+                    return run_id
                 while self._state(GENERATE, run_id) not in ("success", "failed") and time.monotonic() < deadline:
                     time.sleep(1)
-                ti = self._task(run_id, "prepare_run")
-                print(f"  run {run_no}: prepare_run {ti and ti['state']}, run {self._state(GENERATE, run_id)}; "
+                print(f"  run {run_no}: prepare_run {prepared['state']}, run {self._state(GENERATE, run_id)}; "
                       "triggered again", flush=True)
                 run_id = self.api.trigger(GENERATE, self.conf(output))
                 trial.run_ids.append(run_id)
                 trial.run_id = run_id
                 trial.retriggered += 1
+            return run_id
+
+        # Faults of the run's first tasks, at their moment.
+        for kind in [k for k in left if k in ("prepare-kill", "prepare-s3")][:1]:
+            record(self.inject_prepare(kind, t0, run_id, root_prefix), kind)
+        prepared_or_again()
         if "sshd-provision" in left:
             record(self.inject_provision(t0, run_id), "sshd-provision")
         # The other faults start once the run is planned.
@@ -1057,6 +1068,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="TRACEGEN_LEASE_TTL_S: a killed task's lease is void after this (default 20)")
     parser.add_argument("--rerun-wait", type=float, default=600.0,
                         help="how long a run that did not finish may wait for the scheduled rerun (s)")
+    parser.add_argument("--execution-api-timeout-s", type=float, default=30.0,
+                        help="[workers] execution_api_timeout of the cluster (Airflow's default: 5)")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--root", default=str(PROJECT / ".state" / "chaos"))
     parser.add_argument("--out", default=str(PROJECT / ".state" / "chaos" / "results.json"))
