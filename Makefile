@@ -15,7 +15,12 @@ AIRFLOW_ENV := AIRFLOW_HOME=$(STATE)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR
 	TRACEGEN_STATE_DIR=$(STATE) TRACEGEN_SPOOL_DIR=$(STATE)/spool TRACEGEN_OUTPUT_URI=$(STATE)/demo/output
 
 # The venv is rebuilt when a requirements file changes. uv resolves in seconds where pip takes minutes.
-$(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.txt
+# The CPU build of torch the trainers' loaders import (requirements-trainers.txt): a wheel on this machine's
+# disk (PyPI's x86_64 torch is a CUDA build of several GB). uv only looks there when told to.
+TORCH_WHEELS ?= /opt/wheels
+TORCH_CPU ?= torch==2.13.0+cpu
+
+$(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.txt requirements-trainers.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv
 	# Bytecode now, not at first import: uv skips it by default, and where PYTHONDONTWRITEBYTECODE is set
@@ -26,6 +31,11 @@ $(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.t
 	# protocol models, which need only what requirements-test.txt adds. A step of its own: --no-deps
 	# applies to a whole install.
 	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) -r requirements-sglang.txt
+	# SpecForge and speculators without their dependencies (CUDA kernels, another sglang, wandb): the export
+	# tests read each layout with their own loaders, which need only what requirements-trainers.txt lists and
+	# CPU torch (about 35 s and 750 MB).
+	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) -r requirements-trainers.txt
+	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) --find-links $(TORCH_WHEELS) "$(TORCH_CPU)"
 	# Make `include/` importable as the `tracegen` package, as Airflow workers see it.
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tracegen-include.pth"
 	touch $@

@@ -63,7 +63,7 @@ from tracegen.store.current import current_mask
 from tracegen.store.layout import MEASURE_CHUNK
 from tracegen.store.ledger import Ledger, PartDamageError
 from tracegen.store.records import COMPLETE, EXTENDED, OK, REGENERATED, RESAMPLED, GeneratedRow
-from tracegen.store.storage import Storage, open_storage
+from tracegen.store.storage import LocalStorage, Storage, open_storage
 
 __all__ = ["FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
            "ExportLockError", "ExportResult", "export_dataset"]
@@ -279,12 +279,12 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
         _remove(dest, [s["name"] for s in shards])
         raise
 
-    manifest = _manifest(ledger, record, index, frame, best, export_id, layout, fmt, with_token_ids,
-                         include_truncated, policy, runaways, figures, shards, dest,
-                         left_out_truncated=left_out_truncated, left_out_runaway=left_out_runaway)
-    body = json.dumps(manifest, indent=2).encode()
     manifest_uri = dest.uri_for(MANIFEST)
     try:
+        manifest = _manifest(ledger, record, index, frame, best, export_id, layout, fmt, with_token_ids,
+                             include_truncated, policy, runaways, figures, shards, dest,
+                             left_out_truncated=left_out_truncated, left_out_runaway=left_out_runaway)
+        body = json.dumps(manifest, indent=2).encode()
         # The publish: readers switch here, if the manifest is still the one this export replaces.
         lock.publish(body, previous_version)
     except BaseException:
@@ -353,8 +353,8 @@ def _manifest(ledger: Ledger, record: Any, index: Any, frame: pd.DataFrame, best
     if layout != L.MESSAGES and shards:
         doc["data_file"] = shards[0]["name"]
         doc["data_dir"] = L.data_dir(export_id)
-        doc["trainers"] = M.trainer_settings(layout, dest.uri_for(shards[0]["name"]),
-                                             dest.uri_for(L.data_dir(export_id)), fig)
+        file_uri = dest.uri_for(shards[0]["name"])
+        doc["trainers"] = M.trainer_settings(layout, file_uri, file_uri.rsplit("/", 1)[0] + "/", fig)
     return doc
 
 
@@ -384,6 +384,8 @@ def _remove(dest: Storage, keys: list[str]) -> None:
     for key in keys:
         try:
             dest.delete(key)
+            if "/" in key and isinstance(dest, LocalStorage):  # a data file's folder, now empty
+                (dest.root / key.rsplit("/", 1)[0]).rmdir()
         except Exception as exc:  # a cleanup failure must not hide the export's own outcome
             log.warning("export: could not remove %s: %s", dest.uri_for(key), exc)
 
@@ -423,10 +425,11 @@ def _shaped(ledger: Ledger, index: Any, best: pd.DataFrame, aws_conn_id: str, la
         yield prompt, row, L.shape(layout, prompt, row, with_token_ids)
 
 
-def _encode(rows: list[dict[str, Any]], fmt: str) -> bytes:
+def _encode(rows: list[Any], fmt: str) -> bytes:
     """A shard's bytes (`jsonl`: gzipped, `parquet`), or plain JSONL lines for a trainer layout's file."""
     if fmt in ("jsonl", "plain"):
-        text = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
+        text = "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False, separators=(",", ":")))
+                       + "\n" for r in rows)
         data = text.encode("utf-8")
         return data if fmt == "plain" else gzip.compress(data, mtime=0)
     import pyarrow as pa

@@ -42,7 +42,7 @@ def data_file(export_id: str, layout: str) -> str:
 class Shaped:
     """One exported row and the lengths the manifest's figures are made of."""
 
-    doc: dict[str, Any]
+    doc: dict[str, Any] | str  # a str is the row's JSON text already
     prompt_len: int  # tokens: the prompt ids written; else the ledger's prompt_tokens
     response_len: int
     last_id: int | None  # the response's last token id, when the ids are known
@@ -93,8 +93,16 @@ def tokens_row(prompt: Any, row: GeneratedRow) -> Shaped | None:
     if not row.has_token_ids:
         return None
     p, r = unpack_token_ids(row.prompt_token_ids), unpack_token_ids(row.response_token_ids)
-    doc = {"id": row_id(prompt, row), "input_ids": p + r, "loss_mask": [0] * len(p) + [1] * len(r)}
-    return Shaped(doc, len(p), len(r), r[-1] if r else None)
+    # Written as JSON text here: the mask is two runs of one digit, and a row holds thousands of ids.
+    line = (f'{{"id":{json.dumps(row_id(prompt, row))},"input_ids":{json.dumps(p + r, separators=(",", ":"))},'
+            f'"loss_mask":{mask_json(len(p), len(r))}}}')
+    return Shaped(line, len(p), len(r), r[-1] if r else None)
+
+
+def mask_json(zeros: int, ones: int) -> str:
+    """`[0,...,0,1,...,1]` as JSON text, the same as json.dumps([0] * zeros + [1] * ones) without separators."""
+    body = "0," * zeros + "1," * ones
+    return f"[{body[:-1]}]"
 
 
 def conversations_row(prompt: Any, row: GeneratedRow) -> Shaped:

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from tracegen.export.layouts import CONVERSATIONS, TOKENS
+from tracegen.export.servers import SERVERS_FILE
 from tracegen.store.ledger import Ledger
 from tracegen.store.storage import StorageKeyError
 
 log = logging.getLogger(__name__)
 
-SERVERS_FILE = "servers.json"  # runs/<run>/servers.json: what the run's servers reported (see module doc)
 PERCENTILES = (50, 90, 99, 99.9)
 # SpecForge's templates add their system prompt to a conversation that has none (qwen3-*: "You are a helpful
 # assistant."): a prompt the target model never saw.
