@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-EXPECTED = {"tracegen_generate", "tracegen_fleet", "tracegen_rerun_failed", "tracegen_raise_cap"}
+EXPECTED = {"tracegen_generate", "tracegen_fleet", "tracegen_rerun_failed", "tracegen_raise_cap", "tracegen_export"}
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +171,18 @@ def test_parsing_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_export_dag_announces_each_export_through_its_alias(dagbag):
+    """tracegen_export: one task, triggered by hand, whose outlet is the AssetAlias every export is announced
+    through (the event itself resolves to the destination's manifest: tests/e2e/test_export_asset.py)."""
+    from airflow.sdk import AssetAlias
+
+    from tracegen.export.announce import ALIAS
+    from tracegen.export.layouts import LAYOUTS
+
+    dag = dagbag.dags["tracegen_export"]
+    assert dag.schedule is None and [t.task_id for t in dag.tasks] == ["export"]
+    assert dag.get_task("export").outlets == [AssetAlias(ALIAS)]
+    assert list(dag.params.keys()) == ["output_uri", "dest_uri", "layout", "include_truncated"]
+    assert dag.params.get_param("layout").schema["enum"] == list(LAYOUTS)
