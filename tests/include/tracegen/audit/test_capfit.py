@@ -254,15 +254,16 @@ def test_modelled_interval_covers_the_truth_beyond_the_measured_cap(kind):
 
 def test_unmeasured_pilot_the_interval_still_admits_what_it_does_not_know():
     # The bimodal law's long mode starts beyond 4096: a bare 4096 pilot cannot see it. The point is off, but the
-    # envelope (whole-sample log-normal and tail families) covers 8192's truth in 7 of these 8 seeds; a log-normal
-    # tail alone covers it in none.
+    # envelope (whole-sample log-normal and tail families) covers 8192's truth in 19 of these 24 seeds; a log-normal
+    # tail alone covers it in none. Asserted at two thirds, below what was measured, over enough seeds that one
+    # unlucky draw does not decide it.
     covered = 0
-    for seed in range(8):
+    for seed in range(24):
         model, _, total = stand_in_pilot("bimodal", 20 + seed)
         row = cap_table(fit_lengths(*measured(total, 4096), bootstrap=100, seed=seed), 4096).row(8192)
         assert row.basis == "model"
         covered += row.truncation_low <= model.survival(8192) <= row.truncation_high
-    assert covered >= 6
+    assert covered >= 16, covered
 
 
 def test_cap_table_json_round_trip_and_old_json():
