@@ -1,4 +1,5 @@
-"""What the seed's progress file tried to say, computed from the ledger so it cannot disagree with the data.
+"""Progress of an output root (done, left, failed, truncated, rate, ETA, per-run history), computed from the
+ledger so it cannot disagree with the data, as a separate progress file and done-index file can.
 
 `python -m tracegen status OUTPUT_URI` prints it; `dataset_status()` returns it as a dict.
 """
@@ -13,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
+from tracegen.audit.report import figures_from_ledger, figures_text
 from tracegen.audit.stats import pivot_summary, pivot_text
 from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
@@ -61,6 +63,8 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
             "invalid": int((status == INVALID).sum()),
             "truncated": truncated,
             "truncated_rate": truncated / len(ok) if len(ok) else None,
+            # The two truncation figures under the names every page uses (`audit.report`): {name: [count, of]}.
+            "truncation_figures": {k: list(v) for k, v in figures_from_ledger(usable, cap).items()},
             "finish_reasons": {str(k): int(v) for k, v in finish.items()},
             "completion_tokens": int(ok["completion_tokens"].sum()) if len(ok) else 0,
             "prompt_tokens": int(ok["prompt_tokens"].sum()) if len(ok) else 0,
@@ -210,7 +214,7 @@ def format_status(s: dict[str, Any]) -> str:
         f"rows:        {s['completed']:,} completed, {s['failed']:,} failed, {s['rejected']:,} rejected, "
         f"{s['invalid']:,} invalid",
         "finish:      " + ", ".join(f"{k} {v:,}" for k, v in sorted(s["finish_reasons"].items())),
-        "truncated:   " + (f"{s['truncated']:,} ({100 * s['truncated_rate']:.1f}% of completed)"
+        "truncated:   " + (figures_text({k: tuple(v) for k, v in s["truncation_figures"].items()})
                            if s["truncated_rate"] is not None else "-"),
         f"tokens:      {s['completion_tokens']:,} completion, {s['prompt_tokens']:,} prompt",
         "pivot:       " + (pivot_text(s["pivot"]) or "none (no row replaced one truncated under a lower cap)"),

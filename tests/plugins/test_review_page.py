@@ -700,7 +700,7 @@ def test_browser_a_finished_report_says_what_to_do_next_and_what_each_count_coun
     assert "this is the final audit of a finished run" in text
     report = json.loads((server.output / "runs" / _stored_id(PASS_RUN) / "report.json").read_text())
     tr = report["audit"]["truncation"]
-    assert (f"truncated, of all completed rows (each index's current row, any cap)\t{tr['truncated']:,} of "
+    assert (f"still truncated, of all completed rows (each index's current row, any cap)\t{tr['truncated']:,} of "
             f"{tr['ok_rows']:,}") in text
     assert "truncated, of the rows generated at max_tokens=8,192 (this cap only)" in text
     # The cost columns: every option's ETA, GPU time and tokens left differ at this (small) scale.
@@ -734,8 +734,11 @@ def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, b
     expected = run_progress(ledger, read_run_record(ledger, stored))
     text = browser.text()
     assert f"{expected['done']:,} of 400 dataset rows" in text and "rows/s" in text and "idle" not in text
-    assert (f"{expected['truncated']:,} of the {expected['completed_by_run']:,} rows this run completed" in text
-            and "95% interval" in text and "completion tokens/s" in text)
+    from tracegen.audit.report import AT_CAP, STILL, figure, figures_from_ledger
+
+    figures = figures_from_ledger(ledger.frame(), 8192)
+    assert f"{AT_CAP}\t{figure(*figures[AT_CAP])}; 95% interval" in text, text
+    assert f"{STILL}\t{figure(*figures[STILL])}" in text and "completion tokens/s" in text
     assert browser.eval("document.querySelector('meta[http-equiv=refresh]').content") == "5"
     # The mid-run pivot is one trigger away, naming the run as Airflow knows it.
     assert (f"trigger tracegen_raise_cap with run_id {LIVE_RUN}" in text and "above 8,192" in text), text
@@ -750,6 +753,101 @@ def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, b
     now = run_progress(ledger, read_run_record(ledger, stored))["done"]
     browser.wait_for(f"document.body.innerText.includes('{now:,} of 400 dataset rows')", 30)
     browser.screenshot(SCREENSHOT_DIR / "review-progress.png")
+
+
+LINKED_RUN = "manual__2026-01-02T18:00:00.000000+00:00"  # triggered into the output root through a symlink
+QUEUED_ONLY_RUN = "manual__2026-01-02T19:00:00.000000+00:00"  # known to Airflow, nothing written
+
+
+def test_the_run_list_is_newest_first_lists_every_state_and_each_root_once(server: Server, browser: Browser) -> None:
+    """Issue #31 finding 6: a root named through a symlink is the same root (listed once, its runs once);
+    a run Airflow knows that wrote nothing yet is listed with its state; one list, newest first."""
+    link = server.tmp / "output-link"
+    if not link.exists():
+        link.symlink_to(server.output, target_is_directory=True)
+    _ensure_run(server, LINKED_RUN, {"output_uri": str(link)})
+    _ensure_run(server, QUEUED_ONLY_RUN, {"output_uri": str(server.tmp / "not-yet")})
+    listing = _get(server.url + "/tracegen/runs.json", headers=server.auth).json()
+    uris = [r["uri"] for r in listing["roots"]]
+    assert str(server.output) in uris and str(link) not in uris, uris
+    _login(browser, server)
+    browser.goto(f"{server.url}/tracegen/")
+    rows = browser.eval("[...document.querySelectorAll('tr')].slice(1).map(r => r.innerText.split('\\t'))")
+    ids = [r[0] for r in rows]
+    assert len(ids) == len(set(ids)), ids  # each run once
+    assert ids.count(_stored_id(STOP_RUN)) == 1
+    queued = next(r for r in rows if r[0] == _stored_id(QUEUED_ONLY_RUN))
+    assert queued[3] == "queued" and "no report yet" in queued[-1], queued
+    created = [r[1] for r in rows if r[1] != "–"]
+    assert created == sorted(created, reverse=True), created  # newest first, across roots
+    browser.screenshot(SCREENSHOT_DIR / "journey-1-run-list.png")
+
+
+FIGURES_RUN = "manual__2026-01-02T17:00:00.000000+00:00"  # asking, alone in its root
+
+
+def test_each_truncation_figure_reads_the_same_in_the_report_progress_list_question_and_status(
+    server: Server, browser: Browser
+) -> None:
+    """Issue #31 finding 2: one run, its two truncation figures, each under its one name and with the same
+    number in the report, the progress page, the run list, the gate's question and `status`."""
+    from tracegen.audit.report import AT_CAP, STILL, figure, figures_from_report
+    from tracegen.audit.review import PILOT, question_from_report
+    from tracegen.review_gate import CapReviewOperator
+    from tracegen.status import dataset_status, format_status
+
+    root = server.tmp / "figures-root"
+    # Rows that finished under a lower cap and rows cut under one: the two figures differ in count and base.
+    ledger, stored = make_run(root, FIGURES_RUN, 4096, range(200), 4, (), 6)
+    ledger.commit(_rows(stored, 2048, range(200, 260), 3), stored, 99999, "lower")
+    from tracegen.config import RunConfig
+    from tracegen.plan import ChunkLayout
+    from tracegen.run.report import audit_and_report
+    from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
+
+    spec = RunSpec(stored, 1_767_348_000.0 + 5400 * 6, RunConfig(max_tokens=4096, dataset_uri="/data/prompts.jsonl",
+                   output_uri=str(root), pilot_size=260), FleetRef("test-fleet", "0" * 64, "m", 1, None),
+                   DatasetIdentity("/data/prompts.jsonl", "test-fingerprint", 400), ChunkLayout(100))
+    audit_and_report(spec, name="pilot-report", indices=list(range(260)), tokens_per_s_per_gpu=900.0)
+    ledger.put_run_file(stored, "question.json", b"{}")
+    _ensure_run(server, FIGURES_RUN, {"output_uri": str(root), "max_tokens": 4096})
+    report = json.loads((root / "runs" / stored / "pilot-report.json").read_text())
+    figures = figures_from_report(report)
+    assert figures[AT_CAP] != figures[STILL] and figures[AT_CAP][0] > 0 and figures[STILL][0] > 0, figures
+    named = {n: f"{n}: {figure(*figures[n])}" for n in (AT_CAP, STILL)}
+
+    # The report, as the reviewer reads it.
+    _login(browser, server)
+    key = _key(str(root))
+    browser.goto(f"{server.url}/tracegen/roots/{key}/runs/{stored}/raw/pilot-report.html")
+    text = browser.text()
+    assert named[AT_CAP] in text and named[STILL] in text, text[:1500]
+    # The progress page: its JSON and its rows.
+    progress = _get(f"{server.url}/tracegen/roots/{key}/runs/{stored}/progress.json", headers=server.auth).json()
+    assert {n: tuple(v) for n, v in progress["truncation_figures"].items()} == figures
+    browser.goto(f"{server.url}/tracegen/roots/{key}/runs/{stored}/progress")
+    text = browser.text()
+    assert f"{AT_CAP}\t{figure(*figures[AT_CAP])}" in text and f"{STILL}\t{figure(*figures[STILL])}" in text, text
+    # The run list: runs.json and its row, under columns of the same names.
+    listing = _get(server.url + "/tracegen/runs.json", headers=server.auth).json()
+    line = next(r for root_ in listing["roots"] for r in root_["runs"] if r["run_id"] == stored)
+    assert {n: tuple(v) for n, v in line["truncation_figures"].items()} == figures
+    browser.goto(f"{server.url}/tracegen/")
+    headers = browser.eval("[...document.querySelectorAll('th')].map(h => h.innerText)")
+    row = browser.eval(f"[...document.querySelectorAll('tr')].find(r => r.innerText.includes('{stored}'))"
+                       ".innerText.split('\\t')")
+    assert row[headers.index(AT_CAP)] == figure(*figures[AT_CAP]), (headers, row)
+    assert row[headers.index(STILL)] == figure(*figures[STILL]), (headers, row)
+    # The gate's question, as the review task poses it.
+    question = question_from_report(report, run_id=stored, trigger=PILOT, max_cap=40_959, context_length=40_960,
+                                    truncated_policy="extend", report_uri="file://x", report_url=None,
+                                    timeout_minutes=60)
+    task = CapReviewOperator(task_id="review_cap", question=question.to_json())
+    task._pose()
+    assert f"{AT_CAP}: **{figure(*figures[AT_CAP])}**" in task.body
+    # `python -m tracegen status`.
+    status = format_status(dataset_status(str(root)))
+    assert f"truncated:   {named[AT_CAP]} · {named[STILL]}" in status, status
 
 
 def test_task_logs_the_demo_writes_are_where_airflow_reads_them(server: Server) -> None:

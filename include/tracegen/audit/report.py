@@ -73,6 +73,49 @@ def _pct(x: float | None, digits: int = 1) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}%"
 
 
+# The two truncation figures a reviewer reads, each under one name wherever it is shown: this report, the
+# review pages (progress, run list), the gate's question and `python -m tracegen status`.
+AT_CAP = "truncated at the cap"
+AT_CAP_MEANS = ("of the rows judged at the run's cap, those it cuts: rows since continued past the cap count, "
+                "rows cut under a lower cap do not (the gate's figure)")
+STILL = "still truncated"
+STILL_MEANS = "of all completed rows (each index's current row), those that end cut by a cap: the export leaves them out"
+
+
+def figure(count: int, of: int) -> str:
+    """One figure as every place writes it: '56 of 3,000 (1.9%)'."""
+    return f"{count:,} of {of:,} ({_pct(count / of if of else None)})"
+
+
+def figures_from_report(report: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """{name: (count, of)} of a report.json: the gate's counts and the audit's current truncated rows."""
+    out = {}
+    v, t = report.get("verdict") or {}, ((report.get("audit") or {}).get("truncation") or {})
+    if isinstance(v.get("truncated"), int) and isinstance(v.get("total"), int):
+        out[AT_CAP] = (v["truncated"], v["total"])
+    if isinstance(t.get("truncated"), int) and isinstance(t.get("ok_rows"), int):
+        out[STILL] = (t["truncated"], t["ok_rows"])
+    return out
+
+
+def figures_from_ledger(frame: Any, max_tokens: int) -> dict[str, tuple[int, int]]:
+    """The same figures counted from a ledger frame at a cap, as the report's audit counts them."""
+    from tracegen.audit.stats import gate_counts
+    from tracegen.store.current import current_mask
+    from tracegen.store.records import OK
+
+    if not len(frame):
+        return {AT_CAP: (0, 0), STILL: (0, 0)}
+    ok = current_mask(frame) & (frame["status"] == OK).to_numpy()
+    cut = ok & (frame["finish_reason"] == "length").to_numpy()
+    return {AT_CAP: gate_counts(frame, max_tokens), STILL: (int(cut.sum()), int(ok.sum()))}
+
+
+def figures_text(figures: Mapping[str, tuple[int, int]], sep: str = " · ") -> str:
+    """'truncated at the cap: 56 of 3,000 (1.9%) · still truncated: 48 of 2,950 (1.6%)'."""
+    return sep.join(f"{name}: {figure(*figures[name])}" for name in (AT_CAP, STILL) if name in figures)
+
+
 def _hours(x: Any) -> str:
     """Hours with the precision a person needs: minutes for short runs, whole hours for week-long ones."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -285,7 +328,8 @@ body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 
 padding:16px 24px;color:#1d2430;background:#fff}
 h1{font-size:22px;margin:8px 0}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde;padding-bottom:4px}
 table{border-collapse:collapse;margin:6px 0 12px;font-variant-numeric:tabular-nums}
-th,td{border:1px solid #dde;padding:3px 8px;text-align:right;vertical-align:top}
+th,td{border:1px solid #dde;padding:3px 8px;text-align:right;vertical-align:top}td{white-space:nowrap}
+td.l{white-space:normal}.figures{margin:6px 0}.figures span{border-bottom:1px dotted #889;cursor:help}
 th{background:#f3f5f9}td.l,th.l{text-align:left}
 .verdict{border-radius:8px;padding:12px 16px;margin:10px 0;border:2px solid}
 .pass{background:#eaf7ee;border-color:#2e8b57}.stop{background:#fdecec;border-color:#c0392b}
@@ -402,15 +446,44 @@ def _svg_cap_curve(cap_table: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _verdict_html(v: dict[str, Any] | None, final: bool = False) -> str:
+def _verdict_html(v: dict[str, Any] | None, final: bool = False, asks: bool = False) -> str:
     if v is None:
         return '<div class="verdict none"><b class="v">no gate</b> this report has no truncation gate.</div>'
     cls = v["verdict"] if v["verdict"] in ("pass", "stop", "warn", "damaged") else "none"
     # The gate's action ("proceed with generation", "trigger again with ...") is advice for a run still to
-    # generate; a finished run's next steps follow in their own box (`_final_next_steps`). Damaged parts are
-    # the exception: what to do about them comes first, finished or not.
-    action = "" if final and cls != "damaged" else f'<div><b>What to do:</b> {_e(v["action"])}</div>'
+    # generate; a finished run's next steps follow in their own box (`_final_next_steps`), and a run that
+    # asks its reviewer goes on at the cap they answer. Damaged parts are the exception: what to do about
+    # them comes first, finished or not.
+    todo = v["action"]
+    if asks and cls == "stop":
+        todo = ("answer the run's question in Airflow's Required Actions: continue at the recommended cap or at "
+                "another one (the same run goes on; finished rows are kept), accept this truncation, or stop")
+    action = "" if final and cls != "damaged" else f'<div><b>What to do:</b> {_e(todo)}</div>'
     return f'<div class="verdict {cls}"><b class="v">{_e(v["verdict"])}</b>{_e(v["reason"])}{action}</div>'
+
+
+def _figures_html(report: dict[str, Any]) -> str:
+    """The two truncation figures under their names, each name explained on hover and below."""
+    figures = figures_from_report(report)
+    if not figures:
+        return ""
+    means = {AT_CAP: AT_CAP_MEANS, STILL: STILL_MEANS}
+    cells = [f'<span title="{_e(means[n])}">{_e(n)}</span>: <b>{_e(figure(*figures[n]))}</b>'
+             for n in (AT_CAP, STILL) if n in figures]
+    return (f'<p class="figures">{" · ".join(cells)}</p><p class="muted">{_e(AT_CAP)}: {_e(AT_CAP_MEANS)}. '
+            f"{_e(STILL)}: {_e(STILL_MEANS)}.</p>")
+
+
+def _run_value(key: str, value: Any, decisions: list[dict[str, Any]]) -> str:
+    """A run table cell: the config as JSON (as the trigger form's conf reads), said to be the decided one."""
+    if key != "config" or not isinstance(value, Mapping):
+        return _e(value)
+    import json
+
+    note = ("" if not decisions else '<div class="muted">as decided: after a decision (the reviewer\'s answer or a '
+            "raise), max_tokens is the chosen cap and gate_mode is stop (a new cap) or warn (the truncation "
+            "accepted), whatever the run was triggered with.</div>")
+    return f"<pre>{_e(json.dumps(value, indent=1, sort_keys=True, default=str))}</pre>{note}"
 
 
 def _finished(report: dict[str, Any]) -> bool:
@@ -434,8 +507,7 @@ def _final_next_steps(report: dict[str, Any]) -> str:
     root = config.get("output_uri") or "OUTPUT_URI"
     steps = [f"export the dataset: <code>python -m tracegen export {_e(root)} EXPORT_DIR</code>"]
     if tr["truncated"]:
-        steps.append(f"{_num(tr['truncated'])} rows ({_pct(tr['rate'])} of the {_num(tr.get('ok_rows'))} "
-                     "completed rows) are still truncated: the export leaves them out unless "
+        steps.append(f"{STILL}: {figure(tr['truncated'], tr.get('ok_rows') or 0)} rows; the export leaves them out unless "
                      "<code>--include-truncated</code>; to finish them, trigger again at a higher cap (they are "
                      "continued from their tokens)")
     if cs["failed"]:
@@ -525,7 +597,9 @@ def _html(report: dict[str, Any]) -> str:
            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
            f"<h1>{_e(title)}</h1>",
            f'<p class="muted">max_tokens={a["max_tokens"]:,} · generated {_e(report["generated_at"])}</p>',
-           _verdict_html(report["verdict"], final=_finished(report))]
+           _verdict_html(report["verdict"], final=_finished(report),
+                         asks=(run.get("config") or {}).get("gate_mode") == "ask" and not report["decisions"]),
+           _figures_html(report)]
     if _finished(report):
         out.append(_final_next_steps(report))
     out.extend(_decision_html(d) for d in report["decisions"])
@@ -550,7 +624,7 @@ def _html(report: dict[str, Any]) -> str:
     out.append("<h2>Finish reasons</h2>")
     out.append(_svg_bars(sorted(a["finish_reasons"].items(), key=lambda kv: -kv[1])))
     out.append(_table(["", "rows"], [
-        ["truncated, of all completed rows (each index's current row, any cap)",
+        [f"{STILL}, of all completed rows (each index's current row, any cap)",
          f"{_num(tr['truncated'])} of {_num(tr.get('ok_rows'))} ({_pct(tr['rate'])})"],
         [f"truncated, of the rows generated at max_tokens={a['max_tokens']:,} (this cap only)",
          f"{_num(tr['at_cap_truncated'])} of "
@@ -636,6 +710,7 @@ def _html(report: dict[str, Any]) -> str:
             out.append(body + "</div>")
 
     if run:
-        out.append("<h2>Run</h2>" + _table(["key", "value"], [[_e(k), _e(v)] for k, v in run.items()], left=2))
+        out.append("<h2>Run</h2>" + _table(["key", "value"], [[_e(k), _run_value(k, v, report["decisions"])]
+                                                              for k, v in run.items()], left=2))
     out.append("</body></html>")
     return "\n".join(out)

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse
 
+from tracegen.audit.report import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure, figures_from_ledger
 from tracegen.review.access import RAISE_CAP_DAG, require_dag_read
 from tracegen.review.page import duration, e, html_response, nav_for, page
 from tracegen.review.read_model import RunView, read_run
@@ -35,6 +36,7 @@ def progress_of(request: Request, site: Site, root: str, run_id: str) -> tuple[d
         record = read_run_record(ledger, run_id)
         view = read_run(ledger, run_id)
         progress = run_progress(ledger, record)
+        figures = figures_from_ledger(ledger.frame(), record.config.max_tokens)
     except StorageKeyError:
         raise HTTPException(404, f"run {run_id!r} has no run record in {uri}: no progress to show") from None
     except (StorageError, RunSpecError) as exc:
@@ -46,6 +48,7 @@ def progress_of(request: Request, site: Site, root: str, run_id: str) -> tuple[d
     if not live and progress["left"]:
         progress["eta_s"] = None  # a run that is not generating has no time of arrival
     return (progress | {"state": stage or state, "live": live, "airflow_run_id": af.run_id if af else None,
+                        "truncation_figures": {k: list(v) for k, v in figures.items()},
                         "raise_allowed": live and not cap_decided(view)}, view)
 
 
@@ -57,11 +60,17 @@ def _eta(p: dict[str, Any]) -> str:
     return duration(p["eta_s"]) + (" at the current rate" if p["eta_s"] else "")
 
 
+def _slug(name: str) -> str:
+    return name.replace("/", "-").replace(" ", "-")
+
+
 def render_progress(request: Request, key: str, view: RunView, p: dict[str, Any]) -> str:
+    from tracegen.audit.gate import wilson_interval
+
     pct = 100 * p["done"] / p["total"] if p["total"] else 100.0
-    rate = "–" if p["truncation_rate"] is None else f"{100 * p['truncation_rate']:.1f}%"
-    interval = ("–" if p["truncation_low"] is None
-                else f"{100 * p['truncation_low']:.1f}%–{100 * p['truncation_high']:.1f}%")
+    figures = p["truncation_figures"]
+    low, high = wilson_interval(*figures[AT_CAP]) if figures[AT_CAP][1] else (None, None)
+    interval = "–" if low is None else f"{100 * low:.1f}%–{100 * high:.1f}%"
     window = f"over the last {p['window_s'] / 60:.0f} min"
     rows = [
         ("done", f"{p['done']:,} of {p['total']:,} dataset rows ({pct:.1f}%) at max_tokens={p['max_tokens']:,}; "
@@ -69,11 +78,12 @@ def render_progress(request: Request, key: str, view: RunView, p: dict[str, Any]
         ("rows/s", "idle: nothing committed " + window if p["rows_per_s"] is None
          else f"{p['rows_per_s']:,.2f} {window}"),
         ("tokens/s", "–" if p["tokens_per_s"] is None else f"{p['tokens_per_s']:,.0f} completion tokens/s {window}"),
-        ("truncated so far", f"{rate} ({p['truncated']:,} of the {p['completed_by_run']:,} rows this run completed "
-                             f"at its cap); 95% interval {interval}; threshold {100 * p['threshold']:.1f}%"),
+        (AT_CAP, f"{figure(*figures[AT_CAP])}; 95% interval {interval}; threshold {100 * p['threshold']:.1f}% "
+                 f"({AT_CAP_MEANS})"),
+        (STILL, f"{figure(*figures[STILL])} ({STILL_MEANS})"),
         ("ETA", _eta(p)),
     ]
-    table = "".join(f'<tr><th class="l">{e(k)}</th><td class="l wrap" id="progress-{e(k.split()[0].replace("/", "-"))}">'
+    table = "".join(f'<tr><th class="l">{e(k)}</th><td class="l wrap" id="progress-{e(_slug(k))}">'
                     f"{e(v)}</td></tr>" for k, v in rows)
     if p["raise_allowed"] and p.get("airflow_run_id"):
         # The mid-run pivot: the same run goes on at a higher cap, nothing is stopped (tracegen.run.cap_raise).

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
+from tracegen.audit.report import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure
 from tracegen.review.access import GENERATE_DAG, AirflowRun, airflow_run_path, require_dag_read
 from tracegen.review.page import badge, e, file_url, html_response, page, progress_url
 from tracegen.review.roots import RootListing, Site, list_root
@@ -68,14 +69,16 @@ def _row(request: Request, listing: RootListing | None, r: RunSummary | None, af
                "no report yet: the run has written nothing (its task logs in Airflow say why)")
         return (f'<tr><td class="l id">{run_cell}</td><td class="l">{e(_when(None, af) or "–")}</td><td>–</td>'
                 f'<td class="l">{_stage_cell(None, af)}</td><td class="l">–</td><td class="l">–</td><td>–</td>'
-                f'<td>–</td><td>–</td><td class="l wrap">{e(why)}</td></tr>')
-    rate = "–" if r.truncation_rate is None else f"{100 * r.truncation_rate:.1f}%"
+                f'<td>–</td><td>–</td><td>–</td><td class="l wrap">{e(why)}</td></tr>')
+    figures = r.truncation_figures or {}
+    at_cap, still = (e(figure(*figures[n])) if n in figures else "–" for n in (AT_CAP, STILL))
     rec = "–" if r.recommended_cap is None else f"{r.recommended_cap:,}"
     return (f'<tr><td class="l id">{run_cell}</td><td class="l">{e(r.created or "–")}</td>'
             f"<td>{e(f'{r.max_tokens:,}' if r.max_tokens is not None else '–')}</td>"
             f'<td class="l">{_stage_cell(r, af)}</td>'
             f'<td class="l">{badge(r.pilot_verdict)}</td><td class="l">{badge(r.verdict)}</td>'
-            f"<td>{e(f'{r.rows:,}' if r.rows is not None else '–')}</td><td>{rate}</td><td>{rec}</td>"
+            f"<td>{e(f'{r.rows:,}' if r.rows is not None else '–')}</td><td>{at_cap}</td><td>{still}</td>"
+            f"<td>{rec}</td>"
             f'<td class="l wrap">{_reports_cell(request, listing.key, r)}</td></tr>')
 
 
@@ -108,7 +111,8 @@ def render_index(request: Request, listings: list[RootListing], problems: list[s
     lines.sort(key=lambda line: line[0], reverse=True)
     out.append('<table><tr><th class="l">run id</th><th class="l">created</th><th>cap</th>'
                '<th class="l">state</th><th class="l">pilot gate</th><th class="l">verdict</th><th>rows</th>'
-               '<th>truncated</th><th>recommended cap</th><th class="l">reports</th></tr>')
+               f'<th title="{e(AT_CAP_MEANS)}">{e(AT_CAP)}</th><th title="{e(STILL_MEANS)}">{e(STILL)}</th>'
+               '<th>recommended cap</th><th class="l">reports</th></tr>')
     out.extend(line for _, line in lines)
     out.append("</table>")
     return page("tracegen reports", "".join(out))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tracegen.audit.report import figures_from_report
 from tracegen.review.read_model import PILOT_HTML, RunView, read_run
 
 
@@ -25,6 +26,8 @@ class RunSummary:
     deciding_report: str | None = None  # the report whose verdict stopped the run or asked the question
     recommended_cap: int | None = None
     has_record: bool = False  # run.json is there: the run has progress to show
+    # The shown report's truncation figures under their names (`audit.report.AT_CAP`, `STILL`): (count, of).
+    truncation_figures: dict[str, tuple[int, int]] | None = None
 
     @property
     def verdict(self) -> str | None:
@@ -58,6 +61,7 @@ def summarise(view: RunView) -> RunSummary:
         deciding_report=deciding,
         recommended_cap=rec if isinstance(rec, int) else None,
         has_record=view.has_record,
+        truncation_figures=figures_from_report(shown) or None,
     )
 
 
