@@ -62,7 +62,15 @@ from tracegen.run.records import latest_run
 from tracegen.store.current import current_mask
 from tracegen.store.layout import MEASURE_CHUNK
 from tracegen.store.ledger import Ledger, PartDamageError
-from tracegen.store.records import COMPLETE, EXTENDED, OK, REGENERATED, RESAMPLED, GeneratedRow
+from tracegen.store.records import (
+    COMPLETE,
+    EXTENDED,
+    FALLBACK_REGENERATED,
+    OK,
+    REGENERATED,
+    RESAMPLED,
+    GeneratedRow,
+)
 from tracegen.store.storage import LocalStorage, Storage, open_storage
 
 __all__ = ["FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
@@ -150,6 +158,7 @@ class _Figures:
         self.without_system = 0
         self.with_history = 0
         self.max_turns = 0
+        self.provenance = dict.fromkeys(("first_generation", "extended", "measured", "regenerated", "resampled"), 0)
 
     def add(self, shaped: list[tuple[Any, GeneratedRow, L.Shaped]]) -> None:
         self.rows += len(shaped)
@@ -157,6 +166,8 @@ class _Figures:
             fr = str(row.finish_reason)
             self.finish_reasons[fr] = self.finish_reasons.get(fr, 0) + 1
             self.extended += row.pivot == EXTENDED
+            how = _how(row)
+            self.provenance[how] = self.provenance.get(how, 0) + 1
             if s.last_id is not None:
                 ids = self.last_ids.setdefault(fr, {})
                 ids[str(s.last_id)] = ids.get(str(s.last_id), 0) + 1
@@ -175,6 +186,17 @@ class _Figures:
             "prompts": {"rows_without_system_prompt": self.without_system,
                         "rows_with_assistant_history": self.with_history, "max_turns": self.max_turns},
         }
+
+
+def _how(row: GeneratedRow) -> str:
+    pivot = row.pivot
+    if pivot is None:
+        return "first_generation"
+    if pivot == EXTENDED:
+        return "measured" if row.chunk == MEASURE_CHUNK else "extended"
+    if pivot == RESAMPLED:
+        return "resampled"
+    return "regenerated" if pivot in (REGENERATED, FALLBACK_REGENERATED) else str(pivot)
 
 
 def _end_of_turn(last_ids: dict[str, dict[str, int]]) -> dict[str, Any]:
@@ -306,8 +328,6 @@ def _manifest(ledger: Ledger, record: Any, index: Any, frame: pd.DataFrame, best
               left_out_truncated: int, left_out_runaway: int) -> dict[str, Any]:
     exported = best["index"].to_numpy(np.int64)
     cur = frame[frame["index"].isin(exported)] if len(frame) else frame
-    pivot = best["pivot"].astype(object).to_numpy()
-    measured = (best["chunk"].to_numpy(np.int64) == MEASURE_CHUNK) & (pivot == EXTENDED)
     fig = figures.to_json()
     doc: dict[str, Any] = {
         "schema": 2,
@@ -322,14 +342,8 @@ def _manifest(ledger: Ledger, record: Any, index: Any, frame: pd.DataFrame, best
         "dataset_rows": index.n_rows,
         "finish_reasons": figures.finish_reasons,
         "extended_rows": figures.extended,
-        # How the rows written came to be (ledger provenance of each current row).
-        "provenance_counts": {
-            "first_generation": int(pd.isna(pivot).sum() if len(pivot) else 0),
-            "extended": int(((pivot == EXTENDED) & ~measured).sum()),
-            "measured": int(measured.sum()),
-            "regenerated": int(np.isin(pivot, [REGENERATED, "fallback-regenerated"]).sum()),
-            "resampled": int((pivot == RESAMPLED).sum()),
-        },
+        # How the rows written came to be: a first generation, or which kind of replacement.
+        "provenance_counts": figures.provenance,
         "with_token_ids": with_token_ids or layout == L.TOKENS,
         "left_out": {
             "truncated": left_out_truncated,

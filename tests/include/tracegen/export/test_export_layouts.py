@@ -1,0 +1,133 @@
+"""The trainer layouts on a small root worked out by hand (issue #30), the bounded ledger read against the
+whole frame, and a trainer layout's file streamed to S3.
+
+The root: 6 prompts; run A (4096) committed 0-3 `stop` with token ids, 4 `length`, 5 `stop` without ids
+(a server that did not return them); run B (8192, extend) continued 4 from its ids to `stop`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from engine_support.helpers import make_config, open_ledger, prepare, prompt, write_dataset
+
+from tracegen.export import ExportError, export_dataset
+from tracegen.export.layouts import mask_json
+from tracegen.export.selection import ledger_rows
+from tracegen.store.current import current_mask, current_rows
+from tracegen.store.records import OK, GeneratedRow, pack_token_ids
+
+EOT = 151645
+
+
+def _row(i: int, run: str, cap: int, n: int, finish: str = "stop", ids: bool = True, **kw) -> GeneratedRow:
+    row = GeneratedRow(index=i, status=OK, max_tokens=cap, run_id=run, chunk=0, finish_reason=finish,
+                       content=f"answer {i}", reasoning_content=f"thinking {i}", prompt_tokens=4 + i,
+                       completion_tokens=n, reasoning_tokens=n // 2, attempt=1, **kw)
+    if ids:
+        row.prompt_token_ids = pack_token_ids(range(10, 14 + i))
+        row.response_token_ids = pack_token_ids([*range(1000, 1000 + n - 1), EOT if finish == "stop" else 7])
+    return row
+
+
+@pytest.fixture
+def root(tmp_path):
+    dataset = write_dataset(tmp_path / "prompts.jsonl", 6)
+    out = tmp_path / "out"
+    a = make_config(dataset, out, max_tokens=4096)
+    prepare(a, "run-a")
+    ledger = open_ledger(a)
+    rows = [_row(i, "run-a", 4096, 5 + i) for i in range(4)]
+    rows += [_row(4, "run-a", 4096, 4096, finish="length"), _row(5, "run-a", 4096, 9, ids=False)]
+    ledger.commit(rows, "run-a", 0, "seg-a")
+    prepare(make_config(dataset, out, max_tokens=8192), "run-b")
+    whole = _row(4, "run-b", 8192, 5000, provenance={"action": "extended", "tokens_before": 4096})
+    ledger.commit([whole], "run-b", 0, "seg-b")
+    return out, ledger
+
+
+def test_tokens_rows_are_prompt_then_response_ids_with_the_mask_at_the_boundary(root, tmp_path):
+    out, _ = root
+    dest = tmp_path / "tokens"
+    result = export_dataset(str(out), str(dest), layout="tokens")
+    manifest = json.loads((dest / "manifest.json").read_text())
+    rows = [json.loads(line) for line in (dest / manifest["data_file"]).read_text().splitlines()]
+    assert result.rows == manifest["rows"] == 5 and manifest["left_out"]["no_token_ids"] == 1
+    assert [r["id"] for r in rows] == ["p0", "p1", "p2", "p3", "p4"]
+    for i, r in enumerate(rows):
+        n = 5000 if i == 4 else 5 + i
+        assert r["input_ids"] == [*range(10, 14 + i), *range(1000, 1000 + n - 1), EOT]
+        assert r["loss_mask"] == [0] * (4 + i) + [1] * n
+    assert manifest["provenance_counts"] == {"first_generation": 4, "extended": 1, "measured": 0,
+                                             "regenerated": 0, "resampled": 0}
+    assert manifest["end_of_turn"]["token_id"] == EOT and manifest["end_of_turn"]["all_finished_rows_end_with_it"]
+    assert manifest["lengths"]["total"]["max"] == 8 + 5000 == manifest["trainers"]["specforge"]["data.max_length"]
+    assert manifest["lengths"]["prompt"]["max"] == 8 and manifest["lengths"]["response"]["min"] == 5
+    assert manifest["provenance"]["servers"] is None and "servers.json" in manifest["provenance"]["servers_note"]
+    assert manifest["provenance"]["runs"] == ["run-a", "run-b"]
+
+
+def test_conversations_rows_carry_the_generated_turn_and_nothing_else(root, tmp_path):
+    out, _ = root
+    dest = tmp_path / "conv"
+    export_dataset(str(out), str(dest), layout="conversations")
+    manifest = json.loads((dest / "manifest.json").read_text())
+    rows = [json.loads(line) for line in (dest / manifest["data_file"]).read_text().splitlines()]
+    assert len(rows) == 6 and all(set(r) == {"id", "conversations", "tools"} for r in rows)
+    assert rows[4]["conversations"] == [*prompt(4)["messages"], {
+        "role": "assistant", "content": "answer 4", "reasoning_content": "thinking 4"}]
+    assert manifest["prompts"] == {"rows_without_system_prompt": 0, "rows_with_assistant_history": 0,
+                                   "max_turns": 3}
+    assert manifest["trainers"]["specforge"]["data.train_only_last_turn"] is True
+
+
+def test_a_trainer_layout_is_plain_jsonl_and_replaces_the_previous_export_whole(root, tmp_path):
+    out, _ = root
+    dest = tmp_path / "dest"
+    with pytest.raises(ExportError, match="trainers read plain JSONL"):
+        export_dataset(str(out), str(dest), layout="tokens", fmt="parquet")
+    first = export_dataset(str(out), str(dest), layout="tokens")
+    second = export_dataset(str(out), str(dest), layout="conversations", overwrite=True)
+    assert sorted(p.name for p in dest.iterdir()) == ["data-" + second.export_id, "manifest.json"]
+    assert first.export_id != second.export_id
+    export_dataset(str(out), str(dest), overwrite=True)  # back to the messages shards: the folder goes too
+    assert not [p for p in dest.iterdir() if p.name.startswith("data-")]
+
+
+def test_the_bounded_read_chooses_the_rows_the_whole_frame_chooses(root):
+    _, ledger = root
+    ledger.compact()  # a snapshot, and one entry on top of it
+    ledger.commit([_row(2, "run-b", 8192, 11)], "run-b", 0, "seg-b2")
+    small, whole = ledger_rows(ledger), ledger.frame()
+    assert len(small) == len(whole) == 8
+    got = small.loc[current_mask(small)].sort_values("index")
+    want = current_rows(whole).sort_values("index")
+    for column in ("index", "max_tokens", "completion_tokens", "prompt_tokens"):
+        assert np.array_equal(got[column].to_numpy(np.int64), want[column].to_numpy(np.int64)), column
+    for column in ("status", "finish_reason", "run_id", "part", "pivot"):
+        assert got[column].astype(object).tolist() == want[column].astype(object).tolist(), column
+
+
+def test_mask_json_is_the_json_of_the_mask():
+    for zeros, ones in [(0, 1), (3, 2), (2, 0), (0, 0), (1000, 7)]:
+        assert json.loads(mask_json(zeros, ones)) == [0] * zeros + [1] * ones
+
+
+def test_a_trainer_layout_streams_to_s3(root, s3, s3_uri):
+    out, _ = root
+    dest = s3_uri + "trainer-export/"
+    result = export_dataset(str(out), dest, layout="tokens")
+    import hashlib
+
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.direct_endpoint, region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    bucket, prefix = dest.removeprefix("s3://").split("/", 1)
+    manifest = json.loads(client.get_object(Bucket=bucket, Key=prefix + "manifest.json")["Body"].read())
+    body = client.get_object(Bucket=bucket, Key=prefix + manifest["data_file"])["Body"].read()
+
+    assert hashlib.sha256(body).hexdigest() == manifest["shards"][0]["sha256"] and len(body.splitlines()) == 5
+    assert result.data_uri == dest + manifest["data_file"]
