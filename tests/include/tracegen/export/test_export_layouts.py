@@ -131,3 +131,15 @@ def test_a_trainer_layout_streams_to_s3(root, s3, s3_uri):
 
     assert hashlib.sha256(body).hexdigest() == manifest["shards"][0]["sha256"] and len(body.splitlines()) == 5
     assert result.data_uri == dest + manifest["data_file"]
+
+
+def test_the_cli_exports_a_layout_and_names_its_file(root, tmp_path, capsys):
+    from tracegen.cli import main
+
+    out, _ = root
+    assert main(["export", str(out), str(tmp_path / "cli"), "--layout", "tokens"]) == 0
+    printed = capsys.readouterr().out
+    manifest = json.loads((tmp_path / "cli" / "manifest.json").read_text())
+    assert f"exported 5 rows (tokens) to {(tmp_path / 'cli' / manifest['data_file']).as_uri()}" in printed
+    assert main(["export", str(out), str(tmp_path / "cli2"), "--layout", "tokens", "--format", "parquet"]) == 2
+    assert "trainers read plain JSONL" in capsys.readouterr().err
