@@ -49,8 +49,8 @@ import numpy as np
 import pandas as pd
 
 from tracegen.audit.runaway_rows import find_runaways
-from tracegen.dataset.index import check_unchanged
-from tracegen.dataset.reader import InvalidRow, read_rows
+from tracegen.dataset.index import check_unchanged, open_data
+from tracegen.dataset.reader import InvalidRow, read_indices
 from tracegen.dataset.stored import load_index
 from tracegen.export import layouts as L
 from tracegen.export import manifest as M
@@ -253,18 +253,24 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     if not include_truncated:
         best = best[~truncated]
     best = best.sort_values("index").reset_index(drop=True)
+    # The whole ledger's figures, then only the chosen rows are kept: memory while writing follows a batch.
+    ledger_figures = {
+        "superseded_ledger_rows": int(len(frame) - frame["index"].nunique()) if len(frame) else 0,
+        "ledger_rows_for_exported": int(frame["index"].isin(best["index"].to_numpy(np.int64)).sum()),
+    }
+    del frame, current
 
     export_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     shards: list[dict[str, Any]] = []
     figures = _Figures()
-    indices = best["index"].to_numpy(dtype=np.int64)
     sink = FileSink(dest, L.data_file(export_id, layout)) if layout != L.MESSAGES else None
     written = 0
+    refreshed = time.monotonic()
+    source = open_data(index, record.config.aws_conn_id) if len(best) else None
     try:
-        for shard_no, start in enumerate(range(0, len(best), shard_rows)):
-            part = best.iloc[start : start + shard_rows]
+        for shard_no, batch in enumerate(_batches(best, shard_rows, by_part=sink is not None)):
             try:
-                shaped = list(_shaped(ledger, index, part, record.config.aws_conn_id, layout, with_token_ids))
+                shaped = list(_shaped(ledger, index, source, batch, layout, with_token_ids))
             except PartDamageError as exc:
                 d = exc.damage
                 raise ExportError(
@@ -280,16 +286,22 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
             if sink is None:
                 name = f"shard-{export_id}-{shard_no:05d}.{'jsonl.gz' if fmt == 'jsonl' else 'parquet'}"
                 dest.put(name, data)
+                first_last = batch["index"].to_numpy(np.int64)
                 shards.append({"name": name, "rows": len(docs), "sha256": hashlib.sha256(data).hexdigest(),
-                               "first_index": int(indices[start]),
-                               "last_index": int(indices[start + len(part) - 1])})
+                               "first_index": int(first_last[0]), "last_index": int(first_last[-1])})
                 log.info("export: %s (%d rows)", dest.uri_for(name), len(docs))
             else:
                 sink.write(data)
-                log.info("export: %d rows written to %s", written + len(docs), dest.uri_for(sink.key))
             written += len(docs)
             figures.add(kept)
-            lock.refresh()  # still ours: a holder that stopped refreshing may have been taken over
+            del shaped, kept, docs, data
+            # Still ours (a holder that stopped refreshing may have been taken over): after every shard, and
+            # every few seconds while a trainer layout's file is written part by part.
+            if sink is None or time.monotonic() - refreshed > 5.0:
+                lock.refresh()
+                refreshed = time.monotonic()
+                if sink is not None:
+                    log.info("export: %d rows written to %s", written, dest.uri_for(sink.key))
         if sink is not None:
             sink.publish()
             shards.append({"name": sink.key, "rows": written, "sha256": sink.sha256.hexdigest(), "bytes": sink.size})
@@ -303,7 +315,7 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
 
     manifest_uri = dest.uri_for(MANIFEST)
     try:
-        manifest = _manifest(ledger, record, index, frame, best, export_id, layout, fmt, with_token_ids,
+        manifest = _manifest(ledger, record, index, ledger_figures, best, export_id, layout, fmt, with_token_ids,
                              include_truncated, policy, runaways, figures, shards, dest,
                              left_out_truncated=left_out_truncated, left_out_runaway=left_out_runaway)
         body = json.dumps(manifest, indent=2).encode()
@@ -322,12 +334,11 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
                         data_uri=dest.uri_for(shards[0]["name"]) if layout != L.MESSAGES and shards else None)
 
 
-def _manifest(ledger: Ledger, record: Any, index: Any, frame: pd.DataFrame, best: pd.DataFrame, export_id: str,
+def _manifest(ledger: Ledger, record: Any, index: Any, ledger_figures: dict[str, int], best: pd.DataFrame,
+              export_id: str,
               layout: str, fmt: str, with_token_ids: bool, include_truncated: bool, policy: str,
               runaways: list[int], figures: _Figures, shards: list[dict[str, Any]], dest: Storage, *,
               left_out_truncated: int, left_out_runaway: int) -> dict[str, Any]:
-    exported = best["index"].to_numpy(np.int64)
-    cur = frame[frame["index"].isin(exported)] if len(frame) else frame
     fig = figures.to_json()
     doc: dict[str, Any] = {
         "schema": 2,
@@ -356,8 +367,7 @@ def _manifest(ledger: Ledger, record: Any, index: Any, frame: pd.DataFrame, best
         "runaway_policy": policy,
         "runaway_rows": len(runaways) if include_truncated else None,
         "runaway_indices": runaways[:1000],
-        "superseded_ledger_rows": int(len(frame) - frame["index"].nunique()) if len(frame) else 0,
-        "ledger_rows_for_exported": int(len(cur)),
+        **ledger_figures,
         **fig,
         "provenance": M.provenance(ledger, record, record.config.aws_conn_id),
         "shards": shards,
@@ -421,18 +431,35 @@ def _nested(a: str, b: str) -> bool:
     return space_a == space_b and (path_a.startswith(path_b) or path_b.startswith(path_a))
 
 
-def _shaped(ledger: Ledger, index: Any, best: pd.DataFrame, aws_conn_id: str, layout: str,
+def _batches(best: pd.DataFrame, shard_rows: int, by_part: bool) -> Iterator[pd.DataFrame]:
+    """The chosen rows a batch at a time: `shard_rows` consecutive indices (a shard of the messages layout),
+    or one part's rows (a trainer layout's file, streamed: memory follows a part, whatever the row count),
+    parts in the order of their first index, so a chunk's rows come out in index order."""
+    if not by_part:
+        for start in range(0, len(best), shard_rows):
+            yield best.iloc[start : start + shard_rows]
+        return
+    codes = best["part"].cat.codes.to_numpy() if isinstance(best["part"].dtype, pd.CategoricalDtype) else \
+        pd.factorize(best["part"])[0]
+    order = np.argsort(codes, kind="stable")  # best is in index order: each group stays so
+    bounds = np.flatnonzero(np.diff(codes[order])) + 1
+    groups = np.split(order, bounds) if len(order) else []
+    groups.sort(key=lambda g: int(best["index"].iat[g[0]]))
+    for g in groups:
+        yield best.iloc[g]
+
+
+def _shaped(ledger: Ledger, index: Any, source: Any, batch: pd.DataFrame, layout: str,
             with_token_ids: bool) -> Iterator[tuple[Any, GeneratedRow, L.Shaped | None]]:
-    """The chosen generated rows joined with their prompts and shaped, in index order, reading each part
-    once (None: a tokens row without ids)."""
+    """A batch's generated rows joined with their prompts and shaped, in index order, reading each of its
+    parts once and only the dataset blocks holding its prompts (None: a tokens row without ids)."""
     generated: dict[int, GeneratedRow] = {}
-    for part, group in best.groupby("part", sort=False, observed=True):
+    for part, group in batch.groupby("part", sort=False, observed=True):
         wanted = {(int(i), str(r)) for i, r in zip(group["index"], group["run_id"], strict=True)}
         for row in ledger.read_verified_part(str(part)):  # hashed as read: a damaged part raises
             if (row.index, row.run_id) in wanted:
                 generated[row.index] = row
-    lo, hi = int(best["index"].min()), int(best["index"].max()) + 1
-    for prompt in read_rows(index, lo, hi, aws_conn_id=aws_conn_id):
+    for prompt in read_indices(index, batch["index"].to_numpy(np.int64), source=source):
         row = generated.pop(prompt.index, None)
         if row is None or isinstance(prompt, InvalidRow):
             continue

@@ -76,7 +76,9 @@ def test_conversations_rows_carry_the_generated_turn_and_nothing_else(root, tmp_
     manifest = json.loads((dest / "manifest.json").read_text())
     rows = [json.loads(line) for line in (dest / manifest["data_file"]).read_text().splitlines()]
     assert len(rows) == 6 and all(set(r) == {"id", "conversations", "tools"} for r in rows)
-    assert rows[4]["conversations"] == [*prompt(4)["messages"], {
+    # Part by part, a part's rows in index order: run A's part, then run B's extension of index 4.
+    assert [r["id"] for r in rows] == ["p0", "p1", "p2", "p3", "p5", "p4"]
+    assert rows[-1]["conversations"] == [*prompt(4)["messages"], {
         "role": "assistant", "content": "answer 4", "reasoning_content": "thinking 4"}]
     assert manifest["prompts"] == {"rows_without_system_prompt": 0, "rows_with_assistant_history": 0,
                                    "max_turns": 3}
