@@ -235,9 +235,11 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     previous, previous_version = lock.read_manifest()
     replaced = _manifest_shards(dest, previous)
     frame = ledger_rows(ledger)
-    current = frame.loc[current_mask(frame)] if len(frame) else frame
-    best = current[(current["status"] == OK).to_numpy(bool)]
-    truncated = (best["finish_reason"] == "length").to_numpy(bool)
+    # One mask over the ledger's rows, then one copy of the chosen rows in index order: memory holds the
+    # ledger's columns and the chosen rows, never a chain of filtered copies.
+    chosen = current_mask(frame) if len(frame) else np.zeros(0, dtype=bool)
+    chosen &= (frame["status"] == OK).to_numpy(bool)
+    truncated = chosen & (frame["finish_reason"] == "length").to_numpy(bool)
     left_out_truncated = 0 if include_truncated else int(truncated.sum())
     policy = record.config.runaway_policy
     runaways: list[int] = []
@@ -247,18 +249,20 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
         # 'resample' the ones whose fresh sample looped again.
         runaways = sorted(find_runaways(ledger, frame))
         if policy != "keep":
-            best = best[~best["index"].isin(runaways)]
-            truncated = (best["finish_reason"] == "length").to_numpy(bool)
+            chosen &= ~np.isin(frame["index"].to_numpy(np.int64), runaways)
     left_out_runaway = len(runaways) if policy != "keep" else 0
     if not include_truncated:
-        best = best[~truncated]
-    best = best.sort_values("index").reset_index(drop=True)
+        chosen &= ~truncated
+    positions = np.flatnonzero(chosen)
+    index_col = frame["index"].to_numpy(np.int64)
+    positions = positions[np.argsort(index_col[positions], kind="stable")]
+    best = frame.take(positions).reset_index(drop=True)
     # The whole ledger's figures, then only the chosen rows are kept: memory while writing follows a batch.
     ledger_figures = {
-        "superseded_ledger_rows": int(len(frame) - frame["index"].nunique()) if len(frame) else 0,
-        "ledger_rows_for_exported": int(frame["index"].isin(best["index"].to_numpy(np.int64)).sum()),
+        "superseded_ledger_rows": int(len(frame) - len(np.unique(index_col))) if len(frame) else 0,
+        "ledger_rows_for_exported": int(np.isin(index_col, best["index"].to_numpy(np.int64)).sum()),
     }
-    del frame, current
+    del frame, chosen, truncated, positions, index_col
 
     export_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     shards: list[dict[str, Any]] = []

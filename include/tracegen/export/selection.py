@@ -19,14 +19,15 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from tracegen.store.ledger import _PLAN_BATCH, Ledger, _parse_entry, _part_for_entry
+from tracegen.store.ledger import Ledger, _parse_entry, _part_for_entry
 from tracegen.store.storage import StorageKeyError
 
 # What an export reads of each ledger row.
 INT_COLUMNS = ("index", "max_tokens", "prompt_tokens", "completion_tokens", "chunk", "prefix_tokens")
 STR_COLUMNS = ("status", "finish_reason", "run_id", "pivot", "part")
 COLUMNS = (*INT_COLUMNS, *STR_COLUMNS, "committed_at")
-_BATCH_ROWS = 65_536
+# Loose entries parsed at a time: their rows are Python objects until encoded (32 x 500 rows: a few MiB).
+_ENTRY_BATCH = 32
 
 
 class _Codes:
@@ -72,9 +73,12 @@ def ledger_rows(ledger: Ledger) -> pd.DataFrame:
 
     def add(batch: dict[str, Any], when: np.ndarray) -> None:
         for c in INT_COLUMNS:
-            ints[c].append(np.asarray(batch[c], dtype=np.int64))
+            ints[c].append(np.asarray(batch[c], dtype=np.int64 if c == "index" else np.int32))
         for c in STR_COLUMNS:
-            strs[c].append(dictionaries[c].encode(batch[c]))
+            # Already codes (a snapshot's columns), or a batch of values to encode.
+            column = batch[c]
+            strs[c].append(column if isinstance(column, np.ndarray) and column.dtype == np.int32
+                           else dictionaries[c].encode(column))
         stamps.append(when)
 
     retired = ledger.retired_entries()
@@ -89,23 +93,18 @@ def ledger_rows(ledger: Ledger) -> pd.DataFrame:
             covered = set(snap["entries"])
             gone = {_part_for_entry(k) for k in covered & retired}  # retired after the snapshot was taken
             covered -= retired
-            parquet = pq.ParquetFile(io.BytesIO(raw))
-            present = set(parquet.schema_arrow.names)
-            for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=[c for c in COLUMNS if c in present]):
-                cols = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}
-                n = batch.num_rows
-                cols.setdefault("pivot", np.full(n, None, dtype=object))  # snapshots from before the column
-                cols.setdefault("prefix_tokens", np.zeros(n, dtype=np.int64))
-                when = pd.to_datetime(cols["committed_at"], utc=True).as_unit("ns").asi8
-                if gone:
-                    keep = ~np.isin(cols["part"].astype(object), list(gone))
-                    cols = {k: v[keep] for k, v in cols.items()}
-                    when = when[keep]
-                add(cols, when)
-            del raw, parquet
+            names = set(pq.ParquetFile(io.BytesIO(raw)).schema_arrow.names)
+            # Strings read as Arrow dictionaries: codes and a few distinct values, never a string per row.
+            parquet = pq.ParquetFile(io.BytesIO(raw), read_dictionary=[c for c in STR_COLUMNS if c in names])
+            del raw
+            add(*_snapshot_columns(parquet, dictionaries, gone))
+            del parquet
+            import pyarrow as pa
+
+            pa.default_memory_pool().release_unused()  # what decoding the columns took, back to the system
     todo = [k for k in ledger._committed_entries() if k not in covered and k not in retired]
-    for start in range(0, len(todo), _PLAN_BATCH):
-        keys = todo[start : start + _PLAN_BATCH]
+    for start in range(0, len(todo), _ENTRY_BATCH):
+        keys = todo[start : start + _ENTRY_BATCH]
         cols: dict[str, list[Any]] = {c: [] for c in (*INT_COLUMNS, *STR_COLUMNS)}
         when: list[int] = []
         for key, raw in zip(keys, ledger._get_many(keys), strict=True):
@@ -124,10 +123,52 @@ def ledger_rows(ledger: Ledger) -> pd.DataFrame:
             raise ledger._bad_entry_error(keys, exc) from exc
 
     def joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, dtype=dtype)
+        parts.clear()  # one column at a time: never every batch and the whole column at once
+        return out
 
-    data: dict[str, Any] = {c: joined(ints[c], np.int64) for c in INT_COLUMNS}
+    # Counts fit in 32 bits (a cap is at most 2**20, a chunk number 99,998); the index stays 64-bit.
+    data: dict[str, Any] = {c: joined(ints[c], np.int64 if c == "index" else np.int32) for c in INT_COLUMNS}
     for c in STR_COLUMNS:
         data[c] = dictionaries[c].categorical(joined(strs[c], np.int32))
     data["committed_at"] = pd.to_datetime(joined(stamps, np.int64), utc=True)
-    return pd.DataFrame(data, columns=list(COLUMNS))
+    # copy=False: the columns stay the arrays built above (pandas would otherwise copy them into blocks).
+    return pd.DataFrame(data, columns=list(COLUMNS), copy=False)
+
+
+def _snapshot_columns(parquet: pq.ParquetFile, dictionaries: dict[str, _Codes],
+                      gone: set[str]) -> tuple[dict[str, Any], np.ndarray]:
+    """A snapshot's columns, one column at a time (a snapshot is one row group: batches would decode every
+    column of it at once). Strings come as Arrow dictionaries (`read_dictionary`), so no Python string is
+    made per row; rows of parts retired after the snapshot was taken are dropped."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    present = set(parquet.schema_arrow.names)
+    n = parquet.metadata.num_rows
+    cols: dict[str, Any] = {}
+    gone_rows = None
+    for c in (*STR_COLUMNS, *INT_COLUMNS):
+        if c not in present:  # a snapshot from before the column existed
+            cols[c] = np.zeros(n, np.int64) if c in INT_COLUMNS else dictionaries[c].encode(np.full(n, None, object))
+            continue
+        column = parquet.read(columns=[c]).column(0)
+        if c in INT_COLUMNS:
+            cols[c] = column.to_numpy().astype(np.int64 if c == "index" else np.int32, copy=False)
+            continue
+        if pa.types.is_dictionary(column.type):
+            encoded = column.unify_dictionaries().combine_chunks() if column.num_chunks > 1 else column.chunk(0)
+        else:
+            encoded = pc.dictionary_encode(column.cast(pa.string())).combine_chunks()
+        values = encoded.dictionary.to_pylist()
+        codes = dictionaries[c].encode(np.asarray([*values, None], dtype=object))  # the last: null
+        idx = encoded.indices.fill_null(len(values)).to_numpy().astype(np.int64)
+        cols[c] = codes[idx]
+        if c == "part" and gone:
+            gone_rows = np.isin(idx, [i for i, v in enumerate(values) if v in gone])
+        del column, encoded, idx
+    when = pd.to_datetime(parquet.read(columns=["committed_at"]).column(0).to_numpy(), utc=True).as_unit("ns").asi8
+    if gone_rows is not None:
+        cols = {k: v[~gone_rows] for k, v in cols.items()}
+        when = when[~gone_rows]
+    return cols, when

@@ -1,0 +1,156 @@
+"""Peak memory and time of `export` on a synthetic seed-scale output root (913,786 rows), against the old
+path in the same run (docs/benchmarks.md, issue #30).
+
+The root: a dataset of short prompts, one run at 4096 whose rows all finished (short texts, 40 prompt ids
+and 80 response ids each, 500 rows a part: 1,828 parts), folded into a Parquet snapshot as a long run's
+planner leaves it, plus a few hundred loose entries on top of it. Each measurement is a fresh subprocess
+(this file with --child) that exports the root and reports its own peak RSS (VmHWM) and wall time:
+
+- `old`: the export as it was before issue #30: the whole ledger frame (`Ledger.frame()`: every column of
+  every ledger row as one pandas frame) chosen from, then the same shards;
+- `messages`, `tokens`: the export now (the ledger read a snapshot batch at a time with the export's
+  columns only, strings as codes; a trainer layout's file streamed to disk).
+
+    .venv/bin/python bench/export_memory.py [--rows 913786] [--work DIR] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "include"))
+
+PART_ROWS = 500
+LOOSE_PARTS = 210  # entries committed after the snapshot (more than COMPACT_OVER): read on top of it
+
+
+def prompt(i: int) -> dict:
+    return {"id": f"p{i}", "messages": [
+        {"role": "system", "content": "You are a careful coding assistant."},
+        {"role": "user", "content": f"Task {i}: explain f{i}.\ndef f{i}(x):\n    return x * {i}\n"}]}
+
+
+def make_root(work: Path, n_rows: int) -> str:
+    import numpy as np
+
+    from tracegen.config import RunConfig
+    from tracegen.fleet import FleetSpec
+    from tracegen.fleet.spec import HostSpec
+    from tracegen.run.prepare import prepare_run
+    from tracegen.run.spec import FleetRef
+    from tracegen.store.ledger import open_ledger
+    from tracegen.store.records import OK, GeneratedRow, pack_token_ids
+
+    dataset = work / "prompts.jsonl"
+    with open(dataset, "w") as f:
+        for i in range(n_rows):
+            f.write(json.dumps(prompt(i)) + "\n")
+    output = work / "output"
+    config = RunConfig.from_params(dict(dataset_uri=str(dataset), output_uri=str(output), max_tokens=4096,
+                                        chunk_size=100_000, pilot_size=0, part_rows=PART_ROWS))
+    fleet = FleetSpec(hosts=(HostSpec("local", (0,)),), model_path="sim/bench", launch_module="tracegen.simulator")
+    prepare_run(config, "run-4096", FleetRef.of(fleet, "bench-fleet"))
+    ledger = open_ledger(str(output))
+    rng = np.random.default_rng(0)
+    prompt_ids = pack_token_ids(rng.integers(0, 150_000, 40).tolist())
+    response = rng.integers(0, 150_000, 80).tolist()
+    response_ids = pack_token_ids([*response[:-1], 151645])
+    reasoning = "Let me look at the function first. " * 10
+    n_parts = (n_rows + PART_ROWS - 1) // PART_ROWS
+    started = time.monotonic()
+    for p in range(n_parts):
+        rows = [GeneratedRow(index=i, status=OK, max_tokens=4096, run_id="run-4096", chunk=i // 100_000,
+                             finish_reason="stop", content=f"f{i} multiplies its argument by {i}.",
+                             reasoning_content=reasoning, prompt_tokens=40, completion_tokens=80,
+                             reasoning_tokens=60, attempt=1, server="http://127.0.0.1:30000", latency_s=12.5,
+                             prompt_token_ids=prompt_ids, response_token_ids=response_ids)
+                for i in range(p * PART_ROWS, min(n_rows, (p + 1) * PART_ROWS))]
+        ledger.commit(rows, "run-4096", rows[0].chunk, f"s{p:06d}")
+        if p == n_parts - LOOSE_PARTS - 1:
+            ledger.compact()  # what the planner and audit tasks leave behind on a long run
+        if p % 200 == 0:
+            print(f"  root: {p}/{n_parts} parts ({time.monotonic() - started:.0f} s)", flush=True)
+    return str(output)
+
+
+def peak_rss_mib() -> float:
+    """This process's own peak RSS (VmHWM; see bench/chunk_memory.py on why not ru_maxrss)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(job: dict) -> None:
+    import tracegen.export as export
+
+    if job["path"] == "old":
+        # Before #30: the whole ledger frame, every column of every row (Ledger.frame()), chosen from.
+        export.ledger_rows = lambda ledger: ledger.frame()
+    layout = "messages" if job["path"] in ("old", "messages") else job["path"]
+    started = time.monotonic()
+    result = export.export_dataset(job["root"], job["dest"], layout=layout, overwrite=True)
+    print(json.dumps({"path": job["path"], "rows": result.rows, "seconds": round(time.monotonic() - started, 1),
+                      "peak_rss_mib": round(peak_rss_mib(), 1)}))
+
+
+def measure(root: str, dest: Path, path: str) -> dict:
+    job = {"root": root, "dest": str(dest), "path": path}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True,
+                         env=env, timeout=3600)
+    if out.returncode != 0:
+        raise SystemExit(f"child failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=913_786)
+    ap.add_argument("--work", help="reuse (or keep) the root here")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--paths", default="old,messages,tokens", help="which exports to measure, in order")
+    ap.add_argument("--child")
+    args = ap.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tracegen-export-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        root = str(work / "output")
+        if not (work / "output" / "dataset.json").exists():
+            t = time.monotonic()
+            make_root(work, args.rows)
+            print(f"root: {args.rows:,} rows in {time.monotonic() - t:.0f} s", flush=True)
+        results = []
+        for path in args.paths.split(","):
+            r = measure(root, work / f"export-{path}", path)
+            results.append(r)
+            print(f"{path:9s} {r['rows']:>9,} rows  {r['seconds']:7.1f} s  peak {r['peak_rss_mib']:7.1f} MiB", flush=True)
+            shutil.rmtree(work / f"export-{path}", ignore_errors=True)
+        old = results[0]
+        for r in results[1:] if old["path"] == "old" else []:
+            print(f"{r['path']}: {r['peak_rss_mib'] / old['peak_rss_mib']:.2f}x the old path's peak, "
+                  f"{r['seconds'] / old['seconds']:.2f}x its time")
+        print(json.dumps(results))
+    finally:
+        if not args.keep and not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
