@@ -367,11 +367,14 @@ class Chaos:
             # A task blocked on its first reads (index, ledger) cannot reach a commit while S3 is down: cut it
             # off once a generation task has read what it needs and started generating (the engine's "N to
             # generate" line), so the outage falls on its commits.
+            # A task reads its rows' prompts from the dataset (on S3) right after that line: an outage then
+            # holds it on that read, before any row is generated. A few seconds later it generates (the
+            # servers are not behind S3) and its commit runs into the outage.
             starts = self._log_lines(run_id, "to generate")
             wait_until = time.monotonic() + 30
             while self._log_lines(run_id, "to generate") <= starts and time.monotonic() < wait_until:
                 time.sleep(0.3)
-            time.sleep(self.rng.uniform(0.5, 2.0))
+            time.sleep(self.rng.uniform(3.0, 8.0))
             at = time.monotonic() - t0
             puts_before = self._s3_retries(run_id)[0]
             started = time.monotonic()
@@ -389,7 +392,7 @@ class Chaos:
             seconds = time.monotonic() - started
             return Fault(kind, at, f"S3 endpoint down for {seconds:.1f} s, "
                          f"{'a commit retried meanwhile' if caught else 'no commit in that time'}",
-                         duration_s=seconds)
+                         duration_s=seconds, missed=not caught)  # an outage no commit ran into is still owed
         if kind == "server":
             pids = sorted(self.fleet_work.glob("*.pid"))
             self.rng.shuffle(pids)
