@@ -131,7 +131,7 @@ rehearsal: venv system-deps
 # scheduler and stand-in SIGKILLs, S3 outages, PostgreSQL and Redis restarts, sshd killed while provisioning
 # and while tunnels carry requests, prepare_run's worker killed and S3 flapping under it, with the scheduled
 # rerun DAG on a one-minute schedule beside the runs; then every row checked. CPU heavy, about an hour on
-# 2 cores; docs/reliability.md.
+# 2 cores (more on a shared machine); docs/reliability.md.
 .PHONY: chaos
 chaos: venv system-deps
 	$(PY) bench/chaos.py

@@ -1059,7 +1059,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-min", type=float, default=2.0, help="seconds between faults, at least")
     parser.add_argument("--gap-max", type=float, default=10.0, help="seconds between faults, at most")
     parser.add_argument("--run-timeout", type=float, default=900.0)
-    parser.add_argument("--budget-minutes", type=float, default=50.0,
+    parser.add_argument("--budget-minutes", type=float, default=90.0,
                         help="start no new run after this; what was not injected is reported")
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="a first run without faults, for the wall time")
