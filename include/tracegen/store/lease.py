@@ -174,11 +174,17 @@ class RootLease:
     def renew(self) -> None:
         """Rewrite our object (its modification time is the lease's freshness). Raises `LeaseLost` when the
         last renewal is older than the TTL: another writer may have taken the root meanwhile."""
+        self._check_fresh()
+        self.storage.put(self.key, self._doc)
+        # Checked again after the write: a put that retried past the TTL left the lease void to others
+        # meanwhile, and another writer may have taken the root in that window.
+        self._check_fresh()
+        self._renewed = time.monotonic()
+
+    def _check_fresh(self) -> None:
         if time.monotonic() - self._renewed > self.ttl_s:
             self.held = False
             raise LeaseLost(f"lease {self.storage.uri_for(self.key)} was not renewed for over {self.ttl_s:.0f}s")
-        self.storage.put(self.key, self._doc)
-        self._renewed = time.monotonic()
 
     def release(self) -> None:
         if self.held:

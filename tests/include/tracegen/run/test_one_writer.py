@@ -223,3 +223,23 @@ def test_a_record_is_looked_up_by_its_airflow_run_id_and_must_be_that_runs(tmp_p
     planted = replace(spec, run_id="planted", created_at=spec.created_at + 10)
     ledger.put_run_file("planted", RUN_FILE, json.dumps(planted.to_json()).encode())
     assert {w.run_id for w in unfinished_work(config.output_uri, known)} == {spec.run_id}
+
+
+def test_a_renewal_whose_write_outlasts_the_ttl_loses_the_lease(tmp_path) -> None:
+    """A put that retries past the TTL (an S3 outage) left the lease void to other writers meanwhile: the
+    holder must not go on as if it still held the root."""
+    from tracegen.store.lease import LeaseLost
+
+    storage = open_storage(str(tmp_path / "out"))
+    lease = RootLease(storage, "run A", "chunk 1", ttl_s=0.5)
+    lease.acquire()
+    slow_put = storage.put
+
+    def put(key: str, data: bytes) -> None:
+        time.sleep(0.7)
+        slow_put(key, data)
+
+    storage.put = put
+    with pytest.raises(LeaseLost):
+        lease.renew()
+    assert not lease.held
