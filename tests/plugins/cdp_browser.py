@@ -198,3 +198,26 @@ class Browser:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.profile, ignore_errors=True)
+
+
+# Where the review journey's screenshots go (trigger form, question, refusal, answer, reports, run list,
+# progress, the run's tab), for a person to look at after `make test`.
+JOURNEY_DIR = Path(__file__).resolve().parents[2] / ".state" / "test-screenshots" / "review-journey"
+_PAGE_ERROR = """(() => {
+  const h1 = document.querySelector('h1'), text = document.body ? document.body.innerText : '';
+  if (location.pathname.startsWith('/auth/login')) return 'the login page';
+  if (h1 && /^[45]\\d\\d$/.test(h1.innerText.trim())) return 'an error page: ' + text.slice(0, 300);
+  for (const e of ['Not authenticated', 'Internal Server Error', '"detail"']) if (text.includes(e)) return e;
+  return '';
+})()"""
+
+
+def journey_shot(browser: Browser, name: str) -> Path:
+    """A screenshot of the page a reviewer is on, into JOURNEY_DIR; fails when the page shows an error.
+    A page framing a stored report gets a moment for the frame (another process) to paint."""
+    problem = browser.eval(_PAGE_ERROR)
+    assert not problem, f"{name}: the page at {browser.url()} shows {problem}"
+    if browser.eval("document.querySelectorAll('iframe').length"):
+        time.sleep(1.5)
+    JOURNEY_DIR.mkdir(parents=True, exist_ok=True)
+    return browser.screenshot(JOURNEY_DIR / f"{name}.png")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cdp_browser import Browser
+from cdp_browser import Browser, journey_shot
 from fixtures.simulator import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -386,7 +386,7 @@ def test_browser_renders_run_list_and_report(server: Server, browser: Browser) -
                  + _stored_id(PASS_RUN) + "/report.html')).click()")
     browser.wait_for("location.pathname.endsWith('/report.html') && document.readyState === 'complete'")
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    browser.screenshot(SCREENSHOT_DIR / "review-report-page.png")  # the bar and the framed report
+    journey_shot(browser, "6-report-page")  # the bar and the framed report
     _open_frame(browser, server)
     text = browser.text()
     assert "PASS" in text.upper() and "8192" in text.replace(",", "")
@@ -431,7 +431,7 @@ def test_browser_trigger_form_shows_the_params_with_titles(server: Server, brows
         assert title in text, title
     assert browser.eval(f"document.querySelector({json.dumps(MAX_TOKENS_FIELD)}).value") == "4096"
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    browser.screenshot(SCREENSHOT_DIR / "trigger-form.png")
+    journey_shot(browser, "1-trigger-form")
 
 
 def test_browser_trigger_form_refuses_invalid_max_tokens_and_sends_a_typed_valid_one(
@@ -578,7 +578,7 @@ def test_browser_a_run_stopped_by_the_gate_shows_the_report_that_decided_and_the
     assert f"max_tokens={rec:,}" in text
     assert json.dumps({**conf, "max_tokens": rec}, sort_keys=True) in text
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    browser.screenshot(SCREENSHOT_DIR / "review-stopped-by-gate.png")
+    journey_shot(browser, "5-stopped-by-gate")
     _open_frame(browser, server)
     text = browser.text()
     assert "pilot-report" in text.split("Run\n", 1)[-1]  # the Run table at the bottom names the pilot audit
@@ -613,7 +613,7 @@ def test_browser_every_link_in_the_run_tab_lands_on_its_page(server: Server, bro
     browser.goto(tab)
     assert "Stopped by the gate." in browser.wait_for(ready, 60)
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-    browser.screenshot(SCREENSHOT_DIR / "journey-5-run-tab-stopped.png")
+    journey_shot(browser, "5-run-tab-stopped")
     # Airflow's own pages are named, not linked, inside the tab (the UI's frame may not leave itself).
     assert browser.eval(f"[...{TAB_DOC}.querySelectorAll('a')].filter(a => a.getAttribute('href').startsWith('/dags/')).length") == 0
     assert "/dags/tracegen_generate" in browser.eval(f"{TAB_DOC}.body.innerText")
@@ -693,7 +693,7 @@ def test_browser_a_finished_report_says_what_to_do_next_and_what_each_count_coun
     browser.goto(f"{server.url}/tracegen/runs/{_quoted(PASS_RUN)}")
     text = browser.text()
     assert "Finished. Next: export the dataset: python -m tracegen export " + str(server.output) in text
-    browser.screenshot(SCREENSHOT_DIR / "review-finished.png")
+    journey_shot(browser, "6-finished")
     _open_frame(browser, server)
     text = browser.text()
     assert "proceed with generation" not in text  # the gate's advice is for a run still to generate
@@ -752,7 +752,7 @@ def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, b
     ledger.commit(_rows(stored, 8192, range(100, 200), 20), stored, 99999, "c1")
     now = run_progress(ledger, read_run_record(ledger, stored))["done"]
     browser.wait_for(f"document.body.innerText.includes('{now:,} of 400 dataset rows')", 30)
-    browser.screenshot(SCREENSHOT_DIR / "review-progress.png")
+    journey_shot(browser, "3-progress")
 
 
 LINKED_RUN = "manual__2026-01-02T18:00:00.000000+00:00"  # triggered into the output root through a symlink
@@ -777,10 +777,47 @@ def test_the_run_list_is_newest_first_lists_every_state_and_each_root_once(serve
     assert len(ids) == len(set(ids)), ids  # each run once
     assert ids.count(_stored_id(STOP_RUN)) == 1
     queued = next(r for r in rows if r[0] == _stored_id(QUEUED_ONLY_RUN))
-    assert queued[3] == "queued" and "no report yet" in queued[-1], queued
+    assert queued[3] == "queued" and "nothing written yet" in queued[-1], queued
     created = [r[1] for r in rows if r[1] != "–"]
     assert created == sorted(created, reverse=True), created  # newest first, across roots
-    browser.screenshot(SCREENSHOT_DIR / "journey-1-run-list.png")
+    journey_shot(browser, "7-run-list")
+
+
+STOPPED_BY_REVIEWER_RUN = "manual__2026-01-02T20:00:00.000000+00:00"
+CONTINUED_RUN = "manual__2026-01-02T21:00:00.000000+00:00"
+
+
+def _decided(server: Server, raw: str, n: int, cap: int | None) -> str:
+    """An asked run (gate_mode=ask, pilot at stop) whose reviewer answered: stop, or continue at `cap`."""
+    root = server.tmp / f"decided-{n}"
+    ledger, stored = make_run(root, raw, 4096, range(200), 4, ("pilot-report",), n)
+    doc = json.loads(ledger.get_run_file(stored, "run.json"))
+    doc["decisions"] = [{"trigger": "pilot", "option": "Stop the run" if cap is None else f"Continue at {cap:,}",
+                         "kind": "stop" if cap is None else "recommended", "from_cap": 4096, "cap": cap,
+                         "responded_by": "reviewer", "responded_at": "2026-01-02T20:05:00+00:00", "timed_out": False,
+                         "verdict": {}, "cap_rows": [], "report_uri": "x"}]
+    ledger.put_run_file(stored, "run.json", json.dumps(doc).encode())
+    ledger.put_run_file(stored, "question.json", b"{}")
+    _ensure_run(server, raw, {"output_uri": str(root)})
+    return stored
+
+
+def test_a_decided_run_says_who_decided_and_when(server: Server, browser: Browser) -> None:
+    """Issue #31 finding 5: a reviewer's stop says who and when; a stop answered by continuing is no red pill."""
+    stopped = _decided(server, STOPPED_BY_REVIEWER_RUN, 8, None)
+    continued = _decided(server, CONTINUED_RUN, 9, 8192)
+    _login(browser, server)
+    browser.goto(f"{server.url}/tracegen/runs/{_quoted(STOPPED_BY_REVIEWER_RUN)}?dag_id=tracegen_generate")
+    who = "stopped by reviewer at 2026-01-02T20:05:00+00:00, answering the gate's question"
+    assert f"Stopped by the gate. ({who})" in browser.text()
+    browser.goto(f"{server.url}/tracegen/")
+    rows = browser.eval("[...document.querySelectorAll('tr')].map(r => r.innerText)")
+    assert who in next(r for r in rows if r.startswith(stopped))
+    row = next(r for r in rows if r.startswith(continued))
+    assert "stop, answered" in row and "continued at max_tokens=8,192 by reviewer" in row, row
+    red = browser.eval(f"[...document.querySelectorAll('tr')].find(r => r.innerText.startsWith('{continued}'))"
+                       ".querySelectorAll('.badge.stop').length")
+    assert red == 0
 
 
 FIGURES_RUN = "manual__2026-01-02T17:00:00.000000+00:00"  # asking, alone in its root

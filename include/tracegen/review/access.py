@@ -101,6 +101,28 @@ def airflow_runs(run_id: str | None = None, limit: int = MAX_CONF_RUNS) -> list[
     return out
 
 
+def refused_answer(airflow_run_id: str) -> dict[str, Any] | None:
+    """The last answer `review_cap` refused for the run (its XCom `refused_answer`: who, what, why), if any."""
+    import json
+
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    query = (select(XComModel).where(XComModel.dag_id == GENERATE_DAG, XComModel.run_id == airflow_run_id,
+                                     XComModel.task_id == "review_cap", XComModel.key == "refused_answer")
+             .order_by(XComModel.timestamp.desc()).limit(1))
+    with create_session() as session:
+        row = session.scalars(query).first()
+        value = None if row is None else XComModel.deserialize_value(row)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
 def airflow_run_path(airflow_run_id: str) -> str:
     """The run's page in the Airflow UI."""
     return f"/dags/{GENERATE_DAG}/runs/{urllib.parse.quote(airflow_run_id, safe='')}"

@@ -25,6 +25,7 @@ from tracegen.review.page import (
 from tracegen.review.read_model import REPORT_FILES, RunView, read_run
 from tracegen.review.roots import Site, check_run_id
 from tracegen.review.summary import summarise
+from tracegen.run.stage import ASKING
 
 # The frame fills the window under the bar; the stored report scrolls inside it.
 _FRAME_CSS = ("html,body{height:100%;margin:0}body{display:flex;flex-direction:column;"
@@ -42,9 +43,11 @@ def report_page(request: Request, key: str, view: RunView, name: str, status: st
     return html_response(page(f"{name} · {view.run_id}", body, css=_FRAME_CSS), csp=FRAMING_CSP)
 
 
-def show_report(request: Request, key: str, uri: str, view: RunView, name: str, af: AirflowRun | None,
-                raw_run_id: str | None = None) -> HTMLResponse:
-    status = status_for(view, summarise(view), name, uri, af, raw_run_id, framed=framed(request))
+def show_report(request: Request, site: Site, key: str, uri: str, view: RunView, name: str,
+                af: AirflowRun | None, raw_run_id: str | None = None) -> HTMLResponse:
+    summary = summarise(view)
+    refused = site.refused_answer(af.run_id) if af is not None and summary.stage == ASKING else None
+    status = status_for(view, summary, name, uri, af, raw_run_id, framed=framed(request), refused=refused)
     return report_page(request, key, view, name, status)
 
 
@@ -86,4 +89,4 @@ def register(app: FastAPI, site: Site) -> None:
         ledger, uri, data = _checked(request, site, root, run_id, name)
         if name.endswith(".json"):
             return Response(data, media_type="application/json")
-        return show_report(request, root, uri, read_run(ledger, run_id), name, site.airflow_run_for(run_id))
+        return show_report(request, site, root, uri, read_run(ledger, run_id), name, site.airflow_run_for(run_id))

@@ -27,16 +27,29 @@ def _airflow_link(path: str, text: str, framed: bool) -> str:
     return f'<a href="{e(path)}">{e(text)}</a>'
 
 
+def refusal_html(refused: dict[str, Any] | None) -> str:
+    """Whose answer the question refused, and why: the question stays open for another."""
+    if not refused:
+        return ""
+    who = refused.get("responded_by") or "someone"
+    chosen = ", ".join(str(o) for o in refused.get("chosen_options") or []) or "no option"
+    when = f" at {refused['responded_at']}" if refused.get("responded_at") else ""
+    return (f'<div id="refused"><b>The last answer was refused, so the question is asked again:</b> {e(who)} chose '
+            f'"{e(chosen)}"{e(when)}: {e(refused.get("refused"))}</div>')
+
+
 def next_step_html(summary: RunSummary, shown: str, *, root_uri: str, airflow_run_id: str | None,
-                   conf: dict[str, Any] | None, truncated_left: int | None, framed: bool = False) -> str:
+                   conf: dict[str, Any] | None, truncated_left: int | None, framed: bool = False,
+                   refused: dict[str, Any] | None = None) -> str:
     if summary.stage == ASKING:
         link = (_airflow_link(required_actions_path(airflow_run_id), "answer the question in Required Actions",
                               framed) + (" — it is also this run's Required Actions tab" if framed else "")
                 if airflow_run_id else "answer it under Browse → Required Actions")
         return (f'<div style="{STATUS_CSS}#fff8c5"><b>Waiting for the reviewer\'s answer.</b> This is the report '
-                f"the question was built from ({e(shown)}): {link}.</div>")
+                f"the question was built from ({e(shown)}): {link}.{refusal_html(refused)}</div>")
     if summary.stage == STOPPED:
-        text = (f'<div style="{STATUS_CSS}#ffebe9"><b>Stopped by the gate.</b> This is the report that decided '
+        who = f" ({e(summary.decision)})" if summary.decision else ""
+        text = (f'<div style="{STATUS_CSS}#ffebe9"><b>Stopped by the gate.</b>{who} This is the report that decided '
                 f"({e(shown)}); the run ended without generating past the gate. ")
         cap = summary.recommended_cap
         if cap is not None and (summary.max_tokens is None or cap > summary.max_tokens):
@@ -60,11 +73,11 @@ def next_step_html(summary: RunSummary, shown: str, *, root_uri: str, airflow_ru
 
 
 def status_for(view: RunView, summary: RunSummary, shown: str, uri: str, af: AirflowRun | None,
-               raw_run_id: str | None, framed: bool = False) -> str:
+               raw_run_id: str | None, framed: bool = False, refused: dict[str, Any] | None = None) -> str:
     """The box for `shown`, one of the run's reports, told from the run's view and Airflow's run."""
     left = None
     if shown == FINAL_HTML:
         left = (((view.final or {}).get("audit") or {}).get("truncation") or {}).get("truncated")
     return next_step_html(summary, shown, root_uri=uri, airflow_run_id=af.run_id if af else raw_run_id,
                           conf=af.conf if af else None, truncated_left=left if isinstance(left, int) else None,
-                          framed=framed)
+                          framed=framed, refused=refused)

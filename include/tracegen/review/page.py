@@ -35,7 +35,8 @@ td.id{font-family:ui-monospace,monospace;font-size:12px}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
 .pass{background:#dafbe1;color:#116329} .stop{background:#ffebe9;color:#a40e26}
 .warn{background:#fff8c5;color:#7d4e00} .none{background:#eaeef2;color:#57606a}
-.problem{color:#a40e26} a{color:#0969da} td.wrap{white-space:normal;max-width:420px}
+.problem{color:#a40e26} a{color:#0969da} td.wrap{white-space:normal;min-width:200px;max-width:420px}
+td div.uri{white-space:normal;min-width:200px;max-width:320px;word-break:normal}
 """
 NAV_CSS = ("position:sticky;top:0;z-index:10;background:#f6f8fa;border-bottom:1px solid #d0d7de;"
            "padding:6px 24px;font:13px system-ui,sans-serif")

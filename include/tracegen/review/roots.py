@@ -165,3 +165,12 @@ class Site:
 
     def airflow_run_for(self, stored: str) -> AirflowRun | None:
         return self.by_stored_id().get(stored)
+
+    def refused_answer(self, airflow_run_id: str) -> dict[str, Any] | None:
+        from tracegen.review.access import refused_answer
+
+        try:
+            return refused_answer(airflow_run_id)
+        except Exception as exc:  # noqa: BLE001 - the page still shows the question's state
+            log.warning("refused answer of %s: %s", airflow_run_id, exc)
+            return None

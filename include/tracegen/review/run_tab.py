@@ -82,7 +82,7 @@ def register(app: FastAPI, site: Site) -> None:
                     name = PILOT_HTML
                 else:
                     continue
-                return show_report(request, key, uri, view, name, af, raw_run_id=run_id)
+                return show_report(request, site, key, uri, view, name, af, raw_run_id=run_id)
             except StorageError as exc:
                 log.warning("run %s in %s: %s", stored, ledger.storage.uri, exc)
         raise HTTPException(404, missing_run_message(run_id, stored, dag_id, af, len(by_key)))

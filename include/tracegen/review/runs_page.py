@@ -21,7 +21,8 @@ from tracegen.run.stage import ASKING, STOPPED
 def _stage_cell(r: RunSummary | None, af: AirflowRun | None) -> str:
     """What the run is doing, in the words an operator looks for: the gate's stop is not a crash."""
     if r is not None and r.stage == STOPPED:
-        return f'<span class="badge stop">{e(STOPPED)}</span>'
+        return f'<span class="badge stop">{e(STOPPED)}</span>' + (f'<div class="uri">{e(r.decision)}</div>'
+                                                                   if r.decision else "")
     if r is not None and r.stage == ASKING:
         return f'<span class="badge warn">{e(ASKING)}</span>'
     state = af.state if af else None
@@ -32,6 +33,13 @@ def _stage_cell(r: RunSummary | None, af: AirflowRun | None) -> str:
     if r is not None and "report.html" in r.reports:
         return '<span class="badge pass">finished</span>'
     return e(state or "–")
+
+
+def _pilot_cell(r: RunSummary) -> str:
+    """The pilot gate's verdict; a stop the reviewer answered by continuing is not a red stop any more."""
+    if r.pilot_verdict == "stop" and r.decision and not r.decision.startswith("stopped"):
+        return f'<span class="badge warn">stop, answered</span><div class="uri">{e(r.decision)}</div>'
+    return badge(r.pilot_verdict)
 
 
 def _when(r: RunSummary | None, af: AirflowRun | None) -> str:
@@ -66,7 +74,7 @@ def _row(request: Request, listing: RootListing | None, r: RunSummary | None, af
     run_cell = f'<a href="{e(airflow_run_path(af.run_id))}">{e(stored)}</a>' if af else e(stored)
     if r is None:  # known to Airflow only: nothing written yet, or its root unreadable
         why = (af.root_problem if af and af.root_problem else
-               "no report yet: the run has written nothing (its task logs in Airflow say why)")
+               "nothing written yet" + (": its task logs in Airflow say why" if af and af.state == "failed" else ""))
         return (f'<tr><td class="l id">{run_cell}</td><td class="l">{e(_when(None, af) or "–")}</td><td>–</td>'
                 f'<td class="l">{_stage_cell(None, af)}</td><td class="l">–</td><td class="l">–</td><td>–</td>'
                 f'<td>–</td><td>–</td><td>–</td><td class="l wrap">{e(why)}</td></tr>')
@@ -76,7 +84,8 @@ def _row(request: Request, listing: RootListing | None, r: RunSummary | None, af
     return (f'<tr><td class="l id">{run_cell}</td><td class="l">{e(r.created or "–")}</td>'
             f"<td>{e(f'{r.max_tokens:,}' if r.max_tokens is not None else '–')}</td>"
             f'<td class="l">{_stage_cell(r, af)}</td>'
-            f'<td class="l">{badge(r.pilot_verdict)}</td><td class="l">{badge(r.verdict)}</td>'
+            f'<td class="l">{_pilot_cell(r)}</td>'
+            f'<td class="l">{badge(r.final_verdict) if r.final_verdict else _pilot_cell(r)}</td>'
             f"<td>{e(f'{r.rows:,}' if r.rows is not None else '–')}</td><td>{at_cap}</td><td>{still}</td>"
             f"<td>{rec}</td>"
             f'<td class="l wrap">{_reports_cell(request, listing.key, r)}</td></tr>')

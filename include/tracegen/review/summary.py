@@ -28,10 +28,27 @@ class RunSummary:
     has_record: bool = False  # run.json is there: the run has progress to show
     # The shown report's truncation figures under their names (`audit.report.AT_CAP`, `STILL`): (count, of).
     truncation_figures: dict[str, tuple[int, int]] | None = None
+    decision: str | None = None  # the run's last decision in words: who, when, what
 
     @property
     def verdict(self) -> str | None:
         return self.final_verdict or self.pilot_verdict
+
+
+def decision_text(d: dict[str, Any] | None) -> str | None:
+    """'stopped by admin at 2026-…', 'continued at 8,192 by admin at …', or the timeout's stop."""
+    if not d:
+        return None
+    when = d.get("responded_at") or "an unknown time"
+    if d.get("timed_out"):
+        return f"stopped: nobody answered the gate's question by {when}"
+    who = d.get("responded_by") or "an unknown user"
+    if d.get("trigger") == "raise":
+        return f"cap raised to {d.get('cap'):,} by {who} at {when}" if isinstance(d.get("cap"), int) else None
+    if d.get("cap") is None:
+        return f"stopped by {who} at {when}, answering the gate's question"
+    cap = f"{d['cap']:,}" if isinstance(d["cap"], int) else str(d["cap"])
+    return f"continued at max_tokens={cap} by {who} at {when}, answering the gate's question"
 
 
 def _verdict(report: dict[str, Any] | None) -> str | None:
@@ -62,6 +79,7 @@ def summarise(view: RunView) -> RunSummary:
         recommended_cap=rec if isinstance(rec, int) else None,
         has_record=view.has_record,
         truncation_figures=figures_from_report(shown) or None,
+        decision=decision_text(view.decisions[-1] if view.decisions else None),
     )
 
 
