@@ -7,8 +7,9 @@ the DAG is parsed), waits in AWAITING_INPUT until someone answers in the UI or t
 until the run's `gate_question_timeout_minutes` pass (then the default, stop, is taken), and returns the
 `CapDecision` as its XCom. An answer the run cannot act on (no cap typed for "another cap", a cap that is
 not above the current one or not within the servers' context length: `tracegen.cap_rule`) is refused:
-the reason goes to the task log, to the XCom `refused_answer` and to the top of the question, which is
-asked again.
+the reason goes to the task log and to the XCom `refused_answer`, which the run's "tracegen report" tab
+shows above the report, and the same question is asked again. (Airflow keeps a question's text as it was
+first posed: asking again cannot rewrite it, so the question says where a refusal's reason appears.)
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ class CapReviewOperator(HITLOperator):
                          defaults=[STOP_LABEL], params={CAP_FIELD: _cap_param(LOWEST, HIGHEST)},
                          **kwargs)
         self.question = question  # CapQuestion.to_json() from the question task, or None
-        self.refused: dict[str, Any] | None = None  # the answer just refused, shown when asking again
 
     def execute(self, context: Any) -> Any:
         from airflow.sdk.exceptions import AirflowSkipException
@@ -79,7 +79,8 @@ class CapReviewOperator(HITLOperator):
         question = CapQuestion.from_json(self.question)
         # The run first: Required Actions lists subjects cut short, and every run's question reads alike.
         self.subject = f"Run {question.run_id}: {question.subject}"
-        self.body = refusal_text(self.refused) + figures_text(question.verdict) + question.body
+        self.body = (figures_text(question.verdict) + question.body + "\n\nAn answer refused here says why in "
+                     "this run's **tracegen report** tab, above the report, and in this task's log.")
         self.options = question.labels
         self.defaults = [question.option_label(STOP)]
         self.multiple = False
@@ -100,10 +101,10 @@ class CapReviewOperator(HITLOperator):
                               responded_at=event["responded_at"], timed_out=bool(event.get("timedout")))
         except AnswerRefused as exc:
             self.log.error("answer by %s refused, asking again: %s", who, exc)
-            self.refused = {"responded_by": who, "responded_at": str(event.get("responded_at") or ""),
-                            "chosen_options": event["chosen_options"], "params_input": event.get("params_input"),
-                            "refused": str(exc)}
-            context["ti"].xcom_push(key=REFUSED_KEY, value=self.refused)
+            context["ti"].xcom_push(key=REFUSED_KEY, value={
+                "responded_by": who, "responded_at": str(event.get("responded_at") or ""),
+                "chosen_options": event["chosen_options"], "params_input": event.get("params_input"),
+                "refused": str(exc)})
             # Writing the request again clears the refused response; the task waits for a new one.
             return self.execute(context)
         # The provider's own checks, on the answer as it is acted on (the cap as the integer decided).
@@ -120,16 +121,6 @@ def figures_text(verdict: dict[str, Any]) -> str:
     if not isinstance(verdict.get("truncated"), int) or not isinstance(verdict.get("total"), int):
         return ""
     return f"{AT_CAP}: **{figure(verdict['truncated'], verdict['total'])}** ({AT_CAP_MEANS})\n\n"
-
-
-def refusal_text(refused: dict[str, Any] | None) -> str:
-    """The Markdown that opens a question asked again: whose answer was refused, and why."""
-    if not refused:
-        return ""
-    who = refused.get("responded_by") or "someone"
-    chosen = ", ".join(str(o) for o in refused.get("chosen_options") or []) or "no option"
-    return (f"> **The last answer was refused, so the question is asked again.** {who} chose \"{chosen}\": "
-            f"{refused.get('refused')}\n\n")
 
 
 # ---- answering without an api-server ----------------------------------------------------------------

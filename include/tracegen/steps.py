@@ -50,7 +50,9 @@ def prepare_run(lead: int) -> dict[str, Any]:
     """The run's first task: params → validated `RunConfig` and fleet, then the plan: the dataset indexed
     and bound to the output root, the chunk layout (staggered over `lead` chunk tasks, the DAG's own
     number), the run's record stored, and the chunks with work left. A bad param fails here, naming it,
-    before anything is launched."""
+    before anything is launched: a cap the fleet's declared context length (its `--context-length`
+    flag) cannot hold is refused here too, so a value the trigger form clamped to its maximum never
+    reaches a server (a fleet that declares none is checked by provision_fleet, from the servers)."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from tracegen.config import ConfigError, RunConfig, safe_run_id
@@ -63,6 +65,9 @@ def prepare_run(lead: int) -> dict[str, Any]:
     try:
         config = RunConfig.from_params({k: params[k] for k in CONFIG_PARAMS})
         fleet, ref = reference(params.get("fleet") or default_fleet_source())
+        declared = fleet.sglang_flags.get("--context-length")
+        if isinstance(declared, int) and not isinstance(declared, bool) and declared > 0:
+            config.check_context_length(declared)
     except (ConfigError, FleetSpecError) as exc:
         raise AirflowFailException(f"invalid params: {exc}") from None
     run_id = safe_run_id(ctx["run_id"])
@@ -386,16 +391,27 @@ def final_report(run: dict[str, Any]) -> dict[str, Any]:
 
     The cap, and the reviewer's decision when the gate asked, are the decided run's (`apply_decision`'s
     XCom, pushed for a stop too): this task runs whatever happened, so a run that never decided is
-    audited at the cap it was prepared with."""
+    audited at the cap it was prepared with; one whose first task failed has nothing to audit, and the
+    task is skipped saying so, leaving that failure (and the watcher's, which fails the run) to read."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
     from tracegen.run.report import audit_and_report
 
+    if not run:
+        raise AirflowSkipException("no report: prepare_run did not describe the run (it failed; its log says why)")
     return audit_and_report(_as_decided(run), name="report").to_json()
 
 
 def teardown_fleet(run: dict[str, Any]) -> str:
-    """Stop the servers when the run asked for it; otherwise leave them for the next run."""
+    """Stop the servers when the run asked for it; otherwise leave them for the next run. Skipped, saying
+    why, when the first task failed: then no server was launched for the run."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
     from tracegen.fleet import teardown
 
+    if not run:
+        raise AirflowSkipException("nothing to stop: prepare_run did not describe the run (it failed; its log says "
+                                   "why), so no server was launched for it")
     spec = _spec(run)
     if not spec.teardown:
         return "servers left running (teardown=false)"

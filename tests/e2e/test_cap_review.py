@@ -9,6 +9,7 @@ run into its own output root, named in `tracegen_output_roots` so the review pag
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e.airflow_cluster import AirflowApi, AirflowCluster, running_cluster, sample_prompts
-from plugins.cdp_browser import Browser
+from plugins.cdp_browser import Browser, journey_shot
 
 from tracegen.config import safe_run_id
 from tracegen.run import MEASURE_CHUNK
@@ -147,7 +148,8 @@ def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_
     assert options[0].endswith("(recommended)") and options[1:] == [
         OTHER, "Continue at 4,096 tokens, accepting the truncation", STOP]
     assert detail["defaults"] == [STOP] and detail["multiple"] is False
-    assert detail["subject"] == "The pilot is over the truncation threshold at max_tokens=4,096: continue at which cap?"
+    assert detail["subject"] == (f"Run {safe_run_id(run_id)}: The pilot is over the truncation threshold at "
+                                 "max_tokens=4,096: continue at which cap?")
     body = detail["body"]
     assert "| max_tokens | predicted truncation | 95% interval | tokens/row | ETA | GPU time | basis |" in body
     assert "| 4,096 (current) |" in body and "(recommended)** |" in body
@@ -156,7 +158,10 @@ def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_
     link = body.split("[Open the report](", 1)[1].split(")", 1)[0]
     assert link.startswith(f"{cluster.api_url}/tracegen/roots/") and link.endswith("/pilot-report.html")
     page = httpx.get(link, headers=api.client.headers, timeout=30)
-    assert page.status_code == 200 and "Cap table" in page.text, page.text[:300]
+    assert page.status_code == 200 and "<iframe" in page.text, page.text[:300]
+    framed = page.text.split('<iframe sandbox="" title="', 1)[1].split('src="', 1)[1].split('"', 1)[0]
+    report = httpx.get(cluster.api_url + framed, headers=api.client.headers, timeout=30)
+    assert report.status_code == 200 and "Cap table" in report.text, report.text[:300]
     # The other cap field, and stop as what an unanswered question takes.
     assert detail["params"]["cap"]["schema"]["title"] == "Another cap (max_tokens)"
 
@@ -165,6 +170,13 @@ def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_
     refused = _refusal(api, run_id)
     assert refused == ("cap 50,000 is too large: the servers' context length is 40,960 tokens (prompt + "
                        "completion must fit); enter at most 40,959"), refused
+    # The question says where a refusal's reason shows (Airflow keeps a question's text as first posed), and
+    # the run's tab shows whose answer was refused and why, above the report.
+    assert "An answer refused here says why in this run's **tracegen report** tab" in detail["body"]
+    tab = httpx.get(f"{cluster.api_url}/tracegen/runs/{urllib.parse.quote(run_id, safe='')}",
+                    headers=api.client.headers, timeout=30)
+    assert ("The last answer was refused, so the question is asked again:</b> admin chose "
+            f"&quot;{OTHER}&quot;") in tab.text and html.escape(refused) in tab.text, tab.text[:2000]
     assert api.run(GENERATE, run_id)["state"] == "running"
 
     response = _answer(api, run_id, OTHER, 9000)
@@ -206,20 +218,32 @@ def test_chromium_shows_the_required_action_with_the_cap_table_and_a_click_resum
         assert any(r.startswith("4,096 (current)") for r in rows), rows
         assert "Another cap (max_tokens)" in text and "Open the report" in text
         SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
-        browser.screenshot(SCREENSHOT_DIR / "required-action.png")
+        journey_shot(browser, "2-required-action")
 
         # "Another cap" with nothing typed: refused, and the question opens again.
         browser.click(f'[data-testid="hitl-option-{OTHER}"]')
-        assert _refusal(api, run_id).startswith(f"'{OTHER}' needs a cap in the form's 'cap' field")
+        refused = _refusal(api, run_id)
+        assert refused.startswith(f"'{OTHER}' needs a cap in the form's 'cap' field")
+        browser.goto(page)
+        browser.wait_for(f"(b => b && !b.disabled)(document.querySelector({json.dumps(button)}))", 60)
+        assert "An answer refused here says why in this run's tracegen report tab" in browser.text()
+        # The reason is in the run's tab, above the report the question was built from.
+        browser.goto(f"{cluster.api_url}/tracegen/runs/{urllib.parse.quote(run_id, safe='')}")
+        text = browser.text()
+        assert "The last answer was refused, so the question is asked again:" in text and refused in text, text[:800]
+        journey_shot(browser, "3-refused-answer-in-the-tab")
         browser.goto(page)
         browser.wait_for(f"(b => b && !b.disabled)(document.querySelector({json.dumps(button)}))", 60)
 
         browser.click(button)
         assert api.wait_run(GENERATE, run_id, 300) == "success", api.describe(GENERATE, run_id)
         browser.goto(f"{cluster.api_url}/tracegen/runs/{urllib.parse.quote(run_id, safe='')}")
+        browser.wait_for("!!document.querySelector('iframe[sandbox]')", 30)
+        journey_shot(browser, "4-report-with-decision")
+        # The stored report the tab frames, opened at its own URL (the frame's origin is opaque).
+        browser.goto(cluster.api_url + browser.eval("document.querySelector('iframe[sandbox]').getAttribute('src')"))
         browser.wait_for("document.body.innerText.includes('DECISION')", 30)
         assert "answered by admin" in browser.text()
-        browser.screenshot(SCREENSHOT_DIR / "report-with-decision.png")
     finally:
         browser.close()
     decision = _check_completed_at(output, run_id, cap)
@@ -251,7 +275,9 @@ def test_an_unanswered_question_stops_the_run(cluster: AirflowCluster, api: Airf
     assert states["generate_at_decided_cap"] == {"skipped"} and states["watcher"] == {"skipped"}, states
     assert states["final_report"] == {"success"}
     _no_failed_task(states)
-    _tab_says_stopped(cluster, api, run_id, "pilot-report.html")
+    # Who stopped it and when: nobody, by the question's timeout (issue #31 finding 5).
+    assert "(stopped: nobody answered the gate&#x27;s question by " in _tab_says_stopped(
+        cluster, api, run_id, "pilot-report.html")
     record, report = _record(output, run_id)
     decision = record["decisions"][-1]
     assert (decision["option"], decision["cap"], decision["timed_out"], decision["responded_by"]) == (
@@ -291,8 +317,8 @@ def test_the_continuous_gate_asks_instead_of_failing_chunks(
     # after it are held (skipped, not failed), and the run asks about the rows they left.
     run_id, output = _trigger(cluster, api, dataset, "out-drift", pilot_size=0)
     detail = _question(cluster, api, run_id)
-    assert detail["subject"] == ("The running truncation rate held chunks back at max_tokens=4,096: continue at "
-                                 "which cap?")
+    assert detail["subject"] == (f"Run {safe_run_id(run_id)}: The running truncation rate held chunks back at "
+                                 "max_tokens=4,096: continue at which cap?")
     assert "in the rows generated so far (the continuous gate's sample)" in detail["body"]
     assert "/gate-report.html)" in detail["body"]
     states = _states(api, run_id)
@@ -356,3 +382,44 @@ def test_a_run_the_gate_passes_asks_nothing(cluster: AirflowCluster, api: Airflo
     assert record["decisions"] == [] and report["decisions"] == []
     assert not (output / "runs" / safe_run_id(run_id) / "question.json").exists()
     assert dataset_status(str(output))["left"] == 0
+
+
+def _task_log(api: AirflowApi, run_id: str, task_id: str) -> str:
+    ti = next(t for t in api.task_instances(GENERATE, run_id) if t["task_id"] == task_id and t["map_index"] == -1)
+    response = api.client.get(f"/dags/{GENERATE}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/"
+                              f"{task_id}/logs/{max(ti['try_number'], 1)}", headers={"Accept": "application/json"})
+    return response.text
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_first_task_is_the_one_failure_and_the_final_tasks_skip_saying_why(
+    cluster: AirflowCluster, api: AirflowApi, dataset: Path
+) -> None:
+    """Issue #31 finding 8: prepare_run fails on a missing dataset; final_report and teardown_fleet are
+    skipped, each saying why, instead of failing on the run prepare_run never handed over."""
+    run_id, _ = _trigger(cluster, api, dataset, "out-missing", dataset_uri=str(cluster.root / "no-such.jsonl"))
+    assert api.wait_run(GENERATE, run_id, 240) == "failed", api.describe(GENERATE, run_id)
+    states = _states(api, run_id)
+    assert states["prepare_run"] == {"failed"}, states
+    assert states["final_report"] == {"skipped"} and states["teardown_fleet"] == {"skipped"}, states
+    failed = {t for t, st in states.items() if "failed" in st}
+    assert failed <= {"prepare_run", "watcher"}, states  # the watcher is what marks the run failed
+    assert "prepare_run did not describe the run" in _task_log(api, run_id, "final_report")
+    assert "no server was launched for it" in _task_log(api, run_id, "teardown_fleet")
+
+
+@pytest.mark.timeout(300)
+def test_a_cap_the_fleet_cannot_hold_fails_the_first_task_before_any_server_starts(
+    cluster: AirflowCluster, api: AirflowApi, dataset: Path
+) -> None:
+    """Issue #31 finding 3: 10,000,000 typed in the trigger form goes out clamped to the form's maximum,
+    1,048,576; the run's first task refuses it against the fleet's declared context length, naming the
+    bound, and no server is launched for it."""
+    run_id, output = _trigger(cluster, api, dataset, "out-clamped", max_tokens=1_048_576)
+    assert api.wait_run(GENERATE, run_id, 240) == "failed", api.describe(GENERATE, run_id)
+    states = _states(api, run_id)
+    assert states["prepare_run"] == {"failed"} and states["provision_fleet"] == {"upstream_failed"}, states
+    assert states["final_report"] == {"skipped"} and states["teardown_fleet"] == {"skipped"}, states
+    log = _task_log(api, run_id, "prepare_run")
+    assert "max_tokens 1,048,576 is too large: the servers' context length is 40,960 tokens" in log, log[-2000:]
+    assert not (output / "runs").exists()  # nothing written, nothing generated
