@@ -170,8 +170,8 @@ def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_
     assert refused == ("cap 50,000 is too large: the servers' context length is 40,960 tokens (prompt + "
                        "completion must fit); enter at most 40,959"), refused
     # The question says where a refusal's reason shows (Airflow keeps a question's text as first posed).
-    # The run's tab showing it (review/next_step.py, from review_cap's XCom) does not yet on the real
-    # scheduler: the tab's page came back without it. Open in issue #31; the reason above is the XCom's.
+    # The run's tab is meant to show it too (review/next_step.py, from review_cap's XCom), but on the real
+    # scheduler its page comes back without it, so only the XCom's reason above is checked.
     assert "An answer refused here says why in this run's **tracegen report** tab" in detail["body"]
     assert api.run(GENERATE, run_id)["state"] == "running"
 
@@ -271,7 +271,7 @@ def test_an_unanswered_question_stops_the_run(cluster: AirflowCluster, api: Airf
     assert states["generate_at_decided_cap"] == {"skipped"} and states["watcher"] == {"skipped"}, states
     assert states["final_report"] == {"success"}
     _no_failed_task(states)
-    # Who stopped it and when: nobody, by the question's timeout (issue #31 finding 5).
+    # Who stopped it and when: nobody, by the question's timeout (a stop by timeout names no reviewer).
     assert "(stopped: nobody answered the gate&#x27;s question by " in _tab_says_stopped(
         cluster, api, run_id, "pilot-report.html")
     record, report = _record(output, run_id)
@@ -391,7 +391,7 @@ def _task_log(api: AirflowApi, run_id: str, task_id: str) -> str:
 def test_a_failed_first_task_is_the_one_failure_and_the_final_tasks_skip_saying_why(
     cluster: AirflowCluster, api: AirflowApi, dataset: Path
 ) -> None:
-    """Issue #31 finding 8: prepare_run fails on a missing dataset; final_report and teardown_fleet are
+    """A failed first task fails one task: prepare_run fails on a missing dataset; final_report and teardown_fleet are
     skipped, each saying why, instead of failing on the run prepare_run never handed over."""
     run_id, _ = _trigger(cluster, api, dataset, "out-missing", dataset_uri=str(cluster.root / "no-such.jsonl"))
     assert api.wait_run(GENERATE, run_id, 240) == "failed", api.describe(GENERATE, run_id)

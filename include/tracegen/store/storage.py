@@ -303,13 +303,8 @@ class LocalStorage(Storage):
 
     def put(self, key: str, data: bytes) -> None:
         with self._parent(key, create=True) as (dfd, name):
-            tmp = f"{_TMP_PREFIX}{secrets.token_hex(8)}"
-            fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dfd)
+            tmp = _write_temp(dfd, data)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
                 # Replaces a link planted at `key` itself, never writes through it.
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException:
@@ -323,13 +318,8 @@ class LocalStorage(Storage):
 
     def create(self, key: str, data: bytes) -> bool:
         with self._parent(key, create=True) as (dfd, name):
-            tmp = f"{_TMP_PREFIX}{secrets.token_hex(8)}"
-            fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dfd)
+            tmp = _write_temp(dfd, data)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
                 # link() fails with EEXIST when the name exists (a link planted there too), atomically: the
                 # whole object appears or none.
                 try:
@@ -430,6 +420,25 @@ class LocalStorage(Storage):
 
     def uri_for(self, key: str) -> str:
         return self.uri + check_key(key)
+
+
+def _write_temp(dfd: int, data: bytes) -> str:
+    """`data` in a fresh, fsynced temp file of the directory `dfd`: the name to rename or link into place.
+    A failed write removes it."""
+    tmp = f"{_TMP_PREFIX}{secrets.token_hex(8)}"
+    fd = os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        raise
+    return tmp
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
