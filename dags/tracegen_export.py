@@ -22,8 +22,10 @@ import os
 import pendulum
 from airflow.sdk import Asset, AssetAlias, Param, dag, task
 
+from tracegen import dag_ids
+
 # Parsed every few seconds: nothing of tracegen.export (pandas, pyarrow) is imported until the task runs.
-ALIAS = "tracegen_export"  # tracegen.export.announce.ALIAS
+ALIAS = dag_ids.EXPORT_ALIAS
 LAYOUTS = ["messages", "tokens", "conversations"]  # tracegen.export.layouts.LAYOUTS
 
 PARAMS = {
@@ -43,7 +45,7 @@ PARAMS = {
 
 
 @dag(
-    dag_id="tracegen_export",
+    dag_id=dag_ids.EXPORT,
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,

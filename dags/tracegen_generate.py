@@ -42,7 +42,7 @@ import os
 import pendulum
 from airflow.sdk import TriggerRule, dag, task
 
-from tracegen import params, steps
+from tracegen import dag_ids, params, steps
 from tracegen.review_gate import CapReviewOperator
 
 # Seconds between retries of a task; the distributed end-to-end test shortens it so a task lost with its
@@ -54,7 +54,7 @@ LEAD = params.generate_chunk_concurrency()
 
 
 @dag(
-    dag_id="tracegen_generate",
+    dag_id=dag_ids.GENERATE,
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,

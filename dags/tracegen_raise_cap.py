@@ -19,11 +19,11 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import dag, task
 
-from tracegen import params, steps
+from tracegen import dag_ids, params, steps
 
 
 @dag(
-    dag_id="tracegen_raise_cap",
+    dag_id=dag_ids.RAISE_CAP,
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,

@@ -18,11 +18,11 @@ import os
 import pendulum
 from airflow.sdk import dag, task
 
-from tracegen import steps
+from tracegen import dag_ids, steps
 
 
 @dag(
-    dag_id="tracegen_rerun_failed",
+    dag_id=dag_ids.RERUN_FAILED,
     schedule=os.environ.get("TRACEGEN_RERUN_SCHEDULE", "@hourly"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from tracegen import dag_ids
 from tracegen.params import CONFIG_PARAMS, default_fleet_source, output_roots
 
 log = logging.getLogger(__name__)
@@ -364,7 +365,7 @@ def apply_decision(run: dict[str, Any], decision: dict[str, Any] | None) -> list
 def _as_decided(run: dict[str, Any]):
     """The run this task was handed, as decided: `apply_decision`'s XCom once the reviewer (or a raise)
     chose its cap, else the run `prepare_run` described. Airflow's metadata, never the record in the root."""
-    decided = _context()["ti"].xcom_pull(task_ids="apply_decision", key=DECIDED_RUN_KEY)
+    decided = _context()["ti"].xcom_pull(task_ids=dag_ids.APPLY_DECISION, key=DECIDED_RUN_KEY)
     return _spec(decided) if decided else _spec(run)
 
 
@@ -429,71 +430,68 @@ def watcher() -> None:
 
 # ---- tracegen_raise_cap ----------------------------------------------------------------------------
 
-GENERATE_DAG = "tracegen_generate"
-# The task that decides the run's cap and reads a raise once, when it starts: a raise is taken until then.
-_DECIDING_TASK = "ask_about_cap"
-_NOT_STARTED = ("none", "scheduled", "queued")
-_FINISHED = ("success", "skipped", "failed", "upstream_failed", "removed")
+GENERATE_DAG = dag_ids.GENERATE
 
 
 def raise_cap() -> dict[str, Any]:
-    """Raise the cap of a running `tracegen_generate` run (params `run_id`, `max_tokens`): checked against
-    the run as its first task described it and the servers' context length, then kept for the run's chunk
-    tasks and its decision (`tracegen.run.cap_raise`). Refused, naming why, when the run is not running,
-    has not been prepared yet, or has already decided its cap. An earlier raise counts only when its own
-    raise task made it (`cap_raise.verify`); the new one records this DagRun's triggering user and id,
-    and is what this task returns: the XCom a reader checks the Variable against."""
-    from airflow.sdk import Variable
+    """Raise the cap of a running `tracegen_generate` run (params `run_id`, `max_tokens`): checked, kept and
+    confirmed taken by `run.raise_request.request_raise`, with this DagRun's triggering user and id as who
+    raised it and where. A refusal fails the task without retries, naming why. The raise is what this task
+    returns: the XCom a reader checks the Variable against."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from tracegen.run.cap_raise import (
-        CapRaise,
-        RaiseRefused,
-        check_raise,
-        decode,
-        encode,
-        now_iso,
-        raise_facts,
-        served_context,
-        variable_key,
-    )
-    from tracegen.run.spec import RunSpec, RunSpecError
+    from tracegen.run.raise_request import RaiseRefused, request_raise
 
     ctx = _context()
-    ti, params = ctx["ti"], ctx["params"]
-    target = str(params["run_id"]).strip()
-    state = _dagrun_state(ti, target)
-    if state not in ("running", "queued"):
-        raise AirflowFailException(f"{GENERATE_DAG} run {target!r} is {state or 'not found'}: only a running "
-                                   "run's cap can be raised (a finished one resumes with a new run at the new cap)")
-    doc = ti.xcom_pull(task_ids="prepare_run", dag_id=GENERATE_DAG, run_id=target, key="run")
-    if not doc:
-        raise AirflowFailException(f"run {target!r} has not been prepared yet (its prepare_run has no result): "
-                                   "try again once it has")
+    target = str(ctx["params"]["run_id"]).strip()
     try:
-        spec = RunSpec.from_json(doc, f"run {target!r} as its prepare_run described it")
-        key = variable_key(spec.run_id)
-        servers = ti.xcom_pull(task_ids="provision_fleet", dag_id=GENERATE_DAG, run_id=target)
-        context_length = served_context(servers)
-        earlier = decode(Variable.get(key, default=None), spec.run_id,
-                         lambda r: raise_facts(ti, r, run_cap=spec.config.max_tokens, context_length=context_length))
-        # The cap first: a cap no run could take is refused as such, whatever moment it arrives at.
-        from_cap, cap = check_raise(spec, params["max_tokens"], context_length=context_length, earlier=earlier)
-        if _deciding_state(ti, target) not in _NOT_STARTED:
-            raise RaiseRefused(f"run {target!r} has already decided its cap ({_DECIDING_TASK} has started): start "
-                               "a new run at the new cap; it resumes from the ledger and extends the truncated rows")
-    except (RaiseRefused, RunSpecError) as exc:
+        raised = request_raise(_AirflowRaiseView(ctx["ti"]), target, ctx["params"]["max_tokens"],
+                               requested_by=ctx["dag_run"].triggering_user_name, raised_in=ctx["run_id"])
+    except RaiseRefused as exc:
         raise AirflowFailException(str(exc)) from None
-    raised = CapRaise(run_id=spec.run_id, cap=cap, from_cap=from_cap, requested_by=ctx["dag_run"].triggering_user_name,
-                      requested_at=now_iso(), raised_in=ctx["run_id"])
-    Variable.set(key, encode(raised), description=f"tracegen: raise of run {target}'s max_tokens")
-    if not _taken(ti, target, raised):
-        Variable.delete(key)
-        raise AirflowFailException(f"run {target!r} decided its cap while this raise was written; nothing "
-                                   "changed: start a new run at the new cap")
     log.warning("%s: chunk tasks starting from now generate at max_tokens=%d; the rows truncated under "
-                "%d are extended after the first fan-out", raised.summary(), cap, from_cap)
+                "%d are extended after the first fan-out", raised.summary(), raised.cap, raised.from_cap)
     return raised.to_json()
+
+
+class _AirflowRaiseView:
+    """`run.raise_request.RaiseView` over the task API and Airflow Variables."""
+
+    def __init__(self, ti) -> None:
+        from airflow.sdk import Variable
+
+        self.ti, self.variable = ti, Variable
+
+    def run_state(self, run_id: str) -> str | None:
+        return _dagrun_state(self.ti, run_id)
+
+    def prepared_run(self, run_id: str) -> Any:
+        return self.ti.xcom_pull(task_ids=dag_ids.PREPARE_RUN, dag_id=GENERATE_DAG, run_id=run_id, key="run")
+
+    def servers(self, run_id: str) -> Any:
+        return self.ti.xcom_pull(task_ids=dag_ids.PROVISION_FLEET, dag_id=GENERATE_DAG, run_id=run_id)
+
+    def deciding_state(self, run_id: str) -> str:
+        states = self.ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[run_id], task_ids=[dag_ids.DECIDING_TASK])
+        state = ((states or {}).get(run_id) or {}).get(dag_ids.DECIDING_TASK)
+        return str(state).removeprefix("TaskInstanceState.").lower() if state is not None else "none"
+
+    def decided(self, run_id: str) -> Any:
+        return self.ti.xcom_pull(task_ids=dag_ids.DECIDING_TASK, dag_id=GENERATE_DAG, run_id=run_id)
+
+    def facts(self, raised, *, run_cap: int, context_length: int | None):
+        from tracegen.run.cap_raise import raise_facts
+
+        return raise_facts(self.ti, raised, run_cap=run_cap, context_length=context_length)
+
+    def stored(self, key: str) -> str | None:
+        return self.variable.get(key, default=None)
+
+    def store(self, key: str, text: str, description: str) -> None:
+        self.variable.set(key, text, description=description)
+
+    def withdraw(self, key: str) -> None:
+        self.variable.delete(key)
 
 
 def _dagrun_state(ti, run_id: str) -> str | None:
@@ -502,32 +500,6 @@ def _dagrun_state(ti, run_id: str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - the API answers an unknown run with an error, not a state
         log.info("state of %s run %r: %s", GENERATE_DAG, run_id, exc)
         return None
-
-
-def _deciding_state(ti, run_id: str) -> str:
-    states = ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[run_id], task_ids=[_DECIDING_TASK])
-    state = ((states or {}).get(run_id) or {}).get(_DECIDING_TASK)
-    return str(state).removeprefix("TaskInstanceState.").lower() if state is not None else "none"
-
-
-def _taken(ti, run_id: str, raised) -> bool:
-    """Whether the run will act on the raise just written. It reads it when `ask_about_cap` starts: not
-    started yet, it will; started, it may have read before the write, so wait for it (seconds) and see
-    whether its decision is this raise."""
-    import time
-
-    state, deadline = _deciding_state(ti, run_id), time.monotonic() + 600
-    while state not in _NOT_STARTED and state not in _FINISHED:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{_DECIDING_TASK} of run {run_id!r} has been {state} for 10 minutes: whether it "
-                               f"took the raise is in its log (and in run.json's decisions once it is done)")
-        time.sleep(2)
-        state = _deciding_state(ti, run_id)
-    if state in _NOT_STARTED:
-        return True
-    decided = ti.xcom_pull(task_ids=_DECIDING_TASK, dag_id=GENERATE_DAG, run_id=run_id) or {}
-    return ((decided.get("decided") or {}).get("responded_at") == raised.requested_at
-            and (decided.get("decided") or {}).get("cap") == raised.cap)
 
 
 # ---- tracegen_rerun_failed -------------------------------------------------------------------------
@@ -546,7 +518,7 @@ class _AirflowRuns:
     def spec(self, run_id: str):
         from tracegen.run.spec import RunSpec, RunSpecError
 
-        for task_id in ("apply_decision", "prepare_run"):
+        for task_id in (dag_ids.APPLY_DECISION, dag_ids.PREPARE_RUN):
             doc = self.ti.xcom_pull(task_ids=task_id, dag_id=GENERATE_DAG, run_id=run_id, key=DECIDED_RUN_KEY)
             if doc:
                 try:

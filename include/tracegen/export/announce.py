@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-ALIAS = "tracegen_export"  # the AssetAlias every export is announced through (dags/tracegen_export.py)
 ASSET_GROUP = "tracegen"
 
 

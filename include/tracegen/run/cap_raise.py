@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from tracegen import dag_ids
 from tracegen.audit.review import OTHER, RAISE, CapDecision
 from tracegen.cap_rule import CapRefused, check_cap
 from tracegen.run.spec import RunSpec, RunSpecError
@@ -37,8 +38,8 @@ from tracegen.run.spec import RunSpec, RunSpecError
 log = logging.getLogger(__name__)
 
 VARIABLE_PREFIX = "tracegen_cap_raise__"
-GENERATE_DAG = "tracegen_generate"
-RAISE_DAG, RAISE_TASK = "tracegen_raise_cap", "raise_cap"  # the DAG and task that make a raise
+GENERATE_DAG = dag_ids.GENERATE
+RAISE_DAG, RAISE_TASK = dag_ids.RAISE_CAP, dag_ids.RAISE_TASK  # the DAG and task that make a raise
 
 
 class RaiseRefused(ValueError):
@@ -153,7 +154,7 @@ def verify(raised: CapRaise, facts: RaiseFacts) -> CapRaise:
     by the one cap rule against the run's cap and the servers' context length, as read now.
 
     Until the raise task has succeeded (it writes the Variable, then checks the run has not decided yet)
-    its raise is not taken; `steps._taken` settles the race with `ask_about_cap` as before: had that task
+    its raise is not taken; `run.raise_request` settles the race with `ask_about_cap` as before: had that task
     read the Variable in between, its decision is not this raise, and the raise is withdrawn and refused."""
     if facts.raise_state != "success":
         raise RaiseRefused(f"it names {RAISE_DAG} run {raised.raised_in!r}, whose {RAISE_TASK} task is "
@@ -220,9 +221,9 @@ def airflow_facts(ti: Any, run_id: str | None = None) -> Callable[[CapRaise], Ra
     where = {} if run_id is None else {"dag_id": GENERATE_DAG, "run_id": run_id}
 
     def facts(raised: CapRaise) -> RaiseFacts:
-        doc = ti.xcom_pull(task_ids="prepare_run", key="run", map_indexes=-1, **where)
+        doc = ti.xcom_pull(task_ids=dag_ids.PREPARE_RUN, key="run", map_indexes=-1, **where)
         spec = RunSpec.from_json(doc, "the run as its prepare_run described it")
-        servers = ti.xcom_pull(task_ids="provision_fleet", map_indexes=-1, **where)
+        servers = ti.xcom_pull(task_ids=dag_ids.PROVISION_FLEET, map_indexes=-1, **where)
         return raise_facts(ti, raised, run_cap=spec.config.max_tokens, context_length=served_context(servers))
 
     return facts

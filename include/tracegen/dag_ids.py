@@ -1,0 +1,22 @@
+"""The names of tracegen's DAGs and of the tasks other code reads across runs (their states and XComs).
+
+The DAG files use these ids, and everything that looks a run up in Airflow's metadata names it by them,
+so a renamed DAG or task is renamed in one place.
+"""
+
+GENERATE = "tracegen_generate"
+RAISE_CAP = "tracegen_raise_cap"
+RERUN_FAILED = "tracegen_rerun_failed"
+EXPORT = "tracegen_export"
+FLEET = "tracegen_fleet"
+# The AssetAlias every export is announced through: a trainer's DAG schedules on it.
+EXPORT_ALIAS = "tracegen_export"
+
+# Tasks of tracegen_generate whose results other runs read.
+PREPARE_RUN = "prepare_run"  # its `run` XCom: the run as first described
+PROVISION_FLEET = "provision_fleet"  # its result: the servers, with their context length
+DECIDING_TASK = "ask_about_cap"  # decides the run's cap; reads a raise once, when it starts
+APPLY_DECISION = "apply_decision"  # its `run` XCom: the run as decided
+
+# The task of tracegen_raise_cap that makes a raise; its result is what a reader checks the raise against.
+RAISE_TASK = "raise_cap"
