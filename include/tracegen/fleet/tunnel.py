@@ -8,6 +8,13 @@ through one tunnel every request timed out, and at 7 servers the first requests 
 disconnected without sending a response" until the servers were quarantined. It also finds a ready
 connection by scanning all of them, O(n) per chunk of data.
 
+Why not the provider's asyncio tunnel either (`SSHHookAsync.get_tunnel`, asyncssh 2.24's
+`forward_local_port`): its loop has no descriptor limit, but it listens with asyncio's default backlog of
+100, which the provider cannot raise. Through the same test this forwarder passes (600 concurrent
+connections past descriptor 1,024, `tests/include/tracegen/fleet/test_fleet_ssh.py`, against the test
+sshd) it carried 404 and then 504 of the 600; the rest were reset by the listener. It would also need an
+event loop thread and a second SSH connection beside the paramiko one the fleet's commands use.
+
 This one waits with the platform's selector (epoll on Linux, no descriptor limit), keeps each forwarded
 connection in a dict by descriptor, and listens with a backlog for a whole fleet's worth of connects.
 Data is copied both ways in 64 KiB reads; a connection ends when either side closes, as HTTP needs.
