@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tracegen.audit import measure_report
+from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure, figures_from_report
+from tracegen.audit.formats import duration_fine, gpu_hours, num, pct
 from tracegen.audit.stats import pivot_text
 
 SCHEMA_VERSION = 1
@@ -67,92 +69,6 @@ def validate_report_json(report: Mapping[str, Any]) -> None:
 
 def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
-
-
-def _pct(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}%"
-
-
-# The two truncation figures a reviewer reads, each under one name wherever it is shown: this report, the
-# review pages (progress, run list), the gate's question and `python -m tracegen status`.
-AT_CAP = "truncated at the cap"
-AT_CAP_MEANS = ("of the rows judged at the run's cap, those it cuts: rows since continued past the cap count, "
-                "rows cut under a lower cap do not (the gate's figure)")
-STILL = "still truncated"
-STILL_MEANS = "of all completed rows (each index's current row), those that end cut by a cap: the export leaves them out"
-
-
-def figure(count: int, of: int) -> str:
-    """One figure as every place writes it: '56 of 3,000 (1.9%)'."""
-    return f"{count:,} of {of:,} ({_pct(count / of if of else None)})"
-
-
-def figures_from_report(report: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
-    """{name: (count, of)} of a report.json: the gate's counts and the audit's current truncated rows."""
-    out = {}
-    v, t = report.get("verdict") or {}, ((report.get("audit") or {}).get("truncation") or {})
-    if isinstance(v.get("truncated"), int) and isinstance(v.get("total"), int):
-        out[AT_CAP] = (v["truncated"], v["total"])
-    if isinstance(t.get("truncated"), int) and isinstance(t.get("ok_rows"), int):
-        out[STILL] = (t["truncated"], t["ok_rows"])
-    return out
-
-
-def figures_from_ledger(frame: Any, max_tokens: int) -> dict[str, tuple[int, int]]:
-    """The same figures counted from a ledger frame at a cap, as the report's audit counts them."""
-    from tracegen.audit.stats import gate_counts
-    from tracegen.store.current import current_mask
-    from tracegen.store.records import OK
-
-    if not len(frame):
-        return {AT_CAP: (0, 0), STILL: (0, 0)}
-    ok = current_mask(frame) & (frame["status"] == OK).to_numpy()
-    cut = ok & (frame["finish_reason"] == "length").to_numpy()
-    return {AT_CAP: gate_counts(frame, max_tokens), STILL: (int(cut.sum()), int(ok.sum()))}
-
-
-def figures_text(figures: Mapping[str, tuple[int, int]], sep: str = " · ") -> str:
-    """'truncated at the cap: 56 of 3,000 (1.9%) · still truncated: 48 of 2,950 (1.6%)'."""
-    return sep.join(f"{name}: {figure(*figures[name])}" for name in (AT_CAP, STILL) if name in figures)
-
-
-def _hours(x: Any) -> str:
-    """Hours with the precision a person needs: minutes for short runs, whole hours for week-long ones."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    if x < 1:
-        return f"{x * 60:.1f} min"
-    return f"{x:,.1f} h" if x < 100 else f"{x:,.0f} h"
-
-
-def _sig(x: float, digits: int = 3) -> str:
-    """`digits` significant digits: costs that differ by a few percent still read differently."""
-    if x == 0:
-        return "0"
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
-    return f"{x:,.{decimals}f}"
-
-
-def _duration_fine(hours: Any) -> str:
-    """A cost in time to three significant digits, in seconds, minutes or hours (the cap table's ETA)."""
-    if hours is None or (isinstance(hours, float) and math.isnan(hours)):
-        return "–"
-    seconds = hours * 3600
-    if seconds < 90:
-        return f"{_sig(seconds)} s"
-    if seconds < 5400:
-        return f"{_sig(seconds / 60)} min"
-    return f"{_sig(hours)} h"
-
-
-def _gpu_hours(x: Any) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{_sig(x)} GPU-h"
-
-
-def _num(x: Any, digits: int = 0) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:,.{digits}f}" if isinstance(x, float) else f"{x:,}"
 
 
 def _excerpt(text: str | None) -> str:
@@ -264,8 +180,8 @@ def summary_text(audit: Any, capfit: Any = None, gate: Any = None, measurement: 
         f"{r['current_by_status']['invalid']:,} invalid); {r['superseded_rows']:,} superseded ledger rows"
     )
     lines.append(
-        f"tokens: mean {_num(tok['mean'])}, median {_num(tok['median'])}, P90 {_num(tok['p90'])}, "
-        f"P99 {_num(tok['p99'])}, max {_num(tok['max'])}; truncated {_pct(t['rate'])} "
+        f"tokens: mean {num(tok['mean'])}, median {num(tok['median'])}, P90 {num(tok['p90'])}, "
+        f"P99 {num(tok['p99'])}, max {num(tok['max'])}; truncated {pct(t['rate'])} "
         f"({t['truncated']:,}; {t['cut_in_reasoning']:,} in thinking, {t['cut_in_answer']:,} in answer)"
     )
     if (pivot := pivot_text(a.get("pivot") or {})) is not None:
@@ -274,7 +190,7 @@ def summary_text(audit: Any, capfit: Any = None, gate: Any = None, measurement: 
         lines.append(f"pivot: {a['pivot']['joined_seams']:,} extended rows joined from two texts (no /detokenize): "
                      "their seams may hold U+FFFD")
     if capfit is not None:
-        cells = [f"{row.cap}: {_pct(row.truncation)}" for row in capfit.rows]
+        cells = [f"{row.cap}: {pct(row.truncation)}" for row in capfit.rows]
         lines.append("predicted truncation by cap — " + ", ".join(cells))
     flagged = [s for s in a["by_server"] if s["flags"]]
     for s in flagged:
@@ -400,7 +316,7 @@ def _svg_bars(items: list[tuple[str, int]]) -> str:
         parts.append(f'<text x="{ml - 8}" y="{y + 15}" text-anchor="end">{_e(name)}</text>')
         parts.append(f'<rect x="{ml}" y="{y + 2}" width="{max(bw, 1):.1f}" height="{row - 6}" '
                      f'fill="{colors.get(name, "#889")}"/>')
-        parts.append(f'<text x="{ml + bw + 6:.1f}" y="{y + 15}">{c:,} ({_pct(c / total)})</text>')
+        parts.append(f'<text x="{ml + bw + 6:.1f}" y="{y + 15}">{c:,} ({pct(c / total)})</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -431,16 +347,16 @@ def _svg_cap_curve(cap_table: dict[str, Any]) -> str:
              f'<line x1="{ml}" y1="{sy(thr):.1f}" x2="{ml + pw}" y2="{sy(thr):.1f}" stroke="#c0392b" '
              f'stroke-dasharray="5 4"/>',
              f'<text x="{ml + pw}" y="{sy(thr) - 4:.1f}" text-anchor="end" fill="#c0392b">threshold '
-             f'{_pct(thr)}</text>',
+             f'{pct(thr)}</text>',
              f'<line x1="{ml}" y1="{mt + ph}" x2="{ml + pw}" y2="{mt + ph}" stroke="#334"/>',
-             f'<text x="{ml - 6}" y="{mt + 8}" text-anchor="end">{_pct(ymax, 0)}</text>',
+             f'<text x="{ml - 6}" y="{mt + 8}" text-anchor="end">{pct(ymax, 0)}</text>',
              f'<text x="{ml - 6}" y="{mt + ph}" text-anchor="end">0%</text>']
     for r in rows:
         rec = r["cap"] == cap_table["recommended_cap"]
         cur = r["cap"] == cap_table["current_cap"]
         fill = "#2e8b57" if rec else ("#c0392b" if cur else "#4a7bd0")
         parts.append(f'<circle cx="{sx(r["cap"]):.1f}" cy="{sy(r["truncation"]):.1f}" r="{5 if rec or cur else 3}" '
-                     f'fill="{fill}"><title>{r["cap"]}: {_pct(r["truncation"])}</title></circle>')
+                     f'fill="{fill}"><title>{r["cap"]}: {pct(r["truncation"])}</title></circle>')
         parts.append(f'<text x="{sx(r["cap"]):.1f}" y="{h - 12}" text-anchor="middle">{r["cap"]:,}</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -511,7 +427,7 @@ def _final_next_steps(report: dict[str, Any]) -> str:
                      "<code>--include-truncated</code>; to finish them, trigger again at a higher cap (they are "
                      "continued from their tokens)")
     if cs["failed"]:
-        steps.append(f"{_num(cs['failed'])} rows failed: <code>tracegen_rerun_failed</code> retries them hourly")
+        steps.append(f"{num(cs['failed'])} rows failed: <code>tracegen_rerun_failed</code> retries them hourly")
     return ('<div class="verdict none"><b class="v">next</b>this is the final audit of a finished run.'
             f'<div><b>What to do:</b> {"; ".join(steps)}.</div></div>')
 
@@ -522,17 +438,17 @@ def _decision_html(d: dict[str, Any]) -> str:
     if d.get("trigger") == "raise":
         return (f'<div class="verdict none"><b class="v">decision</b>the cap was raised mid-run by '
                 f"<b>{_e(d.get('responded_by') or 'unknown')}</b>, {_e(d.get('responded_at'))}: continue at "
-                f"max_tokens=<b>{_num(d.get('cap'))}</b> (from {_num(d.get('from_cap'))}); the chunks started "
+                f"max_tokens=<b>{num(d.get('cap'))}</b> (from {num(d.get('from_cap'))}); the chunks started "
                 "after it generated at the new cap, and the rows truncated under the old one were taken up "
                 "at it afterwards.</div>")
     gate = "pilot gate" if d.get("trigger") == "pilot" else "continuous gate (mid-run)"
     who = ("nobody answered before the question timed out; the run took its default" if d.get("timed_out")
            else f"answered by <b>{_e(d.get('responded_by') or 'unknown')}</b>")
-    what = (f"continue at max_tokens=<b>{_num(d['cap'])}</b> (from {_num(d.get('from_cap'))})"
+    what = (f"continue at max_tokens=<b>{num(d['cap'])}</b> (from {num(d.get('from_cap'))})"
             if d.get("cap") is not None else "<b>stop the run</b>")
-    rows = [[f"{_num(r.get('cap'))}", _pct(r.get("truncation")),
-             f"{_pct(r.get('truncation_low'))}–{_pct(r.get('truncation_high'))}",
-             _num(r.get("expected_tokens_per_row")), _duration_fine(r.get("eta_hours")), _gpu_hours(r.get("gpu_hours")),
+    rows = [[f"{num(r.get('cap'))}", pct(r.get("truncation")),
+             f"{pct(r.get('truncation_low'))}–{pct(r.get('truncation_high'))}",
+             num(r.get("expected_tokens_per_row")), duration_fine(r.get("eta_hours")), gpu_hours(r.get("gpu_hours")),
              _e(r.get("basis"))] for r in d.get("cap_rows") or []]
     table = _table(["max_tokens", "predicted truncation", "interval", "tokens/row", "ETA", "GPU time", "basis"],
                    rows, row_class=["rec" if r.get("cap") == d.get("cap") else "" for r in d.get("cap_rows") or []])
@@ -555,24 +471,24 @@ def _cap_table_html(ct: dict[str, Any] | None) -> str:
         headers += [f"tokens for the {left:,} rows left", "ETA", "GPU time"]
     rows, classes = [], []
     for r in ct["rows"]:
-        cells = [f"{r['cap']:,}" + (" (context)" if r["clipped_to_context"] else ""), _pct(r["truncation"]),
-                 f"{_pct(r['truncation_low'])}–{_pct(r['truncation_high'])}", _num(r["expected_tokens_per_row"]),
+        cells = [f"{r['cap']:,}" + (" (context)" if r["clipped_to_context"] else ""), pct(r["truncation"]),
+                 f"{pct(r['truncation_low'])}–{pct(r['truncation_high'])}", num(r["expected_tokens_per_row"]),
                  f"{r['tokens_vs_current']:.2f}×", _e(r["basis"])]
         if has_tp:
             tokens = r["expected_tokens_per_row"] * left if r["expected_tokens_per_row"] is not None else None
-            cells += [_num(None if tokens is None else round(tokens)), _duration_fine(r["eta_hours"]),
-                      _gpu_hours(r["gpu_hours"])]
+            cells += [num(None if tokens is None else round(tokens)), duration_fine(r["eta_hours"]),
+                      gpu_hours(r["gpu_hours"])]
         rows.append(cells)
         classes.append("rec" if r["cap"] == ct["recommended_cap"] else ("cur" if r["cap"] == ct["current_cap"]
                                                                          else ""))
-    rec = (f"smallest cap meeting {_pct(ct['threshold'])}: <b>{ct['recommended_cap']:,}</b> "
-           f"(predicted {_pct(ct['recommended_truncation'])})" if ct["recommended_cap"] is not None
-           else f"no candidate cap meets {_pct(ct['threshold'])}")
+    rec = (f"smallest cap meeting {pct(ct['threshold'])}: <b>{ct['recommended_cap']:,}</b> "
+           f"(predicted {pct(ct['recommended_truncation'])})" if ct["recommended_cap"] is not None
+           else f"no candidate cap meets {pct(ct['threshold'])}")
     fit = ct["fit"]
     note = (f'<p class="muted">fit: {_e(fit["model"])}; {fit["rows"]:,} rows, {fit["censored_rows"]:,} censored; '
-            f"log-normal median {_num(fit['lognormal_median'])}, sigma {fit['lognormal_sigma']:.3f}; "
-            f"spliced at {_num(fit['splice_at'])}; {fit['bootstrap_replicates']} bootstrap replicates."
-            + (f" Throughput: {_num(ct['throughput']['tokens_per_s_per_gpu'])} tokens/s per GPU × "
+            f"log-normal median {num(fit['lognormal_median'])}, sigma {fit['lognormal_sigma']:.3f}; "
+            f"spliced at {num(fit['splice_at'])}; {fit['bootstrap_replicates']} bootstrap replicates."
+            + (f" Throughput: {num(ct['throughput']['tokens_per_s_per_gpu'])} tokens/s per GPU × "
                f"{ct['throughput']['n_gpus']} GPUs, {ct['throughput']['rows_remaining']:,} rows remaining."
                if has_tp else "") + "</p>")
     notes = "".join(f'<p class="muted">{_e(n)}</p>' for n in ct["notes"])
@@ -582,8 +498,8 @@ def _cap_table_html(ct: dict[str, Any] | None) -> str:
 def _breakdown(rows: list[dict[str, Any]], key: str, title: str) -> str:
     if not rows:
         return ""
-    body = [[_e(r[key]), _num(r["rows"]), _num(r["truncated"]), _pct(r["truncation_rate"]),
-             _num(r["cut_in_reasoning"]), _num(r["mean_completion_tokens"])] for r in rows]
+    body = [[_e(r[key]), num(r["rows"]), num(r["truncated"]), pct(r["truncation_rate"]),
+             num(r["cut_in_reasoning"]), num(r["mean_completion_tokens"])] for r in rows]
     return f"<h3>{_e(title)}</h3>" + _table(
         [key, "rows", "truncated", "rate", "cut in thinking", "mean tokens"], body)
 
@@ -615,32 +531,32 @@ def _html(report: dict[str, Any]) -> str:
     out.append(_svg_histogram(a["histogram"], a["max_tokens"]))
     out.append(_table(
         ["rows", "mean", "median", "P90", "P99", "max", "reasoning share", "mean thinking", "mean answer"],
-        [[_num(tok["count"]), _num(tok["mean"]), _num(tok["median"]), _num(tok["p90"]), _num(tok["p99"]),
-          _num(tok["max"]), _pct(tok["reasoning_share"]), _num(tok["reasoning_mean"]), _num(tok["answer_mean"])]],
+        [[num(tok["count"]), num(tok["mean"]), num(tok["median"]), num(tok["p90"]), num(tok["p99"]),
+          num(tok["max"]), pct(tok["reasoning_share"]), num(tok["reasoning_mean"]), num(tok["answer_mean"])]],
         left=0))
     out.append(_table(["bucket", "rows", "share"],
-                      [[_e(b["label"]), _num(b["count"]), _pct(b["share"])] for b in a["buckets"]]))
+                      [[_e(b["label"]), num(b["count"]), pct(b["share"])] for b in a["buckets"]]))
 
     out.append("<h2>Finish reasons</h2>")
     out.append(_svg_bars(sorted(a["finish_reasons"].items(), key=lambda kv: -kv[1])))
     out.append(_table(["", "rows"], [
         [f"{STILL}, of all completed rows (each index's current row, any cap)",
-         f"{_num(tr['truncated'])} of {_num(tr.get('ok_rows'))} ({_pct(tr['rate'])})"],
+         f"{num(tr['truncated'])} of {num(tr.get('ok_rows'))} ({pct(tr['rate'])})"],
         [f"truncated, of the rows generated at max_tokens={a['max_tokens']:,} (this cap only)",
-         f"{_num(tr['at_cap_truncated'])} of "
-                                                          f"{_num(tr['at_cap_rows'])} ({_pct(tr['at_cap_rate'])})"],
-        ["… cut inside the thinking trace", _num(tr["cut_in_reasoning"])],
-        ["… cut inside the answer", _num(tr["cut_in_answer"])],
-        ["truncated under a lower cap", _num(tr["truncated_under_lower_cap"])],
+         f"{num(tr['at_cap_truncated'])} of "
+                                                          f"{num(tr['at_cap_rows'])} ({pct(tr['at_cap_rate'])})"],
+        ["… cut inside the thinking trace", num(tr["cut_in_reasoning"])],
+        ["… cut inside the answer", num(tr["cut_in_answer"])],
+        ["truncated under a lower cap", num(tr["truncated_under_lower_cap"])],
     ]))
 
     out.append("<h2>Rows</h2>")
     cs = rows["current_by_status"]
     out.append(_table(["ledger rows", "indices", "ok", "failed", "rejected", "invalid", "superseded",
                        "superseded truncated", "superseded failed"],
-                      [[_num(rows["ledger_rows"]), _num(rows["indices"]), _num(cs["ok"]), _num(cs["failed"]),
-                        _num(cs["rejected"]), _num(cs["invalid"]), _num(rows["superseded_rows"]),
-                        _num(rows["superseded_truncated"]), _num(rows["superseded_failed"])]], left=0))
+                      [[num(rows["ledger_rows"]), num(rows["indices"]), num(cs["ok"]), num(cs["failed"]),
+                        num(cs["rejected"]), num(cs["invalid"]), num(rows["superseded_rows"]),
+                        num(rows["superseded_truncated"]), num(rows["superseded_failed"])]], left=0))
 
     pv = a.get("pivot") or {}
     if pivot_text(pv) is not None:
@@ -648,16 +564,16 @@ def _html(report: dict[str, Any]) -> str:
         out.append('<p class="muted">Rows of this run that replaced a row truncated under a lower cap: '
                    "continued from its exact tokens (extended), or generated again from scratch.</p>")
         out.append(_table(["", "rows", "tokens spent"], [
-            ["extended from their tokens", _num(pv["extended"]), _num(pv["extended_new_tokens"])],
-            ["… of which now finish", _num(pv["extended_finished"]), ""],
-            ["regenerated", _num(pv["regenerated"]), ""],
-            ["regenerated: no token ids to extend from", _num(pv["fallback_regenerated"]), ""],
-            ["regenerated (both)", _num(pv["regenerated"] + pv["fallback_regenerated"]),
-             _num(pv["regenerated_tokens"])],
-            ["tokens saved against regenerating the extended rows (their prefixes)", "", _num(pv["tokens_saved"])],
+            ["extended from their tokens", num(pv["extended"]), num(pv["extended_new_tokens"])],
+            ["… of which now finish", num(pv["extended_finished"]), ""],
+            ["regenerated", num(pv["regenerated"]), ""],
+            ["regenerated: no token ids to extend from", num(pv["fallback_regenerated"]), ""],
+            ["regenerated (both)", num(pv["regenerated"] + pv["fallback_regenerated"]),
+             num(pv["regenerated_tokens"])],
+            ["tokens saved against regenerating the extended rows (their prefixes)", "", num(pv["tokens_saved"])],
         ]))
     if pv.get("joined_seams"):
-        out.append(f'<p class="flag">{_num(pv["joined_seams"])} extended rows have their text joined from two '
+        out.append(f'<p class="flag">{num(pv["joined_seams"])} extended rows have their text joined from two '
                    "decodings (the server had no /detokenize): where the cut fell inside a character, the seam "
                    "holds U+FFFD.</p>")
 
@@ -668,25 +584,25 @@ def _html(report: dict[str, Any]) -> str:
         out.append("<h3>By server</h3>" + _table(
             ["server", "rows", "ok", "error rate", "truncation", "latency p50 (s)", "latency p90 (s)",
              "tokens/s per request", "flags"],
-            [[_e(s["server"]), _num(s["rows"]), _num(s["ok"]), _pct(s["error_rate"]), _pct(s["truncation_rate"]),
-              _num(s["latency_p50_s"], 1), _num(s["latency_p90_s"], 1), _num(s["tokens_per_s_per_request"], 1),
+            [[_e(s["server"]), num(s["rows"]), num(s["ok"]), pct(s["error_rate"]), pct(s["truncation_rate"]),
+              num(s["latency_p50_s"], 1), num(s["latency_p90_s"], 1), num(s["tokens_per_s_per_request"], 1),
               '<span class="flag">' + _e("; ".join(s["flags"])) + "</span>" if s["flags"] else ""]
              for s in a["by_server"]]))
     if a["by_chunk"]:
         out.append(f"<details><summary>By chunk ({len(a['by_chunk']):,} chunks)</summary>" + _table(
             ["chunk", "rows", "ok", "failed", "rejected", "invalid", "truncated", "rate", "mean latency (s)"],
-            [[_num(c["chunk"]), _num(c["rows"]), _num(c["ok"]), _num(c["failed"]), _num(c["rejected"]),
-              _num(c["invalid"]), _num(c["truncated"]), _pct(c["truncation_rate"]), _num(c["mean_latency_s"], 1)]
+            [[num(c["chunk"]), num(c["rows"]), num(c["ok"]), num(c["failed"]), num(c["rejected"]),
+              num(c["invalid"]), num(c["truncated"]), pct(c["truncation_rate"]), num(c["mean_latency_s"], 1)]
              for c in a["by_chunk"]], left=1) + "</details>")
 
     err, inv = a["errors"], a["invalid"]
-    out.append(f"<h2>Errors</h2><p>{_num(err['failed_rows'])} failed and {_num(err['rejected_rows'])} rejected "
-               f"ledger rows; {_num(err['current_failed'])} indices still failed, "
-               f"{_num(err['current_rejected'])} rejected; {_num(inv['rows'])} invalid dataset rows.</p>")
+    out.append(f"<h2>Errors</h2><p>{num(err['failed_rows'])} failed and {num(err['rejected_rows'])} rejected "
+               f"ledger rows; {num(err['current_failed'])} indices still failed, "
+               f"{num(err['current_rejected'])} rejected; {num(inv['rows'])} invalid dataset rows.</p>")
     msgs = err["top_messages"] + inv["top_messages"]
     if msgs:
         out.append(_table(["status", "message", "rows"],
-                          [[_e(m["status"]), _e(m["message"]), _num(m["count"])] for m in msgs], left=2))
+                          [[_e(m["status"]), _e(m["message"]), num(m["count"])] for m in msgs], left=2))
 
     out.append("<h2>Examples</h2>")
     if not report["examples"]:
@@ -698,8 +614,8 @@ def _html(report: dict[str, Any]) -> str:
         out.append(f"<h3>{_e(outcome.replace('_', ' '))}</h3>")
         for x in group:
             meta = (f"index {x['index']:,} · status {_e(x['status'])} · finish {_e(x['finish_reason'])} · "
-                    f"{_num(x['completion_tokens'])} tokens ({_num(x['reasoning_tokens'])} thinking) · "
-                    f"max_tokens {_num(x['max_tokens'])} · server {_e(x['server'])}")
+                    f"{num(x['completion_tokens'])} tokens ({num(x['reasoning_tokens'])} thinking) · "
+                    f"max_tokens {num(x['max_tokens'])} · server {_e(x['server'])}")
             body = f'<div class="ex"><div class="muted">{meta}</div>'
             if x["error"]:
                 body += f"<b>error</b><pre>{_e(x['error'])}</pre>"

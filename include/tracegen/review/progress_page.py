@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse
 
-from tracegen.audit.report import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure, figures_from_ledger
+from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure, figures_from_ledger
 from tracegen.review.access import RAISE_CAP_DAG, require_dag_read
 from tracegen.review.page import duration, e, html_response, nav_for, page
 from tracegen.review.read_model import RunView, read_run

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
-from tracegen.audit.report import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure
+from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure
 from tracegen.review.access import GENERATE_DAG, AirflowRun, airflow_run_path, require_dag_read
 from tracegen.review.page import badge, e, file_url, html_response, page, progress_url
 from tracegen.review.roots import RootListing, Site, list_root
