@@ -13,8 +13,8 @@ from typing import Any
 
 from tracegen.audit import measure_report
 from tracegen.audit.formats import num, pct
+from tracegen.audit.pivot import pivot_text
 from tracegen.audit.report_html import render_html
-from tracegen.audit.stats import pivot_text
 
 SCHEMA_VERSION = 1
 EXAMPLE_OUTCOMES = ("truncated_in_thinking", "truncated_in_answer", "error")

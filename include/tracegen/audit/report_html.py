@@ -18,8 +18,8 @@ from markupsafe import Markup
 from tracegen.audit import charts, measure_report
 from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure, figures_from_report
 from tracegen.audit.formats import duration_fine, gpu_hours, num, pct
+from tracegen.audit.pivot import pivot_text
 from tracegen.audit.rendering import render
-from tracegen.audit.stats import pivot_text
 
 VERDICT_CLASSES = ("pass", "stop", "warn", "damaged")
 # The answer a reviewer gives a stopped run that asks: the gate's own action is advice for a run that
