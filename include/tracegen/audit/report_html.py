@@ -22,13 +22,14 @@ from tracegen.audit.pivot import pivot_text
 from tracegen.audit.rendering import render
 
 VERDICT_CLASSES = ("pass", "stop", "warn", "damaged")
-# The answer a reviewer gives a stopped run that asks: the gate's own action is advice for a run that
-# stops, not for one waiting on its reviewer.
+# What to do about a stop verdict when the run asks its reviewer: the gate's own action is advice for a run
+# that stops there, not for one waiting on an answer.
 ASKED_ACTION = ("answer the run's question in Airflow's Required Actions: continue at the recommended cap or at "
                 "another one (the same run goes on; finished rows are kept), accept this truncation, or stop")
 
 
 def render_html(report: dict[str, Any], example_outcomes: tuple[str, ...]) -> str:
+    """The page for `report` (report.json's dict), its examples grouped in the order of `example_outcomes`."""
     a, run = report["audit"], report["run"]
     finished = _finished(report)
     pv = a.get("pivot") or {}
@@ -56,7 +57,7 @@ def render_html(report: dict[str, Any], example_outcomes: tuple[str, ...]) -> st
 
 
 def _verdict(v: dict[str, Any] | None, final: bool = False, asks: bool = False) -> dict[str, Any] | None:
-    """The verdict box: its class, verdict, reason and what to do (None: say nothing to do)."""
+    """The verdict box: its class, verdict, reason and what to do (`todo` None: nothing here)."""
     if v is None:
         return None
     cls = v["verdict"] if v["verdict"] in VERDICT_CLASSES else "none"
