@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tracegen.audit.capfit import cap_table, fit_lengths
+from tracegen.audit.capfit import cap_table
+from tracegen.audit.length_fit import fit_lengths
 from tracegen.audit.stats import audit, censoring_arrays
 
 

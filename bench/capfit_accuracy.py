@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import integrate, optimize, special, stats
 
-from tracegen.audit.capfit import cap_table, fit_lengths
+from tracegen.audit.capfit import cap_table
+from tracegen.audit.length_fit import fit_lengths
 from tracegen.audit.runaway import is_runaway, runaway_score, text_token_ids
 from tracegen.simulator.lengths import LAWS, LengthModel, fresh_sample
 from tracegen.simulator.protocol import plan_request, raw_text

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from occupancy_support.fleet import MODEL, Fleet, start_fleet  # noqa: E402
 
-from tracegen.audit.stats import current_mask, pivot_summary  # noqa: E402
+from tracegen.audit.pivot import pivot_summary  # noqa: E402
 from tracegen.config import SAMPLE_DATASET, RunConfig  # noqa: E402
 from tracegen.fleet import FleetSpec  # noqa: E402
 from tracegen.fleet.spec import HostSpec  # noqa: E402
@@ -49,6 +49,7 @@ from tracegen.run.prepare import prepare_run  # noqa: E402
 from tracegen.run.spec import FleetRef  # noqa: E402
 from tracegen.sglang.autotune import parse_metrics  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
+from tracegen.store.current import current_mask  # noqa: E402
 from tracegen.store.ledger import open_ledger  # noqa: E402
 from tracegen.store.records import OK  # noqa: E402
 

@@ -212,7 +212,7 @@ def main() -> int:
              f"are kept; the gate counts them because max_tokens={cap:,} alone would have cut them)")
     _say("  rows finished under 4096 were kept; rows truncated at 4096 were continued from their tokens, "
          "not generated again.")
-    from tracegen.audit.stats import pivot_text
+    from tracegen.audit.pivot import pivot_text
 
     _say(f"  rows continued from their tokens: {pivot_text(audit.get('pivot') or {}) or 'none'}")
 

@@ -115,8 +115,8 @@ class CapReviewOperator(HITLOperator):
 
 
 def figures_text(verdict: dict[str, Any]) -> str:
-    """The gate's truncation figure under the name every page gives it (`audit.report.AT_CAP`)."""
-    from tracegen.audit.report import AT_CAP, AT_CAP_MEANS, figure
+    """The gate's truncation figure under the name every page gives it (`audit.figures.AT_CAP`)."""
+    from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, figure
 
     if not isinstance(verdict.get("truncated"), int) or not isinstance(verdict.get("total"), int):
         return ""

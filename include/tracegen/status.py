@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
-from tracegen.audit.report import figures_from_ledger, figures_text
-from tracegen.audit.stats import pivot_summary, pivot_text
+from tracegen.audit.figures import figures_from_ledger, figures_text
+from tracegen.audit.pivot import pivot_summary, pivot_text
 from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
 from tracegen.store.current import current_mask
@@ -63,7 +63,7 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
             "invalid": int((status == INVALID).sum()),
             "truncated": truncated,
             "truncated_rate": truncated / len(ok) if len(ok) else None,
-            # The two truncation figures under the names every page uses (`audit.report`): {name: [count, of]}.
+            # The two truncation figures under the names every page uses (`audit.figures`): {name: [count, of]}.
             "truncation_figures": {k: list(v) for k, v in figures_from_ledger(usable, cap).items()},
             "finish_reasons": {str(k): int(v) for k, v in finish.items()},
             "completion_tokens": int(ok["completion_tokens"].sum()) if len(ok) else 0,

@@ -734,7 +734,7 @@ def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, b
     expected = run_progress(ledger, read_run_record(ledger, stored))
     text = browser.text()
     assert f"{expected['done']:,} of 400 dataset rows" in text and "rows/s" in text and "idle" not in text
-    from tracegen.audit.report import AT_CAP, STILL, figure, figures_from_ledger
+    from tracegen.audit.figures import AT_CAP, STILL, figure, figures_from_ledger
 
     figures = figures_from_ledger(ledger.frame(), 8192)
     assert f"{AT_CAP}\t{figure(*figures[AT_CAP])}; 95% interval" in text, text
@@ -828,7 +828,7 @@ def test_each_truncation_figure_reads_the_same_in_the_report_progress_list_quest
 ) -> None:
     """Issue #31 finding 2: one run, its two truncation figures, each under its one name and with the same
     number in the report, the progress page, the run list, the gate's question and `status`."""
-    from tracegen.audit.report import AT_CAP, STILL, figure, figures_from_report
+    from tracegen.audit.figures import AT_CAP, STILL, figure, figures_from_report
     from tracegen.audit.review import PILOT, question_from_report
     from tracegen.review_gate import CapReviewOperator
     from tracegen.status import dataset_status, format_status

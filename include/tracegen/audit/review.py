@@ -18,6 +18,7 @@ import datetime as dt
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tracegen.audit.formats import duration_fine, gpu_hours, num, pct
 from tracegen.cap_rule import CapRefused, lowest_cap, shown, whole_number
 from tracegen.cap_rule import check_cap as _check_cap
 
@@ -203,10 +204,6 @@ def _md(text: Any) -> str:
 
 def question_body(q: CapQuestion) -> str:
     """The question's Markdown: verdict, cap table, options explained, the report's whereabouts."""
-    # The report's own number formats; imported here, as the report module loads the audit's pandas side,
-    # which the DAG file (parsing the reviewer's task) must not.
-    from tracegen.audit.report import _duration_fine, _gpu_hours, _num, _pct
-
     v = q.verdict
     where = "the pilot" if q.trigger == PILOT else "the rows generated so far (the continuous gate's sample)"
     head = (f"**Truncation is over the threshold in {where}.**" if v.get("verdict") == "stop" else
@@ -225,21 +222,21 @@ def question_body(q: CapQuestion) -> str:
             mark = (" (current)" if cap == q.current_cap else
                     " (recommended)" if cap == q.recommended_cap else "")
             beyond = " (over the context)" if cap > q.max_cap else ""
-            cells = [f"{cap:,}{mark}{beyond}", _pct(r.get("truncation")),
-                     f"{_pct(r.get('truncation_low'))}–{_pct(r.get('truncation_high'))}",
-                     _num(r.get("expected_tokens_per_row"))]
+            cells = [f"{cap:,}{mark}{beyond}", pct(r.get("truncation")),
+                     f"{pct(r.get('truncation_low'))}–{pct(r.get('truncation_high'))}",
+                     num(r.get("expected_tokens_per_row"))]
             if has_time:
                 # Three significant digits: at small scale the options' costs still read differently.
-                cells += [_duration_fine(r.get("eta_hours")), _gpu_hours(r.get("gpu_hours"))]
+                cells += [duration_fine(r.get("eta_hours")), gpu_hours(r.get("gpu_hours"))]
             cells.append("observed" if r.get("basis") == "observed" else "modelled")
             if cap == q.recommended_cap:
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
         if has_time:
             t = q.throughput or {}
-            lines += ["", f"ETA and GPU time: the {_num(t.get('rows_remaining'))} rows left, at "
-                          f"{_num(t.get('tokens_per_s_per_gpu'))} tokens/s per GPU (measured in the pilot) on "
-                          f"{_num(t.get('n_gpus'))} GPUs."]
+            lines += ["", f"ETA and GPU time: the {num(t.get('rows_remaining'))} rows left, at "
+                          f"{num(t.get('tokens_per_s_per_gpu'))} tokens/s per GPU (measured in the pilot) on "
+                          f"{num(t.get('n_gpus'))} GPUs."]
     else:
         lines.append("No cap table: too few rows finished to fit their lengths; see the report.")
     context = (f"the servers' context length is {q.context_length:,} tokens" if q.context_length

@@ -6,5 +6,7 @@ into Airflow's api-server under `/tracegen`.
 - `read_model`: one read model of a run from its stored files (its stage, reports, question), the report
   names; `summary`: a run's line in the list; `roots`: the output roots, each once, and their runs;
 - pages: `runs_page` (the run list), `run_tab` (the DAG run's tab), `files_page` (a run's report files),
-  `progress_page` (live progress), over `page` (CSS, CSP, navigation) and `next_step` (what to do next).
+  `progress_page` (live progress), over `page` (templates, CSP, URLs) and `next_step` (what to do next);
+  their HTML is the autoescaped jinja2 templates in `templates/`, over one base (head, CSS) and shared macros
+  (navigation, badges).
 """

@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tracegen.review import files_page, progress_page, run_tab, runs_page
 from tracegen.review.access import AirflowRun, airflow_runs, require_airflow_access
-from tracegen.review.page import e, html_response, page, wants_html
+from tracegen.review.page import html_response, render_page, wants_html
 from tracegen.review.read_model import StoredFileError
 from tracegen.review.roots import URL_PREFIX, Site, configured_roots
 
@@ -53,8 +53,8 @@ def create_app(roots: Callable[[], list[str]] = configured_roots,
 
             return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)), 303)
         if wants_html(request):
-            body = page(f"{exc.status_code}", f"<h1>{exc.status_code}</h1><p>{e(exc.detail)}</p>"
-                        f'<p><a href="{e(URL_PREFIX)}/">all tracegen runs</a></p>')
+            body = render_page("error.html.j2", title=f"{exc.status_code}", status=exc.status_code,
+                               detail=exc.detail, home=f"{URL_PREFIX}/")
             return html_response(body, exc.status_code, headers=getattr(exc, "headers", None))
         return JSONResponse({"detail": exc.detail}, exc.status_code, headers=getattr(exc, "headers", None))
 

@@ -10,45 +10,28 @@ from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse, Response
 
 from tracegen.review.access import AirflowRun, require_dag_read
-from tracegen.review.next_step import status_for
-from tracegen.review.page import (
-    FRAMING_CSP,
-    NAV_CSS,
-    REPORT_CSP,
-    e,
-    framed,
-    html_response,
-    nav_for,
-    page,
-    raw_url,
-)
+from tracegen.review.next_step import NextStep, status_for
+from tracegen.review.page import FRAMING_CSP, REPORT_CSP, framed, html_response, nav_for, raw_url, render_page
 from tracegen.review.read_model import REPORT_FILES, RunView, read_run
 from tracegen.review.roots import Site, check_run_id
 from tracegen.review.summary import summarise
 from tracegen.run.stage import ASKING
 
-# The frame fills the window under the bar; the stored report scrolls inside it.
-_FRAME_CSS = ("html,body{height:100%;margin:0}body{display:flex;flex-direction:column;"
-              "font:14px/1.45 system-ui,sans-serif;color:#1f2328}main{display:contents}"
-              "iframe{flex:1;border:0;width:100%;min-height:480px}.bar{padding:0 24px}"
-              "code{font-size:12px;word-break:break-all}a{color:#0969da}")
 
-
-def report_page(request: Request, key: str, view: RunView, name: str, status: str) -> HTMLResponse:
+def report_page(request: Request, key: str, view: RunView, name: str, step: NextStep | None) -> HTMLResponse:
     """The app page showing one stored HTML report: links here are the app's, sent with the session."""
-    nav = nav_for(request, key, view.run_id, view.present, name, view.has_record)
-    body = (f'<nav style="{NAV_CSS}">{nav}</nav>' + (f'<div class="bar">{status}</div>' if status else "")
-            + f'<iframe sandbox="" title="{e(name)} of run {e(view.run_id)}" '
-              f'src="{e(raw_url(request, key, view.run_id, name))}"></iframe>')
-    return html_response(page(f"{name} · {view.run_id}", body, css=_FRAME_CSS), csp=FRAMING_CSP)
+    body = render_page("report_page.html.j2", title=f"{name} · {view.run_id}", name=name, run_id=view.run_id,
+                       nav=nav_for(request, key, view.run_id, view.present, name, view.has_record), step=step,
+                       src=raw_url(request, key, view.run_id, name))
+    return html_response(body, csp=FRAMING_CSP)
 
 
 def show_report(request: Request, site: Site, key: str, uri: str, view: RunView, name: str,
                 af: AirflowRun | None, raw_run_id: str | None = None) -> HTMLResponse:
     summary = summarise(view)
     refused = site.refused_answer(af.run_id) if af is not None and summary.stage == ASKING else None
-    status = status_for(view, summary, name, uri, af, raw_run_id, framed=framed(request), refused=refused)
-    return report_page(request, key, view, name, status)
+    step = status_for(view, summary, name, uri, af, raw_run_id, framed=framed(request), refused=refused)
+    return report_page(request, key, view, name, step)
 
 
 def read_file(ledger: Any, run_id: str, name: str) -> bytes:

@@ -8,9 +8,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse
 
-from tracegen.audit.report import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure, figures_from_ledger
+from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure, figures_from_ledger
 from tracegen.review.access import RAISE_CAP_DAG, require_dag_read
-from tracegen.review.page import duration, e, html_response, nav_for, page
+from tracegen.review.page import duration, html_response, nav_for, render_page
 from tracegen.review.read_model import RunView, read_run
 from tracegen.review.roots import Site, check_run_id
 
@@ -83,21 +83,12 @@ def render_progress(request: Request, key: str, view: RunView, p: dict[str, Any]
         (STILL, f"{figure(*figures[STILL])} ({STILL_MEANS})"),
         ("ETA", _eta(p)),
     ]
-    table = "".join(f'<tr><th class="l">{e(k)}</th><td class="l wrap" id="progress-{e(_slug(k))}">'
-                    f"{e(v)}</td></tr>" for k, v in rows)
-    if p["raise_allowed"] and p.get("airflow_run_id"):
-        # The mid-run pivot: the same run goes on at a higher cap, nothing is stopped (tracegen.run.cap_raise).
-        table += (f'<tr><th class="l">raise the cap</th><td class="l wrap" id="progress-raise">without stopping the '
-                  f'run: trigger <a href="{e(f"/dags/{RAISE_CAP_DAG}")}">{RAISE_CAP_DAG}</a> with run_id '
-                  f"<code>{e(p['airflow_run_id'])}</code> and the new max_tokens (above {p['max_tokens']:,}); "
-                  "chunks starting after it use the new cap, rows already truncated are extended to it.</td></tr>")
-    links = nav_for(request, key, view.run_id, view.present, "progress", view.has_record)
-    state = p["state"]
-    refresh = (f'<p class="uri">Refreshes every {PROGRESS_REFRESH_S} s while the run is {e(state or "running")}.</p>'
-               if p["live"] else f'<p class="uri">Not refreshing: the run is {e(state or "not running")}.</p>')
-    body = f"<p>{links}</p><h1>Progress of run {e(view.run_id)}</h1><table>{table}</table>{refresh}"
-    head = f'<meta http-equiv="refresh" content="{PROGRESS_REFRESH_S}">' if p["live"] else ""
-    return page(f"progress {view.run_id}", body, head=head)
+    raise_run_id = p.get("airflow_run_id") if p["raise_allowed"] else None
+    return render_page("progress.html.j2", title=f"progress {view.run_id}", run_id=view.run_id,
+                       nav=nav_for(request, key, view.run_id, view.present, "progress", view.has_record),
+                       rows=[(k, _slug(k), v) for k, v in rows], live=p["live"], state=p["state"],
+                       refresh_s=PROGRESS_REFRESH_S, raise_run_id=raise_run_id, raise_dag=RAISE_CAP_DAG,
+                       max_tokens=p["max_tokens"])
 
 
 def register(app: FastAPI, site: Site) -> None:

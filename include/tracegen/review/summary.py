@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tracegen.audit.report import figures_from_report
+from tracegen.audit.figures import figures_from_report
 from tracegen.review.read_model import PILOT_HTML, RunView, read_run
 
 
@@ -26,7 +26,7 @@ class RunSummary:
     deciding_report: str | None = None  # the report whose verdict stopped the run or asked the question
     recommended_cap: int | None = None
     has_record: bool = False  # run.json is there: the run has progress to show
-    # The shown report's truncation figures under their names (`audit.report.AT_CAP`, `STILL`): (count, of).
+    # The shown report's truncation figures under their names (`audit.figures.AT_CAP`, `STILL`): (count, of).
     truncation_figures: dict[str, tuple[int, int]] | None = None
     decision: str | None = None  # the run's last decision in words: who, when, what
 

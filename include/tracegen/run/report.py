@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen import plan
-from tracegen.audit import capfit, gate, measure_report, report
+from tracegen.audit import capfit, gate, length_fit, measure_report, report
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
 from tracegen.audit.stats import audit, censoring_arrays, gate_counts
 from tracegen.run.spec import RunSpec
@@ -72,8 +72,8 @@ def audit_and_report(
     lengths, censored = censoring_arrays(frame)
     runaways, runaway_scope, whole = _runaways(ledger, spec, frame, indices)
     try:
-        fit = capfit.fit_lengths(lengths, censored, bootstrap=100,
-                                 runaway=_runaway_flags(frame, runaways) if whole else None)
+        fit = length_fit.fit_lengths(lengths, censored, bootstrap=100,
+                                     runaway=_runaway_flags(frame, runaways) if whole else None)
     except ValueError as exc:
         log.warning("no cap table: %s", exc)
     else:

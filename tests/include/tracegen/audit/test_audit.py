@@ -8,14 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracegen.audit.stats import (
-    AuditResult,
-    audit,
-    censoring_arrays,
-    gate_counts,
-    pivot_summary,
-    pivot_text,
-)
+from tracegen.audit.pivot import pivot_summary, pivot_text
+from tracegen.audit.stats import AuditResult, audit, censoring_arrays, gate_counts
 from tracegen.store.current import current_mask
 from tracegen.store.records import LEDGER_COLUMNS, GeneratedRow
 

@@ -15,7 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from tracegen.audit.capfit import Throughput, cap_table, fit_lengths
+from tracegen.audit.capfit import Throughput, cap_table
+from tracegen.audit.length_fit import fit_lengths
 from tracegen.simulator.lengths import natural_length
 
 

@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracegen.audit.capfit import Throughput, cap_table, fit_lengths
+from tracegen.audit.capfit import Throughput, cap_table
 from tracegen.audit.gate import decide
+from tracegen.audit.length_fit import fit_lengths
 from tracegen.audit.report import (
     EXAMPLES_PER_OUTCOME,
     REPORT_SCHEMA,
