@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen.audit.runaway_rows import find_runaways
-from tracegen.dataset.index import check_unchanged, open_data
+from tracegen.dataset.blocks import check_unchanged, open_data
 from tracegen.dataset.reader import InvalidRow, read_indices
 from tracegen.dataset.stored import load_index
 from tracegen.export import layouts as L
