@@ -131,24 +131,12 @@ def main() -> int:
 
     started = time.monotonic()
     _say("tracegen demo: 3,000 agentic-coding prompts, a simulated 2-GPU SGLang fleet, the real DAG.\n")
-    _say("[1/4] migrating the Airflow metadata DB (SQLite) ...")
-    if _airflow(env, ["db", "migrate"], logs / "db-migrate.log") != 0:
-        _say(f"  airflow db migrate failed; see {logs / 'db-migrate.log'}")
+    if not _migrate(env, logs, demo, dropped):
         return 1
-    if dropped:
-        forgotten = _forget_runs(env, dropped)
-        _say(f"  removed the {len(dropped)} oldest demo output root(s) ({', '.join(p.name for p in dropped)}) and "
-             f"their {forgotten} run(s) in the metadata DB; the last {KEEP_DEMOS} demos are kept under {demo}")
 
     _say("[2/4] tracegen_generate with max_tokens=4096 (gate_mode=ask, the default) ...")
-    # The output root in the conf too: the review pages find each run's root from the run itself.
-    conf = {"max_tokens": 4096, "pilot_size": DEMO_PILOT, "teardown": True, "output_uri": str(output)}
     log1 = logs / "run-4096.log"
-    with log1.open("w") as out:
-        dags_test = subprocess.Popen(
-            [sys.executable, "-m", "airflow", "dags", "test", "tracegen_generate", "--conf", json.dumps(conf)],
-            env=env, stdout=out, stderr=subprocess.STDOUT)
-    question = _wait_for_question(env, dags_test)
+    dags_test, question = _run_until_question(env, output, log1)
     run1 = _newest_run_dir(output)
     gate = _verdict(run1 and run1 / "pilot-report.json")
     if question is None or gate.get("verdict") != "stop":
@@ -156,6 +144,49 @@ def main() -> int:
         _write_task_logs(log1)
         _explain_failure(log1)
         return 1
+    _tell_pilot(gate, run1, output, question)
+    rc, decision = _answer(question, run1, dags_test, log1)
+    run2 = run1  # answered in place: the same run goes on
+    cap = decision.get("cap") or 0
+
+    _say(f"\n[3/4] the same run goes on at max_tokens={cap:,}, as answered (no new trigger) ...")
+    if rc != 0 or not cap:
+        _explain_failure(log1)
+        return 1
+    _tell_outcome(run2, decision, cap)
+
+    _say("\n[4/4] status, from the ledger alone (python -m tracegen status):\n")
+    _tell_where(output, run2, logs, demo)
+    _say(f"\ndone in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def _migrate(env: dict[str, str], logs: Path, demo: Path, dropped: list[Path]) -> bool:
+    """Step 1: the metadata DB migrated, and the runs of the output roots this demo removed forgotten."""
+    _say("[1/4] migrating the Airflow metadata DB (SQLite) ...")
+    if _airflow(env, ["db", "migrate"], logs / "db-migrate.log") != 0:
+        _say(f"  airflow db migrate failed; see {logs / 'db-migrate.log'}")
+        return False
+    if dropped:
+        forgotten = _forget_runs(env, dropped)
+        _say(f"  removed the {len(dropped)} oldest demo output root(s) ({', '.join(p.name for p in dropped)}) and "
+             f"their {forgotten} run(s) in the metadata DB; the last {KEEP_DEMOS} demos are kept under {demo}")
+    return True
+
+
+def _run_until_question(env: dict[str, str], output: Path, log: Path) -> tuple[subprocess.Popen, dict | None]:
+    """`airflow dags test` started at a 4096 cap, and the question it parks at (None: it ended without one)."""
+    # The output root in the conf too: the review pages find each run's root from the run itself.
+    conf = {"max_tokens": 4096, "pilot_size": DEMO_PILOT, "teardown": True, "output_uri": str(output)}
+    with log.open("w") as out:
+        dags_test = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "dags", "test", "tracegen_generate", "--conf", json.dumps(conf)],
+            env=env, stdout=out, stderr=subprocess.STDOUT)
+    return dags_test, _wait_for_question(env, dags_test)
+
+
+def _tell_pilot(gate: dict, run1: Path, output: Path, question: dict) -> None:
+    """What the pilot found: the gate's reason, the measured tail, the rows committed, the question."""
     _say(f"  the pilot gate holds the run at a question:\n    {gate['reason']}")
     tail = json.loads((run1 / "measure.json").read_text()) if (run1 / "measure.json").exists() else {}
     spent = tail.get("outcome") or {}
@@ -180,6 +211,11 @@ def main() -> int:
              "found the gate closed")
     _say(f"  pilot report: {run1 / 'pilot-report.html'}")
     _show_question(question)
+
+
+def _answer(question: dict, run1: Path, dags_test: subprocess.Popen, log: Path) -> tuple[int, dict]:
+    """The demo reviewer's answer given through the REST API's handler; (the run's exit code once it has
+    gone on, the decision its record holds)."""
     option, typed, why = _choose(json.loads((run1 / "question.json").read_text()))
     page = (f"http://localhost:8080/dags/tracegen_generate/runs/{urllib.parse.quote(question['run_id'], safe='')}"
             f"/tasks/{question['task_id']}/required_actions")
@@ -192,20 +228,18 @@ def main() -> int:
     answer_in_process("tracegen_generate", question["run_id"], question["task_id"], option, {"cap": typed},
                       user="demo", map_index=question["map_index"])
     rc = dags_test.wait()
-    _write_task_logs(log1, question["run_id"])
-    run2 = run1  # answered in place: the same run goes on
-    decision = (json.loads((run2 / "run.json").read_text()).get("decisions") or [{}])[-1]
-    cap = decision.get("cap") or 0
+    _write_task_logs(log, question["run_id"])
+    decision = (json.loads((run1 / "run.json").read_text()).get("decisions") or [{}])[-1]
+    return rc, decision
 
-    _say(f"\n[3/4] the same run goes on at max_tokens={cap:,}, as answered (no new trigger) ...")
-    if rc != 0 or not cap:
-        _explain_failure(log1)
-        return 1
-    final = _verdict(run2 / "report.json")
+
+def _tell_outcome(run: Path, decision: dict, cap: int) -> None:
+    """The run's end at the cap answered: who decided, the final audit, how the truncated rows were finished."""
+    final = _verdict(run / "report.json")
     _say(f"  decision, in run.json and the report: {decision['responded_by']} chose \"{decision['option']}\" "
          f"at {decision['responded_at']}")
     _say(f"  final audit: {final.get('reason')}")
-    audit = json.loads((run2 / "report.json").read_text())["audit"]
+    audit = json.loads((run / "report.json").read_text())["audit"]
     past = audit["truncation"].get("past_cap") or 0
     if past:
         _say(f"    ({past:,} of those rows finished past {cap:,} tokens when the tail was measured: complete, they "
@@ -216,17 +250,17 @@ def main() -> int:
 
     _say(f"  rows continued from their tokens: {pivot_text(audit.get('pivot') or {}) or 'none'}")
 
-    _say("\n[4/4] status, from the ledger alone (python -m tracegen status):\n")
+
+def _tell_where(output: Path, run: Path, logs: Path, demo: Path) -> None:
+    """The output root's status, and where the report, data, logs, an export and the UI are."""
     from tracegen.status import dataset_status, format_status
 
     _say("  " + format_status(dataset_status(str(output))).replace("\n", "\n  "))
-    _say(f"\nreport:  {run2 / 'report.html'}")
+    _say(f"\nreport:  {run / 'report.html'}")
     _say(f"output:  {output}")
     _say(f"logs:    {logs} (the demo's commands); each task's log is in the Airflow UI (make airflow)")
     _say(f"export:  .venv/bin/python -m tracegen export {output} {demo / 'export'}")
     _say("UI:      make airflow   (then open http://localhost:8080; same state: the run, its question and the answer)")
-    _say(f"\ndone in {time.monotonic() - started:.0f} s")
-    return 0
 
 
 KEEP_DEMOS = 3  # demo output roots kept (each a few MB): their runs' reports stay readable in the UI

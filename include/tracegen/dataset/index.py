@@ -18,6 +18,8 @@ offset, plus `n_rows` and a sha256 fingerprint of the file's bytes computed in t
 
 Blank lines are not rows; a row's index is its position among the non-blank lines (or Parquet
 rows), which is stable because the fingerprint pins the bytes.
+
+Reading rows with an index, from a file checked to be the one indexed, is `dataset.blocks`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from tracegen.dataset.scan import SCAN_BLOCK, fingerprint_source, gunzip_stream, is_row, scan, split_rows
 from tracegen.dataset.source import (
     ByteSource,
     DatasetError,
@@ -53,10 +56,6 @@ INDEX_SCHEMA = 1
 DEFAULT_STRIDE = 32
 DEFAULT_MAX_BLOCK_ROWS = 4096
 PARQUET_COPY_ROW_GROUP = 512
-_SCAN_BLOCK = 8 << 20
-# Largest single range request while reading a chunk: bounds a chunk task's memory whatever its size.
-_WINDOW_BYTES = 4 << 20
-_WS = frozenset(b" \t\r\n\f\v")
 
 
 def default_cache_dir() -> str:
@@ -258,11 +257,6 @@ def write_multimember_gzip(lines: Iterable[bytes], out: io.BufferedIOBase, rows_
     return offsets
 
 
-def _is_row(line: bytes) -> bool:
-    # Almost every line starts with '{': skip the strip() copy for those.
-    return bool(line) and (line[0] not in _WS or bool(line.strip()))
-
-
 # ---------------------------------------------------------------- the index pass
 
 
@@ -320,8 +314,8 @@ def _index_jsonl(uri: str, src: ByteSource, stride: int) -> DatasetIndex:
     size = raw.size()
     offsets: list[int] = []
     pos = row = 0
-    for line in io.BufferedReader(raw, buffer_size=_SCAN_BLOCK):
-        if _is_row(line):
+    for line in io.BufferedReader(raw, buffer_size=SCAN_BLOCK):
+        if is_row(line):
             if row % stride == 0:
                 offsets.append(pos)
             row += 1
@@ -337,61 +331,6 @@ def _index_jsonl(uri: str, src: ByteSource, stride: int) -> DatasetIndex:
 
 class _NeedsCopy(Exception):
     """The gzip file is not seekable in place (why is the message)."""
-
-
-def _iter_scan(src: ByteSource, hasher: Any) -> Iterator[bytes]:
-    size = src.size()
-    pos = 0
-    while pos < size:
-        block = src.read(pos, min(_SCAN_BLOCK, size - pos))
-        if not block:
-            raise DatasetError(f"dataset {src.uri}: short read at byte {pos} of {size}")
-        hasher.update(block)
-        pos += len(block)
-        yield block
-
-
-def _gunzip_stream(uri: str, blocks: Iterable[bytes], on_member_end: Any = None) -> Iterator[bytes]:
-    """Decompress a (multi-member) gzip stream; on_member_end(compressed_end_offset) at each member end."""
-    d = zlib.decompressobj(31)
-    fed = False  # the current member has seen input: ending now means the file was cut short
-    consumed = 0
-    try:
-        for block in blocks:
-            data = block
-            while data:
-                fed = True
-                out = d.decompress(data)
-                if out:
-                    yield out
-                if d.eof:
-                    rest = d.unused_data
-                    consumed += len(data) - len(rest)
-                    if on_member_end is not None:
-                        on_member_end(consumed)
-                    d = zlib.decompressobj(31)
-                    fed = False
-                    data = rest
-                else:
-                    consumed += len(data)
-                    data = b""
-    except zlib.error as exc:
-        raise DatasetError(f"dataset {uri}: corrupt gzip data near compressed byte {consumed} ({exc})") from None
-    if fed:
-        raise DatasetError(f"dataset {uri}: truncated gzip stream (ends inside a member at byte {consumed})")
-
-
-def _split_rows(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Non-blank lines of a byte stream cut at arbitrary places."""
-    carry = b""
-    for chunk in chunks:
-        lines = (carry + chunk).split(b"\n")
-        carry = lines.pop()
-        for line in lines:
-            if _is_row(line):
-                yield line
-    if _is_row(carry):
-        yield carry
 
 
 def _index_gzip(
@@ -423,7 +362,7 @@ def _index_gzip(
     try:
         with os.fdopen(fd, "wb") as out:
             offsets = write_multimember_gzip(
-                counted(_split_rows(_gunzip_stream(uri, _iter_scan(src, hasher)))), out, stride
+                counted(split_rows(gunzip_stream(uri, scan(src, hasher)))), out, stride
             )
             out.flush()
             os.fsync(out.fileno())
@@ -451,7 +390,7 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
 
     def member_end(end: int) -> None:
         # A member must end on a line boundary, or be the last one: else a row spans two members.
-        if _is_row(state["carry"]):
+        if is_row(state["carry"]):
             state["row"] += 1
             state["dangling"] = True
         state["carry"] = b""
@@ -459,19 +398,19 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
         offsets.append(end)
         first_rows.append(state["row"])
 
-    for out in _gunzip_stream(uri, _iter_scan(src, hasher), member_end):
+    for out in gunzip_stream(uri, scan(src, hasher), member_end):
         if state["dangling"]:
             raise _NeedsCopy("a row spans two gzip members")
         lines = (state["carry"] + out).split(b"\n")
         state["carry"] = lines.pop()
-        n = sum(1 for line in lines if _is_row(line))
+        n = sum(1 for line in lines if is_row(line))
         state["row"] += n
         state["member_rows"] += n
         if state["member_rows"] > max_block_rows:
             raise _NeedsCopy(
                 "single gzip stream" if len(offsets) == 1 else f"a gzip member holds > {max_block_rows} rows"
             )
-    if _is_row(state["carry"]):  # stream without a final member end is caught as truncation above
+    if is_row(state["carry"]):  # stream without a final member end is caught as truncation above
         state["row"] += 1
     size = src.size()
     # The last recorded offset is the end of the file, not a block start.
@@ -491,10 +430,7 @@ def _index_parquet(
 ) -> DatasetIndex:
     import pyarrow.parquet as pq
 
-    hasher = hashlib.sha256()
-    for _ in _iter_scan(src, hasher):
-        pass
-    fingerprint = "sha256:" + hasher.hexdigest()
+    fingerprint = fingerprint_source(src)
     try:
         pf = pq.ParquetFile(SourceFile(src))
         meta = pf.metadata
@@ -544,112 +480,3 @@ def _index_parquet(
         block_rows=np.concatenate([[0], np.cumsum(new_sizes[:-1])]).astype(np.int64),
         stride=group_rows, notes=[f"seekable copy of {uri}: row groups up to {max(sizes)} rows"],
     )
-
-
-# ---------------------------------------------------------------- reading blocks
-
-
-class DatasetChangedError(DatasetError):
-    """The dataset file is no longer the one the output root's index (and its runs) describe."""
-
-
-# (uri, size, version) -> fingerprint, for versions whose content was hashed in this process: a touched but
-# unchanged file (new mtime, same bytes) is re-hashed once, not before every chunk's read.
-_HASHED: dict[tuple[str, int, str | None], str] = {}
-
-
-def fingerprint_source(src: ByteSource) -> str:
-    """sha256 of every byte of `src`, as the index pass computes it."""
-    hasher = hashlib.sha256()
-    for _ in _iter_scan(src, hasher):
-        pass
-    return "sha256:" + hasher.hexdigest()
-
-
-def check_unchanged(index: DatasetIndex, aws_conn_id: str = "aws_default", source: ByteSource | None = None) -> None:
-    """Refuse to read a dataset whose content is no longer what `index` (and the runs that recorded its
-    fingerprint) describe: rows read from it would be paired with completions of other prompts.
-
-    Cheap when nothing changed: the size and version (mtime / ETag) recorded at indexing still match. When
-    either differs, the file is hashed again; same bytes (a touch, a copy back) pass, other bytes raise
-    `DatasetChangedError` naming the file and both identities."""
-    src = source or open_source(index.source_uri, aws_conn_id)
-    size, version = source_identity(src)
-    if size == index.source_size and version is not None and version == index.source_version:
-        return
-    memo = (index.source_uri, size, version)
-    fingerprint = _HASHED.get(memo)
-    if fingerprint is None:
-        fingerprint = fingerprint_source(src)
-        if version is not None:
-            _HASHED[memo] = fingerprint
-    if fingerprint == index.fingerprint:
-        if version != index.source_version:
-            log.info("dataset %s: version %s differs from the indexed %s but its bytes are the same (%s)",
-                     index.source_uri, version, index.source_version, fingerprint[:19])
-        return
-    raise DatasetChangedError(
-        f"dataset {index.source_uri} changed since it was indexed for this output root: it is now "
-        f"{fingerprint} ({size} bytes, {version or 'no version'}), the runs here read "
-        f"{index.fingerprint} ({index.source_size} bytes, {index.source_version or 'no version'}). "
-        "Its rows would no longer match the completions committed for them, so nothing is read: restore the "
-        "original file, or give the edited dataset a new output_uri"
-    )
-
-
-def open_data(index: DatasetIndex, aws_conn_id: str = "aws_default") -> ByteSource:
-    """The source to read rows from, checked against the index: a dataset edited in place (or a replaced
-    seekable copy) is refused before any row is read."""
-    src = open_source(index.data_uri, aws_conn_id)
-    check_unchanged(index, aws_conn_id, source=src if index.data_uri == index.source_uri else None)
-    if src.size() != index.data_size:
-        raise DatasetError(
-            f"dataset {index.data_uri}: size {src.size()} differs from the indexed {index.data_size}; "
-            "the file changed after indexing (rebuild the index)"
-        )
-    return src
-
-
-def iter_block_items(index: DatasetIndex, src: ByteSource, lo: int, hi: int) -> Iterator[tuple[int, Any]]:
-    """(row index, raw item) for every row of blocks [lo, hi): bytes lines, or dicts for Parquet."""
-    if lo >= hi:
-        return
-    if index.format == "parquet":
-        yield from _iter_parquet(index, src, lo, hi)
-        return
-    # Group consecutive blocks into windows of about _WINDOW_BYTES: one range request each.
-    b = lo
-    while b < hi:
-        begin, _ = index.block_span(b, b + 1)
-        e = b + 1
-        while e < hi and index.block_span(b, e + 1)[1] - begin <= _WINDOW_BYTES:
-            e += 1
-        _, end = index.block_span(b, e)
-        data = src.read(begin, end - begin)
-        if len(data) != end - begin:
-            raise DatasetError(f"dataset {index.data_uri}: short read at byte {begin}")
-        if index.format == "jsonl.gz":
-            lines = _split_rows(_gunzip_stream(index.data_uri, [data]))
-        else:
-            lines = _split_rows([data])
-        row = int(index.block_rows[b])
-        for line in lines:
-            yield row, line
-            row += 1
-        b = e
-
-
-def _iter_parquet(index: DatasetIndex, src: ByteSource, lo: int, hi: int) -> Iterator[tuple[int, Any]]:
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(SourceFile(src))
-    except Exception as exc:
-        raise DatasetError(f"dataset {index.data_uri}: not a readable Parquet file ({exc})") from None
-    if pf.metadata.num_row_groups != index.n_blocks:
-        raise DatasetError(f"dataset {index.data_uri}: row groups differ from the index; rebuild it")
-    for g in range(lo, hi):
-        row = int(index.block_rows[g])
-        for item in pf.read_row_group(g).to_pylist():
-            yield row, item
-            row += 1

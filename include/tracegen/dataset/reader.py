@@ -2,7 +2,7 @@
 
 A dataset is a JSONL (plain or gzip) or Parquet file, local or on S3. Each row holds OpenAI-style
 `messages`, optional `tools`, optional `id` and optional metadata (`category` or `source`). The
-row index is the row's position and is stable. `build_index` (see `dataset_index`) scans the
+row index is the row's position and is stable. `build_index` (see `dataset.index`) scans the
 file once; `read_rows(index, start, stop)` then reads only the bytes of that slice.
 
 A malformed row is a *result*, `InvalidRow(index, reason)`, never an exception: one bad line
@@ -22,12 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from tracegen.dataset.index import (
-    DatasetIndex,
-    build_index,
-    iter_block_items,
-    open_data,
-)
+from tracegen.dataset.blocks import iter_block_items, open_data
+from tracegen.dataset.index import DatasetIndex, build_index
 from tracegen.dataset.request_rules import (
     as_sglang_reads,
     check_content_part,

@@ -3,7 +3,8 @@ the dataset, and the binding that keeps two datasets from mixing in one output r
 
 from __future__ import annotations
 
-from tracegen.dataset.index import DatasetIndex, build_index, check_unchanged
+from tracegen.dataset.blocks import check_unchanged
+from tracegen.dataset.index import DatasetIndex, build_index
 from tracegen.store.ledger import Ledger
 from tracegen.store.storage import StorageKeyError
 

@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen.audit.runaway_rows import find_runaways
-from tracegen.dataset.index import check_unchanged, open_data
+from tracegen.dataset.blocks import check_unchanged, open_data
 from tracegen.dataset.reader import InvalidRow, read_indices
 from tracegen.dataset.stored import load_index
 from tracegen.export import layouts as L
@@ -234,6 +234,45 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     # What this export replaces: it publishes only over this manifest, and removes only its files.
     previous, previous_version = lock.read_manifest()
     replaced = _manifest_shards(dest, previous)
+    choice = _choose_rows(ledger, record.config.runaway_policy, include_truncated)
+    export_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+    shards, figures = _write_rows(ledger, record, index, dest, lock, choice.best, export_id, fmt=fmt,
+                                  layout=layout, shard_rows=shard_rows, with_token_ids=with_token_ids)
+    manifest_uri = dest.uri_for(MANIFEST)
+    try:
+        manifest = _manifest(ledger, record, index, choice, export_id, layout, fmt, with_token_ids,
+                             include_truncated, figures, shards, dest)
+        body = json.dumps(manifest, indent=2).encode()
+        # The publish: readers switch here, if the manifest is still the one this export replaces.
+        lock.publish(body, previous_version)
+    except BaseException:
+        _remove(dest, [s["name"] for s in shards])
+        raise
+    # Only files of the manifest replaced, and leftovers of a killed export no manifest lists (older than
+    # any live export's): another export's files, or a file someone keeps here, are not ours to remove.
+    listed = {s["name"] for s in shards}
+    leftovers = [k for k in before if k not in replaced and _older_export(k, started - LOCK_STALE_S)]
+    _remove(dest, sorted((set(replaced) | set(leftovers)) - listed))
+    return ExportResult(dest.uri, figures.rows, len(shards), manifest_uri, export_id=export_id, layout=layout,
+                        sha256=hashlib.sha256(body).hexdigest(),
+                        data_uri=dest.uri_for(shards[0]["name"]) if layout != L.MESSAGES and shards else None)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """The rows an export writes, and what it leaves out and why."""
+
+    best: pd.DataFrame  # the chosen ledger rows, one per index, in index order
+    ledger_figures: dict[str, int]  # the whole ledger's, for the manifest
+    policy: str  # the newest run's runaway_policy
+    runaways: list[int]  # indices of truncated rows whose tail loops (judged only with include_truncated)
+    left_out_truncated: int
+    left_out_runaway: int
+
+
+def _choose_rows(ledger: Ledger, policy: str, include_truncated: bool) -> _Choice:
+    """Each index's current row, if it is OK and, unless asked for, not truncated; runaways left out as
+    `policy` says. The ledger's frame is dropped on return: memory while writing follows a batch."""
     frame = ledger_rows(ledger)
     # One mask over the ledger's rows, then one copy of the chosen rows in index order: memory holds the
     # ledger's columns and the chosen rows, never a chain of filtered copies.
@@ -241,7 +280,6 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     chosen &= (frame["status"] == OK).to_numpy(bool)
     truncated = chosen & (frame["finish_reason"] == "length").to_numpy(bool)
     left_out_truncated = 0 if include_truncated else int(truncated.sum())
-    policy = record.config.runaway_policy
     runaways: list[int] = []
     if include_truncated and truncated.any():
         # Truncated rows whose tail loops: no cap finishes them. Judged only when truncated rows are
@@ -257,14 +295,19 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     index_col = frame["index"].to_numpy(np.int64)
     positions = positions[np.argsort(index_col[positions], kind="stable")]
     best = frame.take(positions).reset_index(drop=True)
-    # The whole ledger's figures, then only the chosen rows are kept: memory while writing follows a batch.
     ledger_figures = {
         "superseded_ledger_rows": int(len(frame) - len(np.unique(index_col))) if len(frame) else 0,
         "ledger_rows_for_exported": int(np.isin(index_col, best["index"].to_numpy(np.int64)).sum()),
     }
-    del frame, chosen, truncated, positions, index_col
+    return _Choice(best, ledger_figures, policy, runaways, left_out_truncated, left_out_runaway)
 
-    export_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
+
+def _write_rows(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: DestinationLock,
+                best: pd.DataFrame, export_id: str, *, fmt: str, layout: str, shard_rows: int,
+                with_token_ids: bool) -> tuple[list[dict[str, Any]], _Figures]:
+    """The chosen rows written under this export's names: shards of the messages layout, or a trainer
+    layout's one file, streamed. Returns (the files written, as the manifest lists them; what they hold).
+    On any failure nothing written stays, and the previous export (if any) is untouched."""
     shards: list[dict[str, Any]] = []
     figures = _Figures()
     sink = FileSink(dest, L.data_file(export_id, layout)) if layout != L.MESSAGES else None
@@ -273,16 +316,7 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     source = open_data(index, record.config.aws_conn_id) if len(best) else None
     try:
         for shard_no, batch in enumerate(_batches(best, shard_rows, by_part=sink is not None)):
-            try:
-                shaped = list(_shaped(ledger, index, source, batch, layout, with_token_ids))
-            except PartDamageError as exc:
-                d = exc.damage
-                raise ExportError(
-                    f"part {ledger.storage.uri_for(d.part)} is not what its ledger entry {d.entry} committed: "
-                    f"{d.problem}; not exported, and nothing was published ({dest.uri} holds what it held); "
-                    f"`python -m tracegen verify {ledger.storage.uri}` lists the damaged parts, `--retire` makes "
-                    "their rows work again for the next run or rerun"
-                ) from exc
+            shaped = _shaped_batch(ledger, index, source, batch, layout, with_token_ids, dest)
             kept = [t for t in shaped if t[2] is not None]
             figures.no_token_ids += len(shaped) - len(kept)
             docs = [s.doc for _, _, s in kept]
@@ -316,33 +350,27 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
             sink.abort()
         _remove(dest, [s["name"] for s in shards])
         raise
+    return shards, figures
 
-    manifest_uri = dest.uri_for(MANIFEST)
+
+def _shaped_batch(ledger: Ledger, index: Any, source: Any, batch: pd.DataFrame, layout: str,
+                  with_token_ids: bool, dest: Storage) -> list[tuple[Any, GeneratedRow, L.Shaped | None]]:
+    """`_shaped` of a batch, a damaged part refused with what to do about it."""
     try:
-        manifest = _manifest(ledger, record, index, ledger_figures, best, export_id, layout, fmt, with_token_ids,
-                             include_truncated, policy, runaways, figures, shards, dest,
-                             left_out_truncated=left_out_truncated, left_out_runaway=left_out_runaway)
-        body = json.dumps(manifest, indent=2).encode()
-        # The publish: readers switch here, if the manifest is still the one this export replaces.
-        lock.publish(body, previous_version)
-    except BaseException:
-        _remove(dest, [s["name"] for s in shards])
-        raise
-    # Only files of the manifest replaced, and leftovers of a killed export no manifest lists (older than
-    # any live export's): another export's files, or a file someone keeps here, are not ours to remove.
-    listed = {s["name"] for s in shards}
-    leftovers = [k for k in before if k not in replaced and _older_export(k, started - LOCK_STALE_S)]
-    _remove(dest, sorted((set(replaced) | set(leftovers)) - listed))
-    return ExportResult(dest.uri, figures.rows, len(shards), manifest_uri, export_id=export_id, layout=layout,
-                        sha256=hashlib.sha256(body).hexdigest(),
-                        data_uri=dest.uri_for(shards[0]["name"]) if layout != L.MESSAGES and shards else None)
+        return list(_shaped(ledger, index, source, batch, layout, with_token_ids))
+    except PartDamageError as exc:
+        d = exc.damage
+        raise ExportError(
+            f"part {ledger.storage.uri_for(d.part)} is not what its ledger entry {d.entry} committed: "
+            f"{d.problem}; not exported, and nothing was published ({dest.uri} holds what it held); "
+            f"`python -m tracegen verify {ledger.storage.uri}` lists the damaged parts, `--retire` makes "
+            "their rows work again for the next run or rerun"
+        ) from exc
 
 
-def _manifest(ledger: Ledger, record: Any, index: Any, ledger_figures: dict[str, int], best: pd.DataFrame,
-              export_id: str,
-              layout: str, fmt: str, with_token_ids: bool, include_truncated: bool, policy: str,
-              runaways: list[int], figures: _Figures, shards: list[dict[str, Any]], dest: Storage, *,
-              left_out_truncated: int, left_out_runaway: int) -> dict[str, Any]:
+def _manifest(ledger: Ledger, record: Any, index: Any, choice: _Choice, export_id: str, layout: str, fmt: str,
+              with_token_ids: bool, include_truncated: bool, figures: _Figures, shards: list[dict[str, Any]],
+              dest: Storage) -> dict[str, Any]:
     fig = figures.to_json()
     doc: dict[str, Any] = {
         "schema": 2,
@@ -361,17 +389,18 @@ def _manifest(ledger: Ledger, record: Any, index: Any, ledger_figures: dict[str,
         "provenance_counts": figures.provenance,
         "with_token_ids": with_token_ids or layout == L.TOKENS,
         "left_out": {
-            "truncated": left_out_truncated,
-            "runaway": left_out_runaway,
-            "not_ok_or_missing": int(index.n_rows - len(best) - left_out_truncated - left_out_runaway),
+            "truncated": choice.left_out_truncated,
+            "runaway": choice.left_out_runaway,
+            "not_ok_or_missing": int(index.n_rows - len(choice.best) - choice.left_out_truncated
+                                     - choice.left_out_runaway),
             # The tokens layout cannot write a row whose server returned no ids.
             **({"no_token_ids": figures.no_token_ids} if layout == L.TOKENS else {}),
         },
         # Judged when truncated rows are exported (include_truncated): the runaways among them, and the policy.
-        "runaway_policy": policy,
-        "runaway_rows": len(runaways) if include_truncated else None,
-        "runaway_indices": runaways[:1000],
-        **ledger_figures,
+        "runaway_policy": choice.policy,
+        "runaway_rows": len(choice.runaways) if include_truncated else None,
+        "runaway_indices": choice.runaways[:1000],
+        **choice.ledger_figures,
         **fig,
         "provenance": M.provenance(ledger, record, record.config.aws_conn_id),
         "shards": shards,

@@ -34,7 +34,7 @@ from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_in
 from tracegen.run.records import read_run_record
 from tracegen.run.spec import RunSpecError
 from tracegen.sglang.client import Outcome, Sampling, SGLangClient
-from tracegen.sglang.wire import ServerParsers
+from tracegen.sglang.wire import Generated, ServerParsers
 from tracegen.store.ledger import Ledger, LedgerError
 from tracegen.store.records import (
     EXTENDED,
@@ -198,76 +198,92 @@ async def extend_row(
 ) -> GeneratedRow:
     """The row that continues `job.source` up to `sampling.max_tokens` (a failed or rejected row when a
     request fails), or, for a source without token ids, the row generated again in its place."""
-    source, cap = job.source, sampling.max_tokens
+    source = job.source
     started = time.monotonic()
     reason = not_extendable(source)
     if reason is not None:
-        assert job.prompt is not None  # extension_jobs reads the dataset row of every such row
-        log.debug("row %d: %s: generating it again under %d", source.index, reason, cap)
-        row = await client.complete(
-            source.index, job.prompt.messages, sampling=sampling, model=model, tools=job.prompt.tools,
-            run_id=run_id, chunk=chunk, category=source.category,
-        )
-        if row.status == OK:
-            row.provenance = regenerated_provenance(job.superseded, "extend", reason)
-        return row
-
+        return await _generate_again(client, job, reason, sampling=sampling, model=model, run_id=run_id,
+                                     chunk=chunk)
     prompt_ids = unpack_token_ids(source.prompt_token_ids)
     response_ids = unpack_token_ids(source.response_token_ids)
     where = f"continuing the row cut at {len(response_ids):,} tokens ({job.superseded.part})"
+    rows = _Rows(job, sampling.max_tokens, run_id, chunk, where)
+    try:
+        return await _continue(client, job, rows, prompt_ids, response_ids, sampling=sampling,
+                               started=started)
+    except _StepFailed as failed:
+        return rows.not_ok(failed.outcome, failed.step)
 
-    def row(status: str, out: Outcome[Any], **fields: Any) -> GeneratedRow:
-        return GeneratedRow(index=source.index, status=status, max_tokens=cap, run_id=run_id, chunk=chunk,
-                            id=source.id, category=source.category, attempt=out.attempt, **fields)
 
-    def not_ok(out: Outcome[Any], step: str) -> GeneratedRow:
+async def _generate_again(client: SGLangClient, job: Extension, reason: str, *, sampling: Sampling,
+                          model: str, run_id: str, chunk: int) -> GeneratedRow:
+    """A source without usable token ids: its row generated again under the new cap, provenance saying why."""
+    source = job.source
+    assert job.prompt is not None  # extension_jobs reads the dataset row of every such row
+    log.debug("row %d: %s: generating it again under %d", source.index, reason, sampling.max_tokens)
+    row = await client.complete(
+        source.index, job.prompt.messages, sampling=sampling, model=model, tools=job.prompt.tools,
+        run_id=run_id, chunk=chunk, category=source.category,
+    )
+    if row.status == OK:
+        row.provenance = regenerated_provenance(job.superseded, "extend", reason)
+    return row
+
+
+class _StepFailed(Exception):
+    """A request of the continuation that gave no answer: the row left says which step and why."""
+
+    def __init__(self, outcome: Outcome[Any], step: str) -> None:
+        super().__init__(step)
+        self.outcome = outcome
+        self.step = step
+
+
+def _value(outcome: Outcome[Any], step: str) -> Any:
+    if outcome.value is None:
+        raise _StepFailed(outcome, step)
+    return outcome.value
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """The rows a continuation of `job` can end in, each carrying its source row's identity."""
+
+    job: Extension
+    cap: int
+    run_id: str
+    chunk: int
+    where: str  # what was being done, for a failed row's error
+
+    def row(self, status: str, out: Outcome[Any], **fields: Any) -> GeneratedRow:
+        source = self.job.source
+        return GeneratedRow(index=source.index, status=status, max_tokens=self.cap, run_id=self.run_id,
+                            chunk=self.chunk, id=source.id, category=source.category, attempt=out.attempt,
+                            **fields)
+
+    def not_ok(self, out: Outcome[Any], step: str) -> GeneratedRow:
         # Only the generation can be refused for good (a context overflow, as chat would be under this
         # cap); a parsing step that fails leaves the row failed, so a later run extends it again.
         if out.rejected is not None and step == "/generate":
-            return row(REJECTED, out, server=out.server, error=f"{where}: {step}: {out.rejected}")
-        return row(FAILED, out, server="", error=f"{where}: {step}: {out.failed or out.rejected}")
+            return self.row(REJECTED, out, server=out.server, error=f"{self.where}: {step}: {out.rejected}")
+        return self.row(FAILED, out, server="", error=f"{self.where}: {step}: {out.failed or out.rejected}")
 
-    parsers_out = await client.server_parsers()
-    if parsers_out.value is None:
-        return not_ok(parsers_out, "/server_info")
-    parsers: ServerParsers = parsers_out.value
+
+async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_ids: list[int],
+                    response_ids: list[int], *, sampling: Sampling, started: float) -> GeneratedRow:
+    """The continuation's requests in order: the server's parsers, /generate, the whole text decoded and
+    split as the chat route splits it. A request that gives no answer raises `_StepFailed`."""
+    source, cap = job.source, rows.cap
+    parsers: ServerParsers = _value(await client.server_parsers(), "/server_info")
     same = Sampling(max_tokens=cap, temperature=job.temperature, top_p=job.top_p, seed=sampling.seed)
     # A row cut inside its thinking continues its thinking: the server is told so, to count those tokens.
     generated = await client.generate(prompt_ids + response_ids, max_new_tokens=cap - len(response_ids),
                                       sampling=same, require_reasoning=source.cut_in_reasoning)
-    if generated.value is None:
-        return not_ok(generated, "/generate")
-    new = generated.value
-    whole, text_from = None, JOINED
-    if new.output_ids is not None:
-        decoded = await client.detokenize(response_ids + new.output_ids)
-        if decoded.value is not None:
-            whole, text_from = decoded.value, DECODED
-        elif decoded.rejected is None:  # the route exists and kept failing: try the row again later
-            return not_ok(decoded, "/detokenize")
-    if whole is None:
-        whole = raw_text(source) + new.text
-        log.debug("row %d: text joined at the seam (no /detokenize on %s)", source.index, generated.server)
-    reasoning, content = "", whole
-    if parsers.reasoning:
-        split = await client.separate_reasoning(whole, parsers.reasoning)
-        if split.value is None:
-            # The new tokens are paid for and lost: rare (the parser runs on the server's CPU), and a later
-            # run continues the committed truncated row again.
-            return not_ok(split, "/separate_reasoning")
-        reasoning, content = split.value
-    finish, tool_calls = new.finish_reason, None
-    tools = job.prompt.tools if job.prompt is not None else None
-    if parsers.tool_call and tools:
-        calls = await client.parse_function_call(content, tools, parsers.tool_call)
-        if calls.value is None:
-            return not_ok(calls, "/parse_function_call")
-        if calls.value[1]:
-            content, tool_calls = calls.value
-            # As the chat route does: a parsed call turns a natural stop into `tool_calls`, never a cut.
-            finish = "tool_calls" if finish == "stop" else finish
+    new = _value(generated, "/generate")
+    whole, text_from = await _whole_text(client, source, response_ids, new, generated.server)
+    reasoning, content, tool_calls, finish = await _split(client, parsers, job, whole, new.finish_reason)
     total = len(response_ids) + new.completion_tokens
-    return row(
+    return rows.row(
         OK,
         generated,
         server=generated.server,
@@ -292,3 +308,38 @@ async def extend_row(
             "text": text_from,
         },
     )
+
+
+async def _whole_text(client: SGLangClient, source: GeneratedRow, response_ids: list[int], new: Generated,
+                      server: str) -> tuple[str, str]:
+    """(the whole completion's text, how it was made): the server's decoding of all its ids, or, without
+    /detokenize, the two texts joined at the seam."""
+    if new.output_ids is not None:
+        decoded = await client.detokenize(response_ids + new.output_ids)
+        if decoded.value is not None:
+            return decoded.value, DECODED
+        if decoded.rejected is None:  # the route exists and kept failing: try the row again later
+            raise _StepFailed(decoded, "/detokenize")
+    log.debug("row %d: text joined at the seam (no /detokenize on %s)", source.index, server)
+    return raw_text(source) + new.text, JOINED
+
+
+async def _split(client: SGLangClient, parsers: ServerParsers, job: Extension, whole: str,
+                 finish: str) -> tuple[str, str, Any, str]:
+    """(reasoning, content, tool calls, finish reason) of the whole text, by the server's own parsers."""
+    reasoning, content = "", whole
+    if parsers.reasoning:
+        # A failure here loses the new tokens, paid for: rare (the parser runs on the server's CPU), and a
+        # later run continues the committed truncated row again.
+        reasoning, content = _value(await client.separate_reasoning(whole, parsers.reasoning),
+                                    "/separate_reasoning")
+    tool_calls = None
+    tools = job.prompt.tools if job.prompt is not None else None
+    if parsers.tool_call and tools:
+        parsed = await client.parse_function_call(content, tools, parsers.tool_call)
+        calls = _value(parsed, "/parse_function_call")
+        if calls[1]:
+            content, tool_calls = calls
+            # As the chat route does: a parsed call turns a natural stop into `tool_calls`, never a cut.
+            finish = "tool_calls" if finish == "stop" else finish
+    return reasoning, content, tool_calls, finish

@@ -31,7 +31,7 @@ class RunSpecError(ValueError):
 class DatasetIdentity:
     """Which dataset the run reads: its URI, the fingerprint bound to the output root, its row count, and
     the file's size and version when indexed ("mtime_ns:<n>" local, "etag:<etag>" S3). Reads compare the
-    size and version first and re-hash only when they differ (`tracegen.dataset.index.check_unchanged`)."""
+    size and version first and re-hash only when they differ (`tracegen.dataset.blocks.check_unchanged`)."""
 
     uri: str
     fingerprint: str

@@ -37,112 +37,96 @@ class _Parser(argparse.ArgumentParser):
         raise LaunchRefused(message)
 
 
+# The stand-in's own flags, in --help's order: (flag, add_argument's keyword arguments).
+_SIM_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--sim-time-scale", {
+        "type": float, "default": 1.0,
+        "help": "simulated seconds per wall second (1000: a simulated hour in 3.6 s)",
+    }),
+    ("--sim-seed", {"type": int, "default": 0, "help": "seed of the per-prompt difficulty"}),
+    ("--sim-max-model-len", {
+        "type": int, "default": DEFAULT_MAX_MODEL_LEN,
+        "help": "the model's own context length (its config.json), used and reported as max_model_len "
+        "when --context-length is not given",
+    }),
+    # The length law.
+    ("--sim-length-model", {
+        "default": "seed",
+        "help": "'seed' (default: 18%% truncated at 4096), 'short', 'long', 'lognormal:MEDIAN:SIGMA', 'fixed:N'",
+    }),
+    ("--sim-length-law", {
+        "default": None, "choices": [law for law in LAWS if law != "fixed"],
+        "help": "shape of the natural lengths (default lognormal); the median moves to keep the truncated share",
+    }),
+    ("--sim-tail-dof", {"type": float, "default": None, "help": "logt: degrees of freedom (default 3)"}),
+    ("--sim-long-mode-share", {
+        "type": float, "default": None, "help": "bimodal: share of long samples (default 0.3)",
+    }),
+    ("--sim-long-mode-ratio", {
+        "type": float, "default": None, "help": "bimodal: long/short median ratio (default 8)",
+    }),
+    ("--sim-runaway-rate", {
+        "type": float, "default": None,
+        "help": "share of samples that never stop and loop until the cap (default 0)",
+    }),
+    ("--sim-prompt-variance-share", {
+        "type": float, "default": None,
+        "help": "share of the log-length variance fixed by the prompt; the rest is per sample (default 0.5)",
+    }),
+    ("--sim-truncated-share", {
+        "type": float, "default": None,
+        "help": "calibrate: share of samples longer than --sim-truncated-at (default: the model's own, 0.18 for seed)",
+    }),
+    ("--sim-truncated-at", {
+        "type": int, "default": None,
+        "help": "the cap --sim-truncated-share refers to (default 4096; 100 for 'short')",
+    }),
+    # Speed, tool calls and serving.
+    ("--sim-step-base-ms", {
+        "type": float, "default": 15.0, "help": "decode step time at batch 0 (simulated ms)",
+    }),
+    ("--sim-step-per-req-ms", {
+        "type": float, "default": 0.15, "help": "extra step time per running request",
+    }),
+    ("--sim-accept-length", {
+        "type": float, "default": None,
+        "help": f"tokens per step with --speculative-algorithm (default {DEFAULT_SPEC_ACCEPT_LENGTH})",
+    }),
+    ("--sim-warmup-s", {
+        "type": float, "default": 0.2, "help": "wall seconds of warm-up before /health is 200",
+    }),
+    ("--sim-tool-call-rate", {
+        "type": float, "default": 0.25, "help": "share of prompts with `tools` that finish with a tool call",
+    }),
+    ("--sim-stream-interval-ms", {
+        "type": float, "default": 50.0, "help": "wall ms between streamed chunks",
+    }),
+    ("--sim-drain-timeout-s", {
+        "type": float, "default": 600.0, "help": "SIGTERM: max wall seconds to drain",
+    }),
+    # Faults.
+    ("--sim-error-rate", {"type": float, "default": 0.0}),
+    ("--sim-error-status", {"type": int, "default": 500}),
+    ("--sim-drop-rate", {"type": float, "default": 0.0}),
+    ("--sim-hang-rate", {"type": float, "default": 0.0}),
+    ("--sim-abort-rate", {"type": float, "default": 0.0}),
+    ("--sim-crash-after", {"type": int, "default": None, "help": "exit after this many generation requests"}),
+    ("--sim-wedge-after", {"type": int, "default": None, "help": "stop producing tokens after N requests"}),
+    ("--sim-wedged", {"action": "store_true", "help": "start wedged: /health 200, no tokens"}),
+    ("--sim-slow-start-s", {"type": float, "default": 0.0, "help": "extra wall seconds of /health 503"}),
+    ("--sim-fault-seed", {"type": int, "default": None, "help": "fault RNG seed (default: --sim-seed)"}),
+)  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m tracegen.simulator",
         description="SGLang stand-in: speaks sglang.launch_server's HTTP protocol without a GPU.",
     )
     add_sglang_flags(p.add_argument_group("SGLang's launch flags (sglang.srt.server_args)"))
-
     s = p.add_argument_group("stand-in only (--sim-*)")
-    s.add_argument(
-        "--sim-time-scale",
-        type=float,
-        default=1.0,
-        help="simulated seconds per wall second (1000: a simulated hour in 3.6 s)",
-    )
-    s.add_argument("--sim-seed", type=int, default=0, help="seed of the per-prompt difficulty")
-    s.add_argument(
-        "--sim-max-model-len",
-        type=int,
-        default=DEFAULT_MAX_MODEL_LEN,
-        help="the model's own context length (its config.json), used and reported as max_model_len "
-        "when --context-length is not given",
-    )
-    s.add_argument(
-        "--sim-length-model",
-        default="seed",
-        help="'seed' (default: 18%% truncated at 4096), 'short', 'long', 'lognormal:MEDIAN:SIGMA', 'fixed:N'",
-    )
-    s.add_argument(
-        "--sim-length-law",
-        default=None,
-        choices=[law for law in LAWS if law != "fixed"],
-        help="shape of the natural lengths (default lognormal); the median moves to keep the truncated share",
-    )
-    s.add_argument("--sim-tail-dof", type=float, default=None, help="logt: degrees of freedom (default 3)")
-    s.add_argument(
-        "--sim-long-mode-share",
-        type=float,
-        default=None,
-        help="bimodal: share of long samples (default 0.3)",
-    )
-    s.add_argument(
-        "--sim-long-mode-ratio", type=float, default=None, help="bimodal: long/short median ratio (default 8)"
-    )
-    s.add_argument(
-        "--sim-runaway-rate",
-        type=float,
-        default=None,
-        help="share of samples that never stop and loop until the cap (default 0)",
-    )
-    s.add_argument(
-        "--sim-prompt-variance-share",
-        type=float,
-        default=None,
-        help="share of the log-length variance fixed by the prompt; the rest is per sample (default 0.5)",
-    )
-    s.add_argument(
-        "--sim-truncated-share",
-        type=float,
-        default=None,
-        help="calibrate: share of samples longer than --sim-truncated-at (default: the model's own, 0.18 for seed)",
-    )
-    s.add_argument(
-        "--sim-truncated-at",
-        type=int,
-        default=None,
-        help="the cap --sim-truncated-share refers to (default 4096; 100 for 'short')",
-    )
-    s.add_argument(
-        "--sim-step-base-ms", type=float, default=15.0, help="decode step time at batch 0 (simulated ms)"
-    )
-    s.add_argument(
-        "--sim-step-per-req-ms", type=float, default=0.15, help="extra step time per running request"
-    )
-    s.add_argument(
-        "--sim-accept-length",
-        type=float,
-        default=None,
-        help=f"tokens per step with --speculative-algorithm (default {DEFAULT_SPEC_ACCEPT_LENGTH})",
-    )
-    s.add_argument(
-        "--sim-warmup-s", type=float, default=0.2, help="wall seconds of warm-up before /health is 200"
-    )
-    s.add_argument(
-        "--sim-tool-call-rate",
-        type=float,
-        default=0.25,
-        help="share of prompts with `tools` that finish with a tool call",
-    )
-    s.add_argument(
-        "--sim-stream-interval-ms", type=float, default=50.0, help="wall ms between streamed chunks"
-    )
-    s.add_argument(
-        "--sim-drain-timeout-s", type=float, default=600.0, help="SIGTERM: max wall seconds to drain"
-    )
-    s.add_argument("--sim-error-rate", type=float, default=0.0)
-    s.add_argument("--sim-error-status", type=int, default=500)
-    s.add_argument("--sim-drop-rate", type=float, default=0.0)
-    s.add_argument("--sim-hang-rate", type=float, default=0.0)
-    s.add_argument("--sim-abort-rate", type=float, default=0.0)
-    s.add_argument(
-        "--sim-crash-after", type=int, default=None, help="exit after this many generation requests"
-    )
-    s.add_argument("--sim-wedge-after", type=int, default=None, help="stop producing tokens after N requests")
-    s.add_argument("--sim-wedged", action="store_true", help="start wedged: /health 200, no tokens")
-    s.add_argument("--sim-slow-start-s", type=float, default=0.0, help="extra wall seconds of /health 503")
-    s.add_argument("--sim-fault-seed", type=int, default=None, help="fault RNG seed (default: --sim-seed)")
+    for flag, kwargs in _SIM_FLAGS:
+        s.add_argument(flag, **kwargs)
     return p
 
 
@@ -259,6 +243,17 @@ def launch_refusal(argv: Sequence[str]) -> str | None:
 
 def _settings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SimSettings:
     a = vars(parser.parse_args(_with_config_file(parser, list(argv))))
+    _resolve_sglang_args(parser, a)
+    _check_sim_args(parser, a)
+    accept = _accept_length(parser, a)
+    return SimSettings(
+        args=a, argv=tuple(argv), length_model=_length_model(parser, a), faults=_faults(parser, a),
+        accept_length=accept,
+    )
+
+
+def _resolve_sglang_args(parser: argparse.ArgumentParser, a: dict[str, Any]) -> None:
+    """SGLang's flags as its start-up checks and resolves them: its refusals, and the defaults it fills in."""
     # Not required by SGLang's parser, but its start-up fails without a model to load.
     _check(parser, a["model_path"] is not None, "the following arguments are required: --model-path")
     refusal = startup_refusal(a)
@@ -295,6 +290,9 @@ def _settings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SimSettin
         a["max_queued_requests"] is None or a["max_queued_requests"] >= 0,
         f"--max-queued-requests must be >= 0, got {a['max_queued_requests']}",
     )
+
+
+def _check_sim_args(parser: argparse.ArgumentParser, a: dict[str, Any]) -> None:
     _check(parser, a["sim_time_scale"] > 0, f"--sim-time-scale must be > 0, got {a['sim_time_scale']}")
     _check(parser, a["sim_warmup_s"] >= 0, f"--sim-warmup-s must be >= 0, got {a['sim_warmup_s']}")
     _check(
@@ -307,11 +305,19 @@ def _settings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SimSettin
         a["sim_stream_interval_ms"] > 0,
         f"--sim-stream-interval-ms must be > 0, got {a['sim_stream_interval_ms']}",
     )
+
+
+def _accept_length(parser: argparse.ArgumentParser, a: dict[str, Any]) -> float:
+    """Tokens per decode step: 1 without speculative decoding; recorded in `a` as /server_info reports it."""
     accept = 1.0
     if a["speculative_algorithm"] is not None:
         accept = a["sim_accept_length"] if a["sim_accept_length"] is not None else DEFAULT_SPEC_ACCEPT_LENGTH
     _check(parser, accept >= 1, f"--sim-accept-length must be >= 1, got {accept}")
     a["sim_accept_length"] = accept
+    return accept
+
+
+def _length_model(parser: argparse.ArgumentParser, a: dict[str, Any]) -> LengthModel:
     shape = {
         field: a[flag]
         for field, flag in (
@@ -327,7 +333,7 @@ def _settings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SimSettin
         f"--sim-truncated-at must be >= 1, got {a['sim_truncated_at']}",
     )
     try:
-        length_model = build_model(
+        return build_model(
             a["sim_length_model"],
             a["sim_length_law"],
             a["sim_truncated_share"],
@@ -336,9 +342,12 @@ def _settings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SimSettin
         )
     except ValueError as exc:
         parser.error(f"--sim-length-model: {exc}")
+
+
+def _faults(parser: argparse.ArgumentParser, a: dict[str, Any]) -> FaultConfig:
     fault_seed = a["sim_fault_seed"] if a["sim_fault_seed"] is not None else a["sim_seed"]
     try:
-        faults = FaultConfig(
+        return FaultConfig(
             error_rate=a["sim_error_rate"], error_status=a["sim_error_status"], drop_rate=a["sim_drop_rate"],
             hang_rate=a["sim_hang_rate"], abort_rate=a["sim_abort_rate"], crash_after=a["sim_crash_after"],
             wedge_after=a["sim_wedge_after"], wedged=a["sim_wedged"], slow_start_s=a["sim_slow_start_s"],
@@ -346,6 +355,3 @@ def _settings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SimSettin
         )  # fmt: skip
     except ValueError as exc:
         parser.error(f"fault flags: {exc}")
-    return SimSettings(
-        args=a, argv=tuple(argv), length_model=length_model, faults=faults, accept_length=accept
-    )

@@ -159,6 +159,54 @@ def _optional_str(value: Any) -> bool:
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    messages, tools, tool_choice = _chat_prompt(body)
+    priority = body.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise BadRequest(f"priority must be an integer, got {json.dumps(priority)[:80]}")
+    max_tokens = _int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1)
+    _number(body, "temperature", 0.0, 100.0)
+    _number(body, "top_p", 0.0, 1.0)
+    seed = _seed(body, "seed")
+    _int(body, "n", 1)
+    if body.get("n", 1) != 1:
+        raise BadRequest("n > 1 is not supported by the stand-in")
+    stream, return_prompt_token_ids, return_token_ids = _chat_returns(body)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object")
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model must be a string")
+    # Accepted as SGLang accepts it. The stand-in cannot recover a sample from text, so a prefilled
+    # assistant message is just more prompt: continue rows by token ids through /generate instead.
+    _bool(body, "continue_final_message", False)
+    return ChatRequest(
+        messages=[as_sglang_reads(m) for m in messages],
+        tools=tools or None,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=bool(options and _bool(options, "include_usage", False, "stream_options.")),
+        enable_thinking=_bool(kwargs or {}, "enable_thinking", True, "chat_template_kwargs."),
+        separate_reasoning=_bool(body, "separate_reasoning", True),
+        ignore_eos=_bool(body, "ignore_eos", False),
+        model=model,
+        rid=_rid(body),
+        seed=seed,
+        return_prompt_token_ids=return_prompt_token_ids,
+        return_token_ids=return_token_ids,
+        tool_choice=tool_choice,
+        priority=priority,
+    )
+
+
+def _chat_prompt(body: dict[str, Any]) -> tuple[list[Any], list[Any] | None, str | dict[str, Any]]:
+    """(messages, tools, tool_choice) as SGLang checks them: its request model first, then its chat
+    handler's own checks in its order."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise BadRequest("messages must be a list of {role, content} objects")
@@ -189,18 +237,11 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
             check_tool_parameters(tool, f"Tool {i}")
     except ValueError as exc:
         raise RequestRefused(str(exc)) from None
-    priority = body.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise BadRequest(f"priority must be an integer, got {json.dumps(priority)[:80]}")
-    max_tokens = _int(body, "max_completion_tokens", 1)
-    if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1)
-    _number(body, "temperature", 0.0, 100.0)
-    _number(body, "top_p", 0.0, 1.0)
-    seed = _seed(body, "seed")
-    _int(body, "n", 1)
-    if body.get("n", 1) != 1:
-        raise BadRequest("n > 1 is not supported by the stand-in")
+    return messages, tools, tool_choice
+
+
+def _chat_returns(body: dict[str, Any]) -> tuple[bool, bool, bool]:
+    """(stream, return_prompt_token_ids, return_token_ids): token ids come only with a whole response."""
     stream = _bool(body, "stream", False)
     return_prompt_token_ids = _bool(body, "return_prompt_token_ids", False)
     return_token_ids = _bool(body, "return_token_ids", False)
@@ -214,35 +255,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
             "return_token_ids is not supported with streaming on /v1/chat/completions. "
             "Please set stream=false when using return_token_ids=true."
         )
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise BadRequest("stream_options must be an object")
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise BadRequest("chat_template_kwargs must be an object")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("model must be a string")
-    # Accepted as SGLang accepts it. The stand-in cannot recover a sample from text, so a prefilled
-    # assistant message is just more prompt: continue rows by token ids through /generate instead.
-    _bool(body, "continue_final_message", False)
-    return ChatRequest(
-        messages=[as_sglang_reads(m) for m in messages],
-        tools=tools or None,
-        max_tokens=max_tokens,
-        stream=stream,
-        include_usage=bool(options and _bool(options, "include_usage", False, "stream_options.")),
-        enable_thinking=_bool(kwargs or {}, "enable_thinking", True, "chat_template_kwargs."),
-        separate_reasoning=_bool(body, "separate_reasoning", True),
-        ignore_eos=_bool(body, "ignore_eos", False),
-        model=model,
-        rid=_rid(body),
-        seed=seed,
-        return_prompt_token_ids=return_prompt_token_ids,
-        return_token_ids=return_token_ids,
-        tool_choice=tool_choice,
-        priority=priority,
-    )
+    return stream, return_prompt_token_ids, return_token_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from engine_support.helpers import ROOT, endpoints, make_config, open_ledger, prepare, write_dataset
 
-from tracegen.dataset.index import DatasetChangedError
+from tracegen.dataset.blocks import DatasetChangedError
 from tracegen.generate.chunk import run_chunk
 from tracegen.run.records import latest_run
 from tracegen.store.storage import open_storage

@@ -16,7 +16,7 @@ from fixtures.simulator import start_sim_server
 
 from tracegen.fleet.server import served_context_length
 from tracegen.sglang.autotune import parse_metrics
-from tracegen.simulator.app import auth_allows
+from tracegen.simulator.middleware import auth_allows
 
 KEY = "sk-fidelity"
 TOOLS = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]

@@ -1,0 +1,107 @@
+"""A generation request's life on the server: the fault it meets, its admission to the batch, waiting for
+it (a client that goes away aborts it, as in SGLang), and what it adds to the metrics when it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from aiohttp import web
+
+from tracegen.simulator import faults as fault_kinds
+from tracegen.simulator import protocol as p
+from tracegen.simulator.batching import Job
+from tracegen.simulator.responses import error_response
+from tracegen.simulator.state import State
+
+log = logging.getLogger("tracegen.simulator")
+
+
+def refuse_if_draining(request: web.Request, state: State) -> web.Response | None:
+    if state.draining:
+        return error_response(request, "The server is shutting down.", 503)
+    return None
+
+
+async def apply_fault(request: web.Request, state: State) -> tuple[str, web.StreamResponse | None]:
+    """Apply the injected fault for this request; returns (fault, response to send instead or None)."""
+    fault = state.injector.decide()
+    state.sync_wedge()
+    if fault == fault_kinds.CRASH:
+        log.error("simulated fault: crashing after %d requests", state.injector.requests_seen - 1)
+        logging.shutdown()
+        os._exit(1)
+    if fault == fault_kinds.ERROR:
+        status = state.injector.config.error_status
+        return fault, error_response(request, f"simulated fault: HTTP {status}", status)
+    if fault in (fault_kinds.DROP, fault_kinds.HANG):
+        if fault == fault_kinds.DROP and request.transport is not None:
+            request.transport.close()
+        state.hung += 1
+        try:
+            # Never answer. The handler is cancelled when the connection goes away.
+            await asyncio.Event().wait()
+        finally:
+            state.hung -= 1
+    return fault, None
+
+
+def _priority(state: State, requested: int | None) -> str:
+    """A request's priority label: its own, else --default-priority-value ("None" without either)."""
+    return str(requested if requested is not None else state.args["default_priority_value"])
+
+
+def admit(state: State, plan: p.Plan, rid: str, fault: str, priority: int | None = None) -> Job:
+    """The request's job, queued in the batch; raises `batching.QueueFull` when the queue is full."""
+    job = Job(rid=rid, target=plan.target)
+    job.meta["priority"] = _priority(state, priority)
+    if fault == fault_kinds.ABORT:
+        job.target = int(plan.target * state.injector.abort_fraction())
+        job.aborted = True
+        job.abort_message = "Abort request"
+    job.meta["t_arrival"] = time.monotonic()
+    try:
+        return state.batcher.submit(job)
+    except ValueError as exc:
+        raise p.BadRequest(str(exc)) from None
+
+
+def record(state: State, job: Job, prompt_toks: int) -> None:
+    m = state.metrics
+    now = time.monotonic()
+    t0 = job.meta["t_arrival"]
+    e2e = now - t0
+    m.e2e.observe(e2e)
+    if job.admitted is not None:
+        queue_wall = state.batcher.wall_seconds(job.admitted - job.arrival)
+        m.queue_time.observe(queue_wall)
+        m.ttft.observe(queue_wall + state.batcher.wall_seconds(state.batcher.engine.step.step_time(1)))
+    if job.aborted:
+        m.num_aborted_requests_total += 1
+    else:
+        m.num_requests_total += 1
+        m.prompt_tokens_total += prompt_toks
+
+
+async def wait(job: Job, state: State) -> None:
+    """Wait for the job; a client disconnect cancels us and aborts it server-side, as SGLang does."""
+    try:
+        await job.future
+    except asyncio.CancelledError:
+        state.batcher.abort(job.rid, "Abort: client disconnected")
+        raise
+
+
+async def progress(state: State, job: Job) -> int:
+    """Wait one stream interval (or until done), then return tokens produced so far."""
+    interval = state.args["sim_stream_interval_ms"] / 1000.0
+    try:
+        await asyncio.wait_for(asyncio.shield(job.future), interval)
+    except TimeoutError:
+        pass
+    except asyncio.CancelledError:
+        state.batcher.abort(job.rid, "Abort: client disconnected")
+        raise
+    return state.batcher.produced(job)
