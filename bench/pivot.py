@@ -49,8 +49,8 @@ from tracegen.run.prepare import prepare_run  # noqa: E402
 from tracegen.run.spec import FleetRef  # noqa: E402
 from tracegen.sglang.autotune import parse_metrics  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
-from tracegen.store.ledger import open_ledger  # noqa: E402
 from tracegen.store.records import OK  # noqa: E402
+from tracegen.store.root import open_root  # noqa: E402
 
 LOW, HIGH = 4096, 8192
 
@@ -93,7 +93,7 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, cap: int, policy: s
 
 def final(out: Path) -> tuple[np.ndarray, float, dict]:
     """(completion lengths of the current rows, truncation left at 8192, the pivot's ledger figures)."""
-    frame = open_ledger(str(out)).frame()
+    frame = open_root(str(out)).snapshots.frame()
     cur = frame[current_mask(frame) & (frame["status"] == OK).to_numpy()]
     lengths = cur["completion_tokens"].to_numpy(np.int64)
     left = float((cur["finish_reason"] == "length").mean())
@@ -103,12 +103,12 @@ def final(out: Path) -> tuple[np.ndarray, float, dict]:
 def seams(out: Path) -> dict[str, int]:
     """Of the rows the pivot extended: how many were cut at 4096 inside a character (their first text ends in
     U+FFFD), how many got their text from /detokenize, and the current rows whose text holds U+FFFD."""
-    ledger = open_ledger(str(out))
+    root = open_root(str(out))
     first, extended, current = {}, {}, 0
-    frame = ledger.frame()
+    frame = root.snapshots.frame()
     cur = set(zip(frame.loc[current_mask(frame), "part"], frame.loc[current_mask(frame), "index"], strict=True))
     for part in sorted(set(frame["part"])):
-        for row in ledger.read_part(part):
+        for row in root.commits.read_part(part):
             text = (row.reasoning_content or "") + (row.content or "")
             current += (part, row.index) in cur and "\ufffd" in text
             if row.run_id == "first" and row.finish_reason == "length":

@@ -375,12 +375,12 @@ def resample_runaways(run: dict[str, Any]) -> dict[str, Any]:
 
     from tracegen.generate.resample import resample_runaways as resample
     from tracegen.run.records import stopped_at_gate
-    from tracegen.store.ledger import open_ledger
+    from tracegen.store.root import open_root
 
     spec = _as_decided(run)
     if spec.config.runaway_policy != "resample":
         raise AirflowSkipException(f"runaway_policy={spec.config.runaway_policy}: nothing to resample")
-    if stopped_at_gate(open_ledger(spec.config.output_uri, spec.config.aws_conn_id), spec):
+    if stopped_at_gate(open_root(spec.config.output_uri, spec.config.aws_conn_id), spec):
         # A run its gate or its reviewer stopped spends no more GPU time (a stop is a skip, not a failure).
         raise AirflowSkipException("the run stopped at its gate: nothing is resampled")
     return resample(spec, fleet=_fleet(spec))

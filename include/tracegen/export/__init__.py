@@ -61,7 +61,6 @@ from tracegen.export.sink import FileSink
 from tracegen.run.records import latest_run
 from tracegen.store.current import current_mask
 from tracegen.store.layout import MEASURE_CHUNK
-from tracegen.store.ledger import Ledger, PartDamageError
 from tracegen.store.records import (
     COMPLETE,
     EXTENDED,
@@ -71,6 +70,8 @@ from tracegen.store.records import (
     RESAMPLED,
     GeneratedRow,
 )
+from tracegen.store.repair import PartDamageError
+from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.storage import LocalStorage, Storage, open_storage
 
 __all__ = ["FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
@@ -127,18 +128,18 @@ def export_dataset(
             f"export destination {dest_uri} is inside the output root {output_uri} (or holds it); "
             "export beside the root, never into it"
         )
-    ledger = Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))
-    record = latest_run(ledger, aws_conn_id)
+    root = open_root(output_uri, aws_conn_id)
+    record = latest_run(root, aws_conn_id)
     if record is None:
         raise ExportError(f"{output_uri}: no run has been planned here; nothing to export")
-    index = load_index(ledger)
+    index = load_index(root)
     # Before the destination is touched: an edited dataset would pair these completions with other prompts.
     check_unchanged(index, aws_conn_id)
     dest = open_storage(dest_uri, aws_conn_id=aws_conn_id)
     lock = DestinationLock.of(dest)
     lock.acquire()
     try:
-        return _export(ledger, record, index, dest, lock, fmt=fmt, layout=layout, shard_rows=shard_rows,
+        return _export(root, record, index, dest, lock, fmt=fmt, layout=layout, shard_rows=shard_rows,
                        include_truncated=include_truncated, overwrite=overwrite, with_token_ids=with_token_ids)
     finally:
         lock.release()
@@ -220,7 +221,7 @@ def _end_of_turn(last_ids: dict[str, dict[str, int]]) -> dict[str, Any]:
     }
 
 
-def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: DestinationLock, *, fmt: str,
+def _export(root: OutputRoot, record: Any, index: Any, dest: Storage, lock: DestinationLock, *, fmt: str,
             layout: str, shard_rows: int, include_truncated: bool, overwrite: bool,
             with_token_ids: bool) -> ExportResult:
     """The export proper, while `lock` holds `dest`."""
@@ -234,7 +235,7 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     # What this export replaces: it publishes only over this manifest, and removes only its files.
     previous, previous_version = lock.read_manifest()
     replaced = _manifest_shards(dest, previous)
-    frame = ledger_rows(ledger)
+    frame = ledger_rows(root)
     # One mask over the ledger's rows, then one copy of the chosen rows in index order: memory holds the
     # ledger's columns and the chosen rows, never a chain of filtered copies.
     chosen = current_mask(frame) if len(frame) else np.zeros(0, dtype=bool)
@@ -247,7 +248,7 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
         # Truncated rows whose tail loops: no cap finishes them. Judged only when truncated rows are
         # exported (otherwise they are left out with the rest). 'keep' exports them; 'drop' does not, nor
         # 'resample' the ones whose fresh sample looped again.
-        runaways = sorted(find_runaways(ledger, frame))
+        runaways = sorted(find_runaways(root, frame))
         if policy != "keep":
             chosen &= ~np.isin(frame["index"].to_numpy(np.int64), runaways)
     left_out_runaway = len(runaways) if policy != "keep" else 0
@@ -274,13 +275,13 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     try:
         for shard_no, batch in enumerate(_batches(best, shard_rows, by_part=sink is not None)):
             try:
-                shaped = list(_shaped(ledger, index, source, batch, layout, with_token_ids))
+                shaped = list(_shaped(root, index, source, batch, layout, with_token_ids))
             except PartDamageError as exc:
                 d = exc.damage
                 raise ExportError(
-                    f"part {ledger.storage.uri_for(d.part)} is not what its ledger entry {d.entry} committed: "
+                    f"part {root.storage.uri_for(d.part)} is not what its ledger entry {d.entry} committed: "
                     f"{d.problem}; not exported, and nothing was published ({dest.uri} holds what it held); "
-                    f"`python -m tracegen verify {ledger.storage.uri}` lists the damaged parts, `--retire` makes "
+                    f"`python -m tracegen verify {root.storage.uri}` lists the damaged parts, `--retire` makes "
                     "their rows work again for the next run or rerun"
                 ) from exc
             kept = [t for t in shaped if t[2] is not None]
@@ -319,7 +320,7 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
 
     manifest_uri = dest.uri_for(MANIFEST)
     try:
-        manifest = _manifest(ledger, record, index, ledger_figures, best, export_id, layout, fmt, with_token_ids,
+        manifest = _manifest(root, record, index, ledger_figures, best, export_id, layout, fmt, with_token_ids,
                              include_truncated, policy, runaways, figures, shards, dest,
                              left_out_truncated=left_out_truncated, left_out_runaway=left_out_runaway)
         body = json.dumps(manifest, indent=2).encode()
@@ -338,7 +339,7 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
                         data_uri=dest.uri_for(shards[0]["name"]) if layout != L.MESSAGES and shards else None)
 
 
-def _manifest(ledger: Ledger, record: Any, index: Any, ledger_figures: dict[str, int], best: pd.DataFrame,
+def _manifest(root: OutputRoot, record: Any, index: Any, ledger_figures: dict[str, int], best: pd.DataFrame,
               export_id: str,
               layout: str, fmt: str, with_token_ids: bool, include_truncated: bool, policy: str,
               runaways: list[int], figures: _Figures, shards: list[dict[str, Any]], dest: Storage, *,
@@ -347,8 +348,8 @@ def _manifest(ledger: Ledger, record: Any, index: Any, ledger_figures: dict[str,
     doc: dict[str, Any] = {
         "schema": 2,
         "export_id": export_id,
-        "source": ledger.storage.uri,
-        "dataset": ledger.dataset(),
+        "source": root.storage.uri,
+        "dataset": root.run_files.dataset(),
         "newest_run": record.run_id,
         "max_tokens": record.config.max_tokens,
         "layout": layout,
@@ -373,7 +374,7 @@ def _manifest(ledger: Ledger, record: Any, index: Any, ledger_figures: dict[str,
         "runaway_indices": runaways[:1000],
         **ledger_figures,
         **fig,
-        "provenance": M.provenance(ledger, record, record.config.aws_conn_id),
+        "provenance": M.provenance(root, record, record.config.aws_conn_id),
         "shards": shards,
     }
     if layout == L.TOKENS:
@@ -453,14 +454,14 @@ def _batches(best: pd.DataFrame, shard_rows: int, by_part: bool) -> Iterator[pd.
         yield best.iloc[g]
 
 
-def _shaped(ledger: Ledger, index: Any, source: Any, batch: pd.DataFrame, layout: str,
+def _shaped(root: OutputRoot, index: Any, source: Any, batch: pd.DataFrame, layout: str,
             with_token_ids: bool) -> Iterator[tuple[Any, GeneratedRow, L.Shaped | None]]:
     """A batch's generated rows joined with their prompts and shaped, in index order, reading each of its
     parts once and only the dataset blocks holding its prompts (None: a tokens row without ids)."""
     generated: dict[int, GeneratedRow] = {}
     for part, group in batch.groupby("part", sort=False, observed=True):
         wanted = {(int(i), str(r)) for i, r in zip(group["index"], group["run_id"], strict=True)}
-        for row in ledger.read_verified_part(str(part)):  # hashed as read: a damaged part raises
+        for row in root.repair.read_verified_part(str(part)):  # hashed as read: a damaged part raises
             if (row.index, row.run_id) in wanted:
                 generated[row.index] = row
     for prompt in read_indices(index, batch["index"].to_numpy(np.int64), source=source):

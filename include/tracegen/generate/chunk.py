@@ -20,7 +20,8 @@ from tracegen.generate.engine import PILOT_CHUNK, ChunkEngine, ChunkInterrupted,
 from tracegen.generate.gate_watch import PilotGateWatch, continuous_gate
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
-from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
+from tracegen.store.root import OutputRoot, open_root
+from tracegen.store.snapshots import COMPACT_OVER
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +73,12 @@ def run_chunk(
     after committing what finished. `writer` and `lease_wait_s`: who holds the root's lease while this
     runs (the run's own tasks by default) and how long to wait for another writer's (`ChunkEngine`)."""
     config = spec.config
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    index = load_index(ledger)
+    root = open_root(config.output_uri, config.aws_conn_id)
+    index = load_index(root)
 
     def run(servers: Sequence[ServerEndpoint]) -> ChunkSummary:
         engine = ChunkEngine(
-            config=config, run_id=spec.run_id, chunk=chunk, label=label, ledger=ledger, dataset=index,
+            config=config, run_id=spec.run_id, chunk=chunk, label=label, root=root, dataset=index,
             servers=servers, model=spec.fleet.model, spool_dir=spool_dir, stop_check=stop_check,
             writer=writer, lease_wait_s=lease_wait_s,
         )
@@ -101,14 +102,14 @@ def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None,
                      fleet=fleet, endpoints=endpoints)
 
 
-def _fold_loose_entries(ledger: Ledger) -> None:
+def _fold_loose_entries(root: OutputRoot) -> None:
     """Fold the entries committed since the newest snapshot into a new one once there are more than
     COMPACT_OVER, before this task reads the ledger twice (the continuous gate, then its own rows). Without
     it the planner's snapshot ages through the fan-out and every chunk start parses everything committed
     since, so a chunk start grew slower with every chunk done (docs/benchmarks.md, the 913,786-prompt rehearsal).
     Only an optimisation: a compaction that fails is logged, and the task reads the entries instead."""
     try:
-        if ledger.compact_loose(COMPACT_OVER) is not None:
+        if root.snapshots.compact_loose(COMPACT_OVER) is not None:
             log.info("ledger: folded the entries committed since the last snapshot into a new one")
     except Exception as exc:  # noqa: BLE001 - never fail a chunk over a cache
         log.warning("ledger: could not fold loose entries into a snapshot (%s); reading them instead", exc)
@@ -131,15 +132,15 @@ def generate_chunk_work(
     rerun comes through here too, as its own `writer`, so it applies the run's gates as its chunks do.
     """
     config = spec.config
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    _fold_loose_entries(ledger)
-    verdict = continuous_gate(spec, ledger)
+    root = open_root(config.output_uri, config.aws_conn_id)
+    _fold_loose_entries(root)
+    verdict = continuous_gate(spec, root)
     if verdict is not None:
         raise GateClosed(f"{work.label} not started, the continuous gate is closed: {verdict}")
     indices = np.arange(work.start, work.stop, dtype=np.int64)
     watch = None
     if alongside_pilot:
-        watch = PilotGateWatch(spec, ledger)
+        watch = PilotGateWatch(spec, root)
         if (closed := watch()) is not None:
             raise GateClosed(f"{work.label} not started: {closed}")
         if config.pilot_size:
