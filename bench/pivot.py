@@ -85,8 +85,9 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, cap: int, policy: s
     endpoints = [ServerEndpoint(u, max_in_flight=fleet.max_running, name=f"sim:gpu{i}")
                  for i, u in enumerate(fleet.urls)]
     before = generated_tokens(fleet)
+    root = open_root(config.output_uri, config.aws_conn_id)
     for w in work:
-        run_chunk(spec, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
+        run_chunk(spec, root=root, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
                   endpoints=endpoints, spool_dir=str(spool))
     return generated_tokens(fleet) - before
 

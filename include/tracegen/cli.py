@@ -55,7 +55,7 @@ def _audit(args: argparse.Namespace) -> int:
         return 1
     if args.max_tokens:
         record = replace(record, config=replace(record.config, max_tokens=args.max_tokens))
-    outcome = audit_and_report(record, name=args.name)
+    outcome = audit_and_report(record, name=args.name, root=root)
     print(outcome.summary)
     print(f"report: {outcome.html_uri}")
     return 1 if outcome.verdict == "damaged" else 0  # rows counted as done that cannot be exported

@@ -56,6 +56,7 @@ def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[Server
 def run_chunk(
     spec: RunSpec,
     *,
+    root: OutputRoot,
     chunk: int,
     label: str,
     indices: np.ndarray | Sequence[int],
@@ -73,7 +74,6 @@ def run_chunk(
     after committing what finished. `writer` and `lease_wait_s`: who holds the root's lease while this
     runs (the run's own tasks by default) and how long to wait for another writer's (`ChunkEngine`)."""
     config = spec.config
-    root = open_root(config.output_uri, config.aws_conn_id)
     index = load_index(root)
 
     def run(servers: Sequence[ServerEndpoint]) -> ChunkSummary:
@@ -98,8 +98,9 @@ def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None,
     if spec.config.pilot_size == 0:
         return None
     indices = plan.pilot_indices(spec.config, spec.dataset.n_rows)
-    return run_chunk(spec, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)", indices=indices,
-                     fleet=fleet, endpoints=endpoints)
+    root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
+    return run_chunk(spec, root=root, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)",
+                     indices=indices, fleet=fleet, endpoints=endpoints)
 
 
 def _fold_loose_entries(root: OutputRoot) -> None:
@@ -124,15 +125,17 @@ def generate_chunk_work(
     endpoints: Sequence[ServerEndpoint] | None = None,
     writer: str | None = None,
     lease_wait_s: float | None = None,
+    root: OutputRoot | None = None,
 ) -> ChunkSummary:
     """One mapped generation task: what is left of `work`, unless a gate is closed.
 
     `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
     leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes. The scheduled
     rerun comes through here too, as its own `writer`, so it applies the run's gates as its chunks do.
+    `root`: the run's output root, when the task has opened it already.
     """
     config = spec.config
-    root = open_root(config.output_uri, config.aws_conn_id)
+    root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
     _fold_loose_entries(root)
     verdict = continuous_gate(spec, root)
     if verdict is not None:
@@ -148,8 +151,9 @@ def generate_chunk_work(
             pilot = plan.pilot_indices(config, spec.dataset.n_rows)
             indices = np.setdiff1d(indices, pilot, assume_unique=True)
     try:
-        return run_chunk(spec, chunk=work.chunk, label=work.label, indices=indices, fleet=fleet,
-                         endpoints=endpoints, stop_check=watch, writer=writer, lease_wait_s=lease_wait_s)
+        return run_chunk(spec, root=root, chunk=work.chunk, label=work.label, indices=indices,
+                         fleet=fleet, endpoints=endpoints, stop_check=watch, writer=writer,
+                         lease_wait_s=lease_wait_s)
     except ChunkInterrupted as exc:
         if watch is not None and watch.closed == exc.reason:
             raise GateClosed(str(exc)) from None

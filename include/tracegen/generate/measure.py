@@ -264,14 +264,16 @@ def measure_tail(
     spool_dir: str | None = None,
     before_measuring: Callable[[], Any] | None = None,
     engine_options: dict[str, Any] | None = None,
+    root: OutputRoot | None = None,
 ) -> TailMeasurement:
     """Decide (or take up the decision of an earlier attempt), then continue the pilot's truncated rows to
     the measure cap on `endpoints` or the servers of `fleet`, and store what it cost.
 
     `before_measuring` runs once it is known that rows will be sent (the pilot report then: the chunks
-    beside the pilot read its verdict and stop, leaving the fleet to the measurement)."""
+    beside the pilot read its verdict and stop, leaving the fleet to the measurement). `root`: the run's
+    output root, when the task has opened it already."""
     config = spec.config
-    root = open_root(config.output_uri, config.aws_conn_id)
+    root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
     m = read_measurement(root, spec.run_id)
     if m is None:
         m = decide(spec, root, context_length=context_length)

@@ -85,13 +85,15 @@ def resample_runaways(
     endpoints: Sequence[ServerEndpoint] | None = None,
     spool_dir: str | None = None,
     engine_options: dict[str, Any] | None = None,
+    root: OutputRoot | None = None,
 ) -> dict[str, Any]:
     """Generate one fresh sample for each runaway row not resampled yet, under the run's cap. Returns
-    what it did (rows, how many fresh samples finished, loop again, tokens)."""
+    what it did (rows, how many fresh samples finished, loop again, tokens). `root`: the run's output
+    root, when the task has opened it already."""
     config = spec.config
     if config.runaway_policy != "resample":
         return {"rows": 0, "reason": f"runaway_policy={config.runaway_policy}"}
-    root = open_root(config.output_uri, config.aws_conn_id)
+    root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
     frame = root.snapshots.frame(compact_over=COMPACT_OVER)
     rows = to_resample(root, frame)
     if not rows:

@@ -81,7 +81,7 @@ def ask(
         trigger, name = DRIFT, GATE_REPORT
         log.info("the continuous gate held back %d rows; auditing its sample for the question", held)
         audit_and_report(spec, name=name, indices=np.asarray(drift_sample, dtype=np.int64),
-                         tokens_per_s_per_gpu=tokens_per_s_per_gpu, context_length=context_length)
+                         tokens_per_s_per_gpu=tokens_per_s_per_gpu, context_length=context_length, root=root)
         report = json.loads(root.run_files.get(spec.run_id, f"{name}.json"))
     question = question_from_report(
         report, run_id=spec.run_id, trigger=trigger, max_cap=max_cap(context_length),

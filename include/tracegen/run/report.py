@@ -48,10 +48,12 @@ def audit_and_report(
     indices: np.ndarray | None = None,
     tokens_per_s_per_gpu: float | None = None,
     context_length: int | None = None,
+    root: OutputRoot | None = None,
 ) -> ReportOutcome:
-    """Audit the ledger (all of it, or only `indices`), decide the gate, write the report files."""
+    """Audit the ledger (all of it, or only `indices`), decide the gate, write the report files. `root`:
+    the run's output root, when the task has opened it already."""
     config = spec.config
-    root = open_root(config.output_uri, config.aws_conn_id)
+    root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
     full = root.snapshots.frame(compact_over=COMPACT_OVER)
     frame = full
     if indices is not None:

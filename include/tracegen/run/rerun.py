@@ -174,10 +174,12 @@ def unfinished_work(output_uri: str, airflow: AirflowRuns, aws_conn_id: str = "a
     return [RerunWork(output_uri, spec.run_id, w) for w in work]
 
 
-def run_for_rerun(item: RerunWork, airflow: AirflowRuns, aws_conn_id: str = "aws_default") -> RunSpec:
+def run_for_rerun(item: RerunWork, airflow: AirflowRuns, aws_conn_id: str = "aws_default", *,
+                  root: OutputRoot | None = None) -> RunSpec:
     """The run a rerun task generates for, as Airflow knows it, rebased onto the item's root. Raises
-    `RerunRefused` naming why when it no longer may: Airflow does not know it, or the root has an owner."""
-    root = open_root(item.output_uri, aws_conn_id)
+    `RerunRefused` naming why when it no longer may: Airflow does not know it, or the root has an owner.
+    `root`: the item's output root, when the task has opened it already."""
+    root = open_root(item.output_uri, aws_conn_id) if root is None else root
     newest = newest_known_run(root, item.output_uri, airflow)
     if newest is None or newest.spec.run_id != item.run_id:
         raise RerunRefused(f"{item.output_uri}: run {item.run_id} is no longer the newest run Airflow knows there")

@@ -41,9 +41,10 @@ def _same_size_edit(data: bytes) -> bytes:
 
 
 def _generate(config, run_id, sim, spool, indices):
-    spec = latest_run(root_of(config), config.aws_conn_id)
+    root = root_of(config)
+    spec = latest_run(root, config.aws_conn_id)
     assert spec is not None and spec.run_id == run_id
-    return run_chunk(spec, chunk=0, label="chunk 0", indices=indices, endpoints=endpoints(sim),
+    return run_chunk(spec, root=root, chunk=0, label="chunk 0", indices=indices, endpoints=endpoints(sim),
                      spool_dir=str(spool))
 
 
