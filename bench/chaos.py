@@ -834,17 +834,17 @@ class Chaos:
             return {"error": str(exc)}
 
     def _check(self, trial: Trial) -> None:
-        from tracegen.store.ledger import Ledger
         from tracegen.store.records import FAILED
+        from tracegen.store.root import OutputRoot
         from tracegen.store.storage import open_storage
 
         n = self.args.rows
         try:
             status = self._status(trial.output)
-            ledger = Ledger(open_storage(trial.output))
-            trial.invariant_problems = ledger.check_invariants(deep=True)
-            damage = ledger.verify_parts(deep=True)
-            frame = ledger.frame()
+            output_root = OutputRoot(open_storage(trial.output))
+            trial.invariant_problems = output_root.repair.check_invariants(deep=True)
+            damage = output_root.repair.verify_parts(deep=True)
+            frame = output_root.snapshots.frame()
             kept = frame[frame["status"] != FAILED] if len(frame) else frame
             indices = set(kept["index"].tolist()) if len(kept) else set()
             trial.rows = len(indices)
@@ -856,13 +856,13 @@ class Chaos:
             # parse (read_part raises on the first one).
             damaged = {item.part for item in damage}
             torn = 0
-            for key in ledger.entries():
-                entry = ledger.read_entry(key)
+            for key in output_root.commits.entries():
+                entry = output_root.commits.read_entry(key)
                 if entry["part"] in damaged:
                     torn += int(entry.get("n_rows") or 1)
                     continue
                 try:
-                    rows = list(ledger.read_part(entry["part"]))
+                    rows = list(output_root.commits.read_part(entry["part"]))
                     torn += max(0, int(entry.get("n_rows", len(rows))) - len(rows))
                 except Exception:  # noqa: BLE001 - counted
                     torn += int(entry.get("n_rows", 1))

@@ -64,8 +64,8 @@ def make_root(work: Path, n_rows: int, measured: list[tuple[int, int]]) -> dict:
     from tracegen.fleet.spec import HostSpec
     from tracegen.run.prepare import prepare_run
     from tracegen.run.spec import FleetRef
-    from tracegen.store.ledger import open_ledger
     from tracegen.store.records import OK, GeneratedRow
+    from tracegen.store.root import open_root
 
     dataset = work / f"prompts-{n_rows}.jsonl"
     with open(dataset, "w") as f:
@@ -76,7 +76,7 @@ def make_root(work: Path, n_rows: int, measured: list[tuple[int, int]]) -> dict:
     config = RunConfig.from_params(params)
     fleet = FleetSpec(hosts=(HostSpec("local", (0,)),), model_path=MODEL, launch_module="tracegen.simulator")
     prepare_run(config, "prefill", FleetRef.of(fleet, "bench-fleet"))
-    ledger = open_ledger(config.output_uri)
+    root = open_root(config.output_uri)
     skip = set()
     for start, stop in measured:
         skip.update(range(start, stop))
@@ -85,7 +85,7 @@ def make_root(work: Path, n_rows: int, measured: list[tuple[int, int]]) -> dict:
     for n, s in enumerate(range(0, len(todo), 5000)):
         rows = [GeneratedRow(index=i, status=OK, max_tokens=4096, run_id="prefill", chunk=1, finish_reason="stop",
                              content="done", completion_tokens=60) for i in todo[s:s + 5000]]
-        ledger.commit(rows, "prefill", 1, f"prefill-{n:05d}")
+        root.commits.commit(rows, "prefill", 1, f"prefill-{n:05d}")
     return params
 
 
@@ -120,12 +120,12 @@ def child(job: dict) -> None:
     from tracegen.generate.engine import ChunkEngine
     from tracegen.sglang.client import ClientConfig
     from tracegen.sglang.routing import ServerEndpoint
-    from tracegen.store.ledger import open_ledger
+    from tracegen.store.root import open_root
 
     config = RunConfig.from_params(job["params"])
-    ledger = open_ledger(config.output_uri)
-    engine = ChunkEngine(config=config, run_id=job["run_id"], chunk=0, label="bench", ledger=ledger,
-                         dataset=load_index(ledger), servers=[ServerEndpoint(job["url"], max_in_flight=128)],
+    root = open_root(config.output_uri)
+    engine = ChunkEngine(config=config, run_id=job["run_id"], chunk=0, label="bench", root=root,
+                         dataset=load_index(root), servers=[ServerEndpoint(job["url"], max_in_flight=128)],
                          model=MODEL, spool_dir=job["spool"], client_config=ClientConfig(), progress_interval_s=3600)
     started = time.monotonic()
     summary = engine.run(np.arange(job["start"], job["stop"], dtype=np.int64))

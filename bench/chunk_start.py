@@ -6,7 +6,7 @@ newest snapshot (one Parquet GET, range-filtered) plus every entry committed sin
 audit tasks used to write snapshots, so through a fan-out the entries since the last one pile up and
 every chunk start parses all of them: the seed-scale rehearsal (docs/benchmarks.md) saw chunk starts
 grow slower with every chunk done. Chunk tasks now fold those entries into a new snapshot first
-(`Ledger.compact_loose`, streamed) once there are more than COMPACT_OVER.
+(`Snapshots.compact_loose`, streamed) once there are more than COMPACT_OVER.
 
 Same process, same ledger: a 1,000,000-row ledger in 2,000 entries of 500 rows (about the seed run's
 913,786 rows in its ~2,300 parts), a snapshot covering the first `--snapshot-share` of them (what the
@@ -35,13 +35,14 @@ from plan_resume import synthetic_columns, write_entries  # noqa: E402
 
 from tracegen.generate.gate_watch import CONTINUOUS_GATE_SAMPLE  # noqa: E402
 from tracegen.plan import choose_chunk_size, pilot_sample  # noqa: E402
-from tracegen.store.ledger import COMPACT_OVER, Ledger  # noqa: E402
+from tracegen.store.root import OutputRoot  # noqa: E402
+from tracegen.store.snapshots import COMPACT_OVER  # noqa: E402
 from tracegen.store.storage import LocalStorage  # noqa: E402
 
 
-def chunk_start_reads(ledger: Ledger, sample: list[int], chunk: np.ndarray) -> tuple[float, int]:
+def chunk_start_reads(output_root: OutputRoot, sample: list[int], chunk: np.ndarray) -> tuple[float, int]:
     started = time.perf_counter()
-    rows = len(ledger.plan_frame(sample)) + len(ledger.plan_frame(chunk))
+    rows = len(output_root.snapshots.plan_frame(sample)) + len(output_root.snapshots.plan_frame(chunk))
     return time.perf_counter() - started, rows
 
 
@@ -53,7 +54,7 @@ def compact_in_child(root: str) -> tuple[float, float]:
         os.close(read)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.perf_counter()
-        Ledger(LocalStorage(root)).compact_loose(COMPACT_OVER)
+        OutputRoot(LocalStorage(root)).snapshots.compact_loose(COMPACT_OVER)
         seconds = time.perf_counter() - started
         grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
         os.write(write, f"{seconds} {grown}".encode())
@@ -76,18 +77,18 @@ def main() -> None:
     size = choose_chunk_size(n, 2000)
     chunk = np.arange(n // 2, n // 2 + size, dtype=np.int64)
     with tempfile.TemporaryDirectory() as tmp:
-        ledger = Ledger(LocalStorage(tmp))
+        output_root = OutputRoot(LocalStorage(tmp))
         head = int(n * args.snapshot_share)
-        write_entries(ledger, {c: v[:head] for c, v in cols.items()}, args.segment)
-        ledger.compact()
+        write_entries(output_root, {c: v[:head] for c, v in cols.items()}, args.segment)
+        output_root.snapshots.compact()
         tail = {c: v[head:] for c, v in cols.items()}
         tail["chunk"] = [c + 10_000 for c in tail["chunk"]]  # other entry names than the snapshot's
-        loose = write_entries(ledger, tail, args.segment)
-        before, rows_before = min(chunk_start_reads(ledger, sample, chunk) for _ in range(3))
+        loose = write_entries(output_root, tail, args.segment)
+        before, rows_before = min(chunk_start_reads(output_root, sample, chunk) for _ in range(3))
         compact_s, compact_mib = compact_in_child(tmp)
-        after, rows_after = min(chunk_start_reads(ledger, sample, chunk) for _ in range(3))
+        after, rows_after = min(chunk_start_reads(output_root, sample, chunk) for _ in range(3))
         assert rows_before == rows_after, (rows_before, rows_after)
-        snap = ledger.latest_snapshot()
+        snap = output_root.snapshots.latest()
         assert snap is not None and snap["n_rows"] == n
     print(f"ledger: {n:,} rows; snapshot of the first {head:,}, then {loose:,} loose entries of {args.segment} rows")
     print(f"chunk start reads (continuous-gate sample of {len(sample):,} + a {size:,}-row chunk), best of 3:")

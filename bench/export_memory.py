@@ -6,7 +6,7 @@ and 80 response ids each, 500 rows a part: 1,828 parts), folded into a Parquet s
 planner leaves it, plus a few hundred loose entries on top of it. Each measurement is a fresh subprocess
 (this file with --child) that exports the root and reports its own peak RSS (VmHWM) and wall time:
 
-- `old`: the export as it was before issue #30: the whole ledger frame (`Ledger.frame()`: every column of
+- `old`: the export as it was before issue #30: the whole ledger frame (`Snapshots.frame()`: every column of
   every ledger row as one pandas frame) chosen from, then the same shards;
 - `messages`, `tokens`: the export now (the ledger read a snapshot batch at a time with the export's
   columns only, strings as codes; a trainer layout's file streamed to disk).
@@ -48,8 +48,8 @@ def make_root(work: Path, n_rows: int) -> str:
     from tracegen.fleet.spec import HostSpec
     from tracegen.run.prepare import prepare_run
     from tracegen.run.spec import FleetRef
-    from tracegen.store.ledger import open_ledger
     from tracegen.store.records import OK, GeneratedRow, pack_token_ids
+    from tracegen.store.root import open_root
 
     dataset = work / "prompts.jsonl"
     with open(dataset, "w") as f:
@@ -60,7 +60,7 @@ def make_root(work: Path, n_rows: int) -> str:
                                         chunk_size=100_000, pilot_size=0, part_rows=PART_ROWS))
     fleet = FleetSpec(hosts=(HostSpec("local", (0,)),), model_path="sim/bench", launch_module="tracegen.simulator")
     prepare_run(config, "run-4096", FleetRef.of(fleet, "bench-fleet"))
-    ledger = open_ledger(str(output))
+    output_root = open_root(str(output))
     rng = np.random.default_rng(0)
     prompt_ids = pack_token_ids(rng.integers(0, 150_000, 40).tolist())
     response = rng.integers(0, 150_000, 80).tolist()
@@ -75,9 +75,9 @@ def make_root(work: Path, n_rows: int) -> str:
                              reasoning_tokens=60, attempt=1, server="http://127.0.0.1:30000", latency_s=12.5,
                              prompt_token_ids=prompt_ids, response_token_ids=response_ids)
                 for i in range(p * PART_ROWS, min(n_rows, (p + 1) * PART_ROWS))]
-        ledger.commit(rows, "run-4096", rows[0].chunk, f"s{p:06d}")
+        output_root.commits.commit(rows, "run-4096", rows[0].chunk, f"s{p:06d}")
         if p == n_parts - LOOSE_PARTS - 1:
-            ledger.compact()  # what the planner and audit tasks leave behind on a long run
+            output_root.snapshots.compact()  # what the planner and audit tasks leave behind on a long run
         if p % 200 == 0:
             print(f"  root: {p}/{n_parts} parts ({time.monotonic() - started:.0f} s)", flush=True)
     return str(output)
@@ -98,8 +98,8 @@ def child(job: dict) -> None:
     import tracegen.export as export
 
     if job["path"] == "old":
-        # Before #30: the whole ledger frame, every column of every row (Ledger.frame()), chosen from.
-        export.ledger_rows = lambda ledger: ledger.frame()
+        # Before #30: the whole ledger frame, every column of every row (Snapshots.frame()), chosen from.
+        export.ledger_rows = lambda output_root: output_root.snapshots.frame()
     layout = "messages" if job["path"] in ("old", "messages") else job["path"]
     started = time.monotonic()
     result = export.export_dataset(job["root"], job["dest"], layout=layout, overwrite=True)

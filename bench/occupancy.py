@@ -239,7 +239,7 @@ def tune_run(fleet: Fleet, work: Path, dataset: Path, cap: int, in_flight: int, 
     from tracegen.run.spec import FleetRef
     from tracegen.sglang.client import ClientConfig
     from tracegen.sglang.routing import ServerEndpoint
-    from tracegen.store.ledger import open_ledger
+    from tracegen.store.root import open_root
 
     work.mkdir(parents=True)
     config = RunConfig(
@@ -251,8 +251,8 @@ def tune_run(fleet: Fleet, work: Path, dataset: Path, cap: int, in_flight: int, 
         autotune_in_flight=autotune,
     )
     prepare_run(config, "tune", FleetRef.of(FleetSpec.from_dict(fleet_spec()), "bench-fleet"))
-    ledger = open_ledger(config.output_uri)
-    index = load_index(ledger)
+    root = open_root(config.output_uri)
+    index = load_index(root)
     endpoints = [
         ServerEndpoint(u, max_in_flight=in_flight, name=f"sim:gpu{i}") for i, u in enumerate(fleet.urls)
     ]
@@ -262,7 +262,7 @@ def tune_run(fleet: Fleet, work: Path, dataset: Path, cap: int, in_flight: int, 
         run_id="tune",
         chunk=0,
         label="tune",
-        ledger=ledger,
+        root=root,
         dataset=index,
         servers=endpoints,
         model=MODEL,

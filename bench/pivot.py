@@ -50,8 +50,8 @@ from tracegen.run.spec import FleetRef  # noqa: E402
 from tracegen.sglang.autotune import parse_metrics  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
 from tracegen.store.current import current_mask  # noqa: E402
-from tracegen.store.ledger import open_ledger  # noqa: E402
 from tracegen.store.records import OK  # noqa: E402
+from tracegen.store.root import open_root  # noqa: E402
 
 LOW, HIGH = 4096, 8192
 
@@ -86,15 +86,16 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, cap: int, policy: s
     endpoints = [ServerEndpoint(u, max_in_flight=fleet.max_running, name=f"sim:gpu{i}")
                  for i, u in enumerate(fleet.urls)]
     before = generated_tokens(fleet)
+    root = open_root(config.output_uri, config.aws_conn_id)
     for w in work:
-        run_chunk(spec, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
+        run_chunk(spec, root=root, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
                   endpoints=endpoints, spool_dir=str(spool))
     return generated_tokens(fleet) - before
 
 
 def final(out: Path) -> tuple[np.ndarray, float, dict]:
     """(completion lengths of the current rows, truncation left at 8192, the pivot's ledger figures)."""
-    frame = open_ledger(str(out)).frame()
+    frame = open_root(str(out)).snapshots.frame()
     cur = frame[current_mask(frame) & (frame["status"] == OK).to_numpy()]
     lengths = cur["completion_tokens"].to_numpy(np.int64)
     left = float((cur["finish_reason"] == "length").mean())
@@ -104,12 +105,12 @@ def final(out: Path) -> tuple[np.ndarray, float, dict]:
 def seams(out: Path) -> dict[str, int]:
     """Of the rows the pivot extended: how many were cut at 4096 inside a character (their first text ends in
     U+FFFD), how many got their text from /detokenize, and the current rows whose text holds U+FFFD."""
-    ledger = open_ledger(str(out))
+    root = open_root(str(out))
     first, extended, current = {}, {}, 0
-    frame = ledger.frame()
+    frame = root.snapshots.frame()
     cur = set(zip(frame.loc[current_mask(frame), "part"], frame.loc[current_mask(frame), "index"], strict=True))
     for part in sorted(set(frame["part"])):
-        for row in ledger.read_part(part):
+        for row in root.commits.read_part(part):
             text = (row.reasoning_content or "") + (row.content or "")
             current += (part, row.index) in cur and "\ufffd" in text
             if row.run_id == "first" and row.finish_reason == "length":

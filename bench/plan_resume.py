@@ -3,7 +3,7 @@
 Prints absolute times and ratios against baselines run in the same process:
 - plan: vectorised `done_mask` + `remaining` + `remaining_per_chunk` + `current_rows` vs a plain Python
   loop that builds a set of done indices and filters the index range (the seed pipeline's approach);
-- ledger read: `Ledger.frame()` from the compaction snapshot vs from the ~2,000 raw entries.
+- ledger read: `Snapshots.frame()` from the compaction snapshot vs from the ~2,000 raw entries.
 
     .venv/bin/python bench/plan_resume.py [--rows 1000000] [--segment 500]
 """
@@ -21,8 +21,9 @@ import pandas as pd
 
 from tracegen.plan import choose_chunk_size, chunks, done_mask, remaining, remaining_per_chunk
 from tracegen.store.current import current_rows
-from tracegen.store.ledger import SCHEMA, Ledger, entry_key, part_key
+from tracegen.store.entries import SCHEMA, entry_key, part_key
 from tracegen.store.records import LEDGER_COLUMNS
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import LocalStorage
 
 
@@ -62,7 +63,7 @@ def synthetic_columns(n: int, rng: np.random.Generator) -> dict[str, list]:
     }
 
 
-def write_entries(ledger: Ledger, cols: dict[str, list], segment: int) -> int:
+def write_entries(root: OutputRoot, cols: dict[str, list], segment: int) -> int:
     """Write ledger entries directly (frame() never reads parts, so the bench skips generating text)."""
     n = len(cols["index"])
     now = datetime.now(UTC).isoformat()
@@ -76,7 +77,7 @@ def write_entries(ledger: Ledger, cols: dict[str, list], segment: int) -> int:
             "part": part_key(run, chunk, f"s{seg:06d}"), "n_rows": stop - start, "committed_at": now,
             "columns": {c: cols[c][start:stop] for c in LEDGER_COLUMNS},
         }
-        ledger.storage.put(entry_key(run, chunk, f"s{seg:06d}"), json.dumps(entry).encode())
+        root.storage.put(entry_key(run, chunk, f"s{seg:06d}"), json.dumps(entry).encode())
         count += 1
     return count
 
@@ -101,16 +102,16 @@ def main() -> None:
     cols = synthetic_columns(n, rng)
 
     with tempfile.TemporaryDirectory() as tmp:
-        ledger = Ledger(LocalStorage(tmp))
-        n_entries = write_entries(ledger, cols, args.segment)
+        root = OutputRoot(LocalStorage(tmp))
+        n_entries = write_entries(root, cols, args.segment)
         t = time.perf_counter()
-        raw_frame = ledger.frame()
+        raw_frame = root.snapshots.frame()
         t_raw = time.perf_counter() - t
         t = time.perf_counter()
-        ledger.compact()
+        root.snapshots.compact()
         t_compact = time.perf_counter() - t
         t = time.perf_counter()
-        frame = ledger.frame()
+        frame = root.snapshots.frame()
         t_snap = time.perf_counter() - t
         assert len(frame) == len(raw_frame) == n
 

@@ -22,7 +22,7 @@ from tracegen.run.records import read_run_record  # noqa: E402
 from tracegen.run.report import audit_and_report  # noqa: E402
 from tracegen.run.spec import FleetRef  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
-from tracegen.store.ledger import open_ledger  # noqa: E402
+from tracegen.store.root import open_root  # noqa: E402
 
 
 def main(spec_path: str, out_path: str) -> int:
@@ -44,7 +44,7 @@ def main(spec_path: str, out_path: str) -> int:
         json.dump(out | {"ended": time.time()}, open(out_path, "w"))
         return 0
     # The run as the DAG's tasks receive it from prepare_run (here: from its record).
-    spec = read_run_record(open_ledger(config.output_uri, config.aws_conn_id), run_id)
+    spec = read_run_record(open_root(config.output_uri, config.aws_conn_id), run_id)
     if step == "pilot":
         out["work_start"] = time.time()
         out["summary"] = run_pilot(spec, endpoints=endpoints).to_json()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 
-# What a task imports before its first request (tracegen.store.ledger, .engine) or its report (tracegen.audit.length_fit).
+# What a task imports before its first request (tracegen.store.snapshots, .engine) or its report (tracegen.audit.length_fit).
 PRELOADED_MODULES = ("numpy", "pandas", "pyarrow.parquet", "scipy.optimize", "scipy.special", "httpx")
 
 CELERY_CONFIG = {

@@ -46,16 +46,16 @@ def _audit(args: argparse.Namespace) -> int:
 
     from tracegen.run.records import latest_run
     from tracegen.run.report import audit_and_report
-    from tracegen.store.ledger import open_ledger
+    from tracegen.store.root import open_root
 
-    ledger = open_ledger(_root(args), args.aws_conn_id)
-    record = latest_run(ledger, args.aws_conn_id)
+    root = open_root(_root(args), args.aws_conn_id)
+    record = latest_run(root, args.aws_conn_id)
     if record is None:
         print(f"{args.output_uri}: no runs yet", file=sys.stderr)
         return 1
     if args.max_tokens:
         record = replace(record, config=replace(record.config, max_tokens=args.max_tokens))
-    outcome = audit_and_report(record, name=args.name)
+    outcome = audit_and_report(record, name=args.name, root=root)
     print(outcome.summary)
     print(f"report: {outcome.html_uri}")
     return 1 if outcome.verdict == "damaged" else 0  # rows counted as done that cannot be exported
@@ -78,20 +78,20 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from tracegen.store.ledger import open_ledger
+    from tracegen.store.root import open_root
 
-    ledger = open_ledger(_root(args), args.aws_conn_id)
-    checked = len(ledger.entries())
-    damage = ledger.verify_parts(deep=not args.quick)
+    root = open_root(_root(args), args.aws_conn_id)
+    checked = len(root.commits.entries())
+    damage = root.repair.verify_parts(deep=not args.quick)
     how = "sizes, from the listing" if args.quick else "size and sha256"
     if not damage:
-        print(f"{ledger.storage.uri}: {checked} committed parts match their ledger entries ({how})")
+        print(f"{root.storage.uri}: {checked} committed parts match their ledger entries ({how})")
         return 0
     for item in damage:
         rows = "unknown" if item.n_rows is None else item.n_rows
         print(f"damaged: {item.part}: {item.problem} (entry {item.entry}, {rows} rows)")
     if args.retire:
-        ledger.retire(damage)
+        root.repair.retire(damage)
         rows = sum(item.n_rows or 0 for item in damage)
         print(
             f"retired {len(damage)} of {checked} entries: their {rows} rows are work again for the next run "
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         return _simulate(argparse.Namespace(), argv[1:])
     args = build_parser().parse_args(argv)
     from tracegen.dataset.source import DatasetError
-    from tracegen.store.ledger import LedgerError
+    from tracegen.store.entries import LedgerError
     from tracegen.store.storage import StorageError
 
     try:

@@ -368,10 +368,9 @@ def _write_task_logs(run_log: Path, run_id: str | None = None, dag_id: str = "tr
 
 
 def _rows_of_run(output: Path, run_id: str) -> int:
-    from tracegen.store.ledger import Ledger
-    from tracegen.store.storage import open_storage
+    from tracegen.store.root import open_root
 
-    frame = Ledger(open_storage(str(output))).frame()
+    frame = open_root(str(output)).snapshots.frame()
     return int((frame["run_id"] == run_id).sum())
 
 

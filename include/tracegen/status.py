@@ -19,19 +19,19 @@ from tracegen.audit.pivot import pivot_summary, pivot_text
 from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
 from tracegen.store.current import current_mask
-from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED
-from tracegen.store.storage import StorageKeyError, open_storage
+from tracegen.store.root import OutputRoot, open_root
+from tracegen.store.storage import StorageKeyError
 
 RATE_WINDOW_S = 600.0  # rate and ETA from the last ten minutes of commits of the newest run
 
 
 def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float | None = None) -> dict[str, Any]:
-    ledger = Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))
-    frame = ledger.frame()
-    dataset = ledger.dataset() or {}
-    record = latest_run(ledger, aws_conn_id)
-    out: dict[str, Any] = {"output_uri": ledger.storage.uri, "dataset": dataset, "ledger_rows": len(frame)}
+    root = open_root(output_uri, aws_conn_id)
+    frame = root.snapshots.frame()
+    dataset = root.run_files.dataset() or {}
+    record = latest_run(root, aws_conn_id)
+    out: dict[str, Any] = {"output_uri": root.storage.uri, "dataset": dataset, "ledger_rows": len(frame)}
     if record is None:
         out["runs"] = []
         return out
@@ -39,7 +39,7 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
     cap, policy = record.config.max_tokens, record.config.truncated_policy
     # The cheap form of `verify` (sizes, from one listing of the parts): a part deleted or cut short since
     # its commit holds rows no export can write, so they are not done here (as after `verify --retire`).
-    damage = ledger.verify_parts(deep=False)
+    damage = root.repair.verify_parts(deep=False)
     usable = frame[~frame["part"].isin({d.part for d in damage})].reset_index(drop=True) if damage else frame
     done = plan.done_mask(usable, n_rows, cap, policy)
     cur = usable[current_mask(usable)] if len(usable) else usable
@@ -72,7 +72,7 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
             "eta_s": left / rate if rate else None,
             # Every run's pivots: the rows that replaced a row truncated under a lower cap, and their cost.
             "pivot": pivot_summary(usable),
-            "runs": _history(ledger, frame),
+            "runs": _history(root, frame),
             # Parts that no longer match their ledger entries: named, with the rows they hold (not done).
             "damaged": [{"part": d.part, "entry": d.entry, "rows": d.n_rows, "problem": d.problem} for d in damage],
             "damaged_rows": sum(d.n_rows or 0 for d in damage),
@@ -81,7 +81,7 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
     return out
 
 
-def run_progress(ledger: Ledger, record: Any, now: float | None = None) -> dict[str, Any]:
+def run_progress(root: OutputRoot, record: Any, now: float | None = None) -> dict[str, Any]:
     """One run's live progress from the ledger (the review pages' progress view): rows done of the
     dataset at the run's cap and policy, this run's commit rate in rows and completion tokens per second
     over the last RATE_WINDOW_S, its truncation so far (rows cut at its cap among its completed rows,
@@ -89,7 +89,7 @@ def run_progress(ledger: Ledger, record: Any, now: float | None = None) -> dict[
     from tracegen.audit.gate import wilson_interval
 
     now = time.time() if now is None else now
-    frame = ledger.frame()
+    frame = root.snapshots.frame()
     n_rows = record.dataset.n_rows
     cap, policy = record.config.max_tokens, record.config.truncated_policy
     done = int(plan.done_mask(frame, n_rows, cap, policy).sum()) if n_rows else 0
@@ -140,13 +140,13 @@ def _rate(frame: pd.DataFrame, run_id: str, now: float) -> float | None:
     return float(np.count_nonzero(seconds >= now - RATE_WINDOW_S)) / span
 
 
-def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
+def _history(root: OutputRoot, frame: pd.DataFrame) -> list[dict[str, Any]]:
     rows = []
-    for run_id in ledger.runs():
+    for run_id in root.run_files.runs():
         mine = frame[frame["run_id"] == run_id] if len(frame) else frame
         try:
-            record = read_run_record(ledger, run_id)
-            cap, created, stage = record.config.max_tokens, record.created_at, stage_of(ledger, record)
+            record = read_run_record(root, run_id)
+            cap, created, stage = record.config.max_tokens, record.created_at, stage_of(root, record)
         except (StorageKeyError, RunSpecError):
             cap, created, stage = None, None, None
         ok = mine[mine["status"] == OK] if len(mine) else mine
@@ -162,17 +162,17 @@ def _history(ledger: Ledger, frame: pd.DataFrame) -> list[dict[str, Any]]:
                 "failed": int((mine["status"] == FAILED).sum()) if len(mine) else 0,
                 "extended": pivot.get("extended", 0),
                 "regenerated": pivot.get("regenerated", 0) + pivot.get("fallback_regenerated", 0),
-                "verdict": _verdict(ledger, run_id),
+                "verdict": _verdict(root, run_id),
                 "stage": stage,
             }
         )
     return sorted(rows, key=lambda r: r["created_at"] or 0)
 
 
-def _verdict(ledger: Ledger, run_id: str) -> str | None:
+def _verdict(root: OutputRoot, run_id: str) -> str | None:
     for name in ("report.json", "pilot-report.json"):
         try:
-            doc = json.loads(ledger.get_run_file(run_id, name))
+            doc = json.loads(root.run_files.get(run_id, name))
         except StorageKeyError:
             continue
         return (doc.get("verdict") or {}).get("verdict")

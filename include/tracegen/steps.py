@@ -129,18 +129,21 @@ def measure_tail(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[
     from tracegen.generate.measure import measure_tail as measure
     from tracegen.plan import pilot_indices
     from tracegen.run.report import audit_and_report
+    from tracegen.store.root import open_root
 
     spec = _spec(run)
     if not pilot.get("indices"):
         return {"cap": None, "reason": "no pilot"}
     context_length = _context_length(servers)
+    root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
 
     def verdict_first() -> None:
         audit_and_report(spec, name="pilot-report", indices=pilot_indices(spec.config, spec.dataset.n_rows),
                          tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot, spec.fleet.gpus),
-                         context_length=context_length)
+                         context_length=context_length, root=root)
 
-    m = measure(spec, context_length=context_length, fleet=_fleet(spec), before_measuring=verdict_first)
+    m = measure(spec, context_length=context_length, fleet=_fleet(spec), before_measuring=verdict_first,
+                root=root)
     return {"cap": m.cap, "reason": m.reason, "trigger": m.trigger, "rows": len(m.indices),
             "worst_case_tokens": m.worst_case_tokens, "budget_tokens": m.budget_tokens, **(m.outcome or {})}
 
@@ -376,15 +379,16 @@ def resample_runaways(run: dict[str, Any]) -> dict[str, Any]:
 
     from tracegen.generate.resample import resample_runaways as resample
     from tracegen.run.records import stopped_at_gate
-    from tracegen.store.ledger import open_ledger
+    from tracegen.store.root import open_root
 
     spec = _as_decided(run)
     if spec.config.runaway_policy != "resample":
         raise AirflowSkipException(f"runaway_policy={spec.config.runaway_policy}: nothing to resample")
-    if stopped_at_gate(open_ledger(spec.config.output_uri, spec.config.aws_conn_id), spec):
+    root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
+    if stopped_at_gate(root, spec):
         # A run its gate or its reviewer stopped spends no more GPU time (a stop is a skip, not a failure).
         raise AirflowSkipException("the run stopped at its gate: nothing is resampled")
-    return resample(spec, fleet=_fleet(spec))
+    return resample(spec, fleet=_fleet(spec), root=root)
 
 
 def final_report(run: dict[str, Any]) -> dict[str, Any]:
@@ -557,12 +561,15 @@ def rerun_unfinished(work: dict[str, Any]) -> dict[str, Any]:
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
     from tracegen.run.rerun import RerunRefused, RerunWork, run_for_rerun
     from tracegen.store.lease import RootHeld
+    from tracegen.store.root import open_root
 
     ctx = _context()
     item = RerunWork.from_json(work)
     ctx["chunk_label"] = item.label
+    # The spec the rerun generates for is rebased onto this same root and connection.
+    root = open_root(item.output_uri)
     try:
-        spec = run_for_rerun(item, _AirflowRuns(ctx["ti"]))
+        spec = run_for_rerun(item, _AirflowRuns(ctx["ti"]), root=root)
         fleet = resolve(spec.fleet, default_fleet_source())
     except RerunRefused as exc:
         raise AirflowSkipException(f"{item.label}: {exc}") from None
@@ -571,7 +578,7 @@ def rerun_unfinished(work: dict[str, Any]) -> dict[str, Any]:
         raise AirflowFailException(f"{item.label}: {exc}") from None
     try:
         summary = generate_chunk_work(spec, item.work, fleet=fleet, writer=f"tracegen_rerun_failed run {ctx['run_id']}",
-                                      lease_wait_s=0)
+                                      lease_wait_s=0, root=root)
     except (RootHeld, GateClosed) as exc:
         raise AirflowSkipException(f"{item.label}: yields: {exc}") from None
     return summary.to_json()

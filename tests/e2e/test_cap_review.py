@@ -23,7 +23,7 @@ from plugins.cdp_browser import Browser, journey_shot
 from tracegen.config import safe_run_id
 from tracegen.run import MEASURE_CHUNK
 from tracegen.status import dataset_status
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import open_storage
 
 GENERATE = "tracegen_generate"
@@ -120,9 +120,9 @@ def _check_completed_at(output: Path, run_id: str, cap: int) -> dict:
     assert record["config"]["max_tokens"] == cap and record["config"]["gate_mode"] == "stop"
     status = dataset_status(str(output))
     assert (status["total"], status["done"], status["left"], status["max_tokens"]) == (N_ROWS, N_ROWS, 0, cap), status
-    ledger = Ledger(open_storage(str(output)))
-    assert ledger.check_invariants() == []
-    frame = ledger.frame()
+    output_root = OutputRoot(open_storage(str(output)))
+    assert output_root.repair.check_invariants() == []
+    frame = output_root.snapshots.frame()
     assert set(frame["run_id"]) == {safe_run_id(run_id)}  # one run, no second trigger
     cut = frame[(frame["max_tokens"] == 4096) & (frame["finish_reason"] == "length")]["index"]
     assert len(cut) > 0
@@ -279,7 +279,7 @@ def test_an_unanswered_question_stops_the_run(cluster: AirflowCluster, api: Airf
     assert (decision["option"], decision["cap"], decision["timed_out"], decision["responded_by"]) == (
         STOP, None, True, None)
     assert record["config"]["max_tokens"] == 4096 and report["decisions"] == record["decisions"]
-    frame = Ledger(open_storage(str(output))).frame()
+    frame = OutputRoot(open_storage(str(output))).snapshots.frame()
     # Nothing generated after the question: rows above 4096 are only the pilot's truncated rows, continued
     # to measure the tail before the gate's audit.
     assert frame["index"].nunique() < N_ROWS and set(frame.loc[frame["max_tokens"] > 4096, "pivot"]) <= {"extended"}
@@ -301,7 +301,7 @@ def test_a_gate_stop_ends_the_run_stopped_by_the_gate_not_failed(
     text = _tab_says_stopped(cluster, api, run_id, "pilot-report.html")
     pilot = json.loads((output / "runs" / safe_run_id(run_id) / "pilot-report.json").read_text())
     assert pilot["verdict"]["verdict"] == "stop" and f"max_tokens={pilot['cap_table']['recommended_cap']:,}" in text
-    frame = Ledger(open_storage(str(output))).frame()
+    frame = OutputRoot(open_storage(str(output))).snapshots.frame()
     assert frame["index"].nunique() < N_ROWS  # nothing past the gate
 
 

@@ -19,8 +19,8 @@ import pytest
 from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError, running_cluster, sample_prompts
 
 from tracegen.status import dataset_status
-from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import open_storage
 
 GENERATE = "tracegen_generate"
@@ -70,10 +70,10 @@ def _check_output(output: Path, run_id: str) -> dict:
     """Every row exactly once, the ledger healthy, and the final report beside the data."""
     status = dataset_status(str(output))
     assert (status["total"], status["done"], status["left"], status["failed"]) == (N_ROWS, N_ROWS, 0, 0), status
-    ledger = Ledger(open_storage(str(output)))
-    assert ledger.check_invariants(deep=True) == []
-    assert ledger.orphan_parts() == []
-    frame = ledger.frame()
+    output_root = OutputRoot(open_storage(str(output)))
+    assert output_root.repair.check_invariants(deep=True) == []
+    assert output_root.repair.orphan_parts() == []
+    frame = output_root.snapshots.frame()
     kept = frame[frame["status"] != FAILED]
     assert sorted(kept["index"].tolist()) == list(range(N_ROWS)), "a row is missing or committed twice"
     assert set(frame["max_tokens"]) == {8192}
@@ -241,9 +241,9 @@ def test_the_rerun_never_races_a_live_run_and_finishes_a_crashed_one(cluster: Ai
     finishers = [r["dag_run_id"] for r in _rerun_runs(api) if r["dag_run_id"] not in before
                  and r["dag_run_id"] not in live and _generated(api, r["dag_run_id"])]
     assert finishers, "rows were finished, but by no rerun task"
-    ledger = Ledger(open_storage(str(output)))
-    assert ledger.check_invariants(deep=True) == []
-    frame = ledger.frame()
+    output_root = OutputRoot(open_storage(str(output)))
+    assert output_root.repair.check_invariants(deep=True) == []
+    frame = output_root.snapshots.frame()
     kept = frame[frame["status"] != FAILED]
     twice = kept.groupby(["index", "max_tokens"]).size()
     assert (twice == 1).all(), f"indices committed twice under one cap: {twice[twice > 1].head()}"

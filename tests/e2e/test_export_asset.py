@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from e2e.airflow_cluster import ClusterError, running_cluster
-from engine_support.helpers import make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
 from tracegen.store.records import OK, GeneratedRow, pack_token_ids
 
@@ -50,7 +50,7 @@ def _root(tmp: Path) -> Path:
                          completion_tokens=3 + i, prompt_token_ids=pack_token_ids(range(5)),
                          response_token_ids=pack_token_ids([*range(100, 102 + i), 151645]))
             for i in range(N_ROWS)]
-    open_ledger(config).commit(rows, "run-a", 0, "seg-a")
+    root_of(config).commits.commit(rows, "run-a", 0, "seg-a")
     return out
 
 

@@ -23,8 +23,8 @@ from tracegen.config import SAMPLE_DATASET, RunConfig
 from tracegen.fleet import FleetSpec, status, teardown
 from tracegen.plan import pilot_indices
 from tracegen.status import dataset_status
-from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED, GeneratedRow
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import open_storage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,29 +120,29 @@ def base_conf(dataset: str, output: str, fleet: Path, **overrides) -> dict:
     return conf
 
 
-def ledger_of(output: str) -> Ledger:
-    return Ledger(open_storage(output))
+def root_of(output: str) -> OutputRoot:
+    return OutputRoot(open_storage(output))
 
 
 def assert_complete_and_clean(output: str) -> None:
-    ledger = ledger_of(output)
-    assert ledger.check_invariants() == []
+    root = root_of(output)
+    assert root.repair.check_invariants() == []
     st = dataset_status(output)
     assert st["done"] == N_ROWS and st["left"] == 0
-    frame = ledger.frame()
+    frame = root.snapshots.frame()
     # The ledger invariant (docs/architecture.md): done indices == unique indices across committed parts.
     assert frame["index"].nunique() == N_ROWS
 
 
-def newest_run(ledger: Ledger) -> str:
-    runs = {r: json.loads(ledger.get_run_file(r, "run.json"))["created_at"] for r in ledger.runs()
-            if _has(ledger, r, "run.json")}
+def newest_run(root: OutputRoot) -> str:
+    runs = {r: json.loads(root.run_files.get(r, "run.json"))["created_at"] for r in root.run_files.runs()
+            if _has(root, r, "run.json")}
     return max(runs, key=runs.get)
 
 
-def _has(ledger: Ledger, run_id: str, name: str) -> bool:
+def _has(root: OutputRoot, run_id: str, name: str) -> bool:
     try:
-        ledger.get_run_file(run_id, name)
+        root.run_files.get(run_id, name)
         return True
     except KeyError:
         return False
@@ -160,13 +160,13 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
                                  measure_tail="never"))
     # Stopped by the gate is not a failure: the gate's task and the chunks after it are skipped.
     assert result.returncode == 0, result.stdout[-3000:]
-    ledger = ledger_of(s3_uri)
-    run1 = newest_run(ledger)
-    pilot = json.loads(ledger.get_run_file(run1, "pilot-report.json"))
+    root = root_of(s3_uri)
+    run1 = newest_run(root)
+    pilot = json.loads(root.run_files.get(run1, "pilot-report.json"))
     assert pilot["verdict"]["verdict"] == "stop"
     assert "> 5.0% at max_tokens=100" in pilot["verdict"]["reason"]
     assert pilot["cap_table"]["recommended_cap"] is not None
-    frame = ledger.frame()
+    frame = root.snapshots.frame()
     pilot_rows = set(pilot_indices(RunConfig(dataset_uri=dataset, output_uri=s3_uri, pilot_size=300), N_ROWS).tolist())
     beyond_pilot = set(frame["index"].tolist()) - pilot_rows
     assert pilot_rows <= set(frame["index"].tolist())
@@ -180,15 +180,15 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
     result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=200))
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
-    ledger = ledger_of(s3_uri)
-    run2 = newest_run(ledger)
-    frame = ledger.frame()
+    root = root_of(s3_uri)
+    run2 = newest_run(root)
+    frame = root.snapshots.frame()
     mine = frame[frame["run_id"] == run2]
     assert not np.isin(kept, mine["index"].to_numpy()).any()  # finished rows were kept, not generated again
     extended = mine[mine["pivot"] == "extended"]
     assert set(extended["index"].tolist()) == truncated and (extended["prefix_tokens"] == 100).all()
     assert mine.loc[~mine["index"].isin(truncated), "pivot"].isna().all()  # the rest: first generations
-    report = json.loads(ledger.get_run_file(run2, "report.json"))
+    report = json.loads(root.run_files.get(run2, "report.json"))
     assert report["verdict"]["verdict"] == "pass"
     assert report["audit"]["pivot"]["extended"] == len(truncated) and "pivot:" in report["summary"]
 
@@ -196,7 +196,7 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
     before = len(frame)
     result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=200))
     assert result.returncode == 0, result.stdout[-3000:]
-    assert len(ledger_of(s3_uri).frame()) == before
+    assert len(root_of(s3_uri).snapshots.frame()) == before
 
 
 def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_uri):
@@ -211,7 +211,7 @@ def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_ur
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
     assert not Path(f"/proc/{crashing_pid}").exists(), "the armed server never crashed: the test proved nothing"
-    frame = ledger_of(s3_uri).frame()
+    frame = root_of(s3_uri).snapshots.frame()
     assert frame["index"].is_unique  # every row exactly once
     # Rows name the GPU that made them, not the task's SSH tunnel port.
     assert set(frame["server"]) == {f"{spec.hosts[0].conn_id}:gpu0", f"{spec.hosts[0].conn_id}:gpu1"}
@@ -231,19 +231,19 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists(), f"server pid {pid} outlived teardown"
 
-    ledger = ledger_of(s3_uri)
-    run = newest_run(ledger)
+    root = root_of(s3_uri)
+    run = newest_run(root)
     # Inject: one chunk's commits vanish (its task died before committing) and 25 rows of another chunk
     # are recorded as failed (their retries ran out).
-    entries = [k for k in ledger.entries() if "/c00001-" in k]
+    entries = [k for k in root.commits.entries() if "/c00001-" in k]
     assert entries
     for key in entries:
-        ledger.storage.delete(key)
-    for key in [k for k in ledger.entries() if "/c00002-" in k]:
-        ledger.storage.delete(key)
+        root.storage.delete(key)
+    for key in [k for k in root.commits.entries() if "/c00002-" in k]:
+        root.storage.delete(key)
     rows = [GeneratedRow(index=i, status=FAILED, max_tokens=200, run_id=run, chunk=2,
                          error="injected: 6 attempts failed") for i in range(400, 425)]
-    ledger.commit(rows, run, 2, f"injected-{uuid.uuid4().hex[:8]}")
+    root.commits.commit(rows, run, 2, f"injected-{uuid.uuid4().hex[:8]}")
     assert dataset_status(s3_uri)["left"] == 200 + 200
 
     # The scheduled DAG relaunches the operator's fleet (TRACEGEN_FLEET: the same file the run recorded by
@@ -254,10 +254,10 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow
     assert_complete_and_clean(s3_uri)
 
     # Nothing failed any more: the scheduled DAG finds no work and maps nothing.
-    before = len(ledger_of(s3_uri).frame())
+    before = len(root_of(s3_uri).snapshots.frame())
     result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert len(ledger_of(s3_uri).frame()) == before
+    assert len(root_of(s3_uri).snapshots.frame()) == before
 
 
 def test_a_bad_fleet_flag_fails_the_run_naming_it_before_anything_starts(airflow_env, dataset, fleet, tmp_path):

@@ -19,7 +19,7 @@ from e2e.airflow_cluster import AirflowApi, AirflowCluster, running_cluster, sam
 from tracegen.config import safe_run_id
 from tracegen.run.cap_raise import variable_key
 from tracegen.status import dataset_status
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import open_storage
 
 GENERATE, RAISE = "tracegen_generate", "tracegen_raise_cap"
@@ -124,9 +124,9 @@ def test_a_raise_mid_run_takes_the_chunks_not_started_and_extends_the_truncated_
     status = dataset_status(str(output))
     assert (status["total"], status["done"], status["left"], status["max_tokens"]) == (N_ROWS, N_ROWS, 0, 8192), status
 
-    ledger = Ledger(open_storage(str(output)))
-    assert ledger.check_invariants() == []
-    frame = ledger.frame()
+    output_root = OutputRoot(open_storage(str(output)))
+    assert output_root.repair.check_invariants() == []
+    frame = output_root.snapshots.frame()
     assert set(frame["run_id"]) == {safe_run_id(run_id)}  # one run: nothing killed, nothing re-triggered
     # Chunks that started after the raise generated at 8192 from the prompt ...
     direct = frame[(frame["max_tokens"] == 8192) & (frame["pivot"].fillna("") != "extended")]

@@ -21,7 +21,7 @@ from tracegen.dataset.stored import load_index
 from tracegen.generate.engine import ChunkEngine, ChunkInterrupted
 from tracegen.sglang.client import ClientConfig
 from tracegen.sglang.routing import ServerEndpoint
-from tracegen.store.ledger import open_ledger
+from tracegen.store.root import open_root
 
 
 def main(argv: list[str]) -> int:
@@ -31,12 +31,12 @@ def main(argv: list[str]) -> int:
         open(job["ready_file"], "w").close()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     config = RunConfig.from_params(job["config"])
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    root = open_root(config.output_uri, config.aws_conn_id)
     servers = [ServerEndpoint(s["url"], max_in_flight=s["max_in_flight"]) for s in job["servers"]]
     client = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
                           **job.get("client", {}))
     engine = ChunkEngine(config=config, run_id=job["run_id"], chunk=job["chunk"], label=f"chunk {job['chunk']}",
-                         ledger=ledger, dataset=load_index(ledger), servers=servers, model=job["model"],
+                         root=root, dataset=load_index(root), servers=servers, model=job["model"],
                          spool_dir=job["spool_dir"], client_config=client, progress_interval_s=3600)
     try:
         summary = engine.run(np.arange(job["start"], job["stop"], dtype=np.int64)).to_json()

@@ -31,9 +31,8 @@ from tracegen.run.prepare import prepare_run
 from tracegen.run.spec import FleetRef, RunSpec
 from tracegen.sglang.client import ClientConfig
 from tracegen.sglang.routing import ServerEndpoint
-from tracegen.store.ledger import Ledger
-from tracegen.store.ledger import open_ledger as open_root
 from tracegen.store.records import FAILED
+from tracegen.store.root import OutputRoot, open_root
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().parent / "chunk_driver.py"
@@ -78,7 +77,7 @@ def prepare(config: RunConfig, run_id: str) -> RunSpec:
     return prepare_run(config, run_id, fleet_ref())[0]
 
 
-def open_ledger(config: RunConfig) -> Ledger:
+def root_of(config: RunConfig) -> OutputRoot:
     return open_root(config.output_uri, config.aws_conn_id)
 
 
@@ -87,12 +86,12 @@ def endpoints(*sims: Any, in_flight: int = 16) -> list[ServerEndpoint]:
 
 
 def engine(config: RunConfig, run_id: str, servers: Sequence[ServerEndpoint], spool_dir: Path, *,
-           chunk: int = 0, ledger: Ledger | None = None, **client: Any) -> ChunkEngine:
-    ledger = ledger or open_ledger(config)
+           chunk: int = 0, root: OutputRoot | None = None, **client: Any) -> ChunkEngine:
+    root = root or root_of(config)
     cc = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
                       **{**FAST_CLIENT, **client})
-    return ChunkEngine(config=config, run_id=run_id, chunk=chunk, label=f"test chunk {chunk}", ledger=ledger,
-                       dataset=load_index(ledger), servers=servers, model=MODEL,
+    return ChunkEngine(config=config, run_id=run_id, chunk=chunk, label=f"test chunk {chunk}", root=root,
+                       dataset=load_index(root), servers=servers, model=MODEL,
                        spool_dir=str(spool_dir), client_config=cc, progress_interval_s=3600)
 
 
@@ -116,24 +115,24 @@ def direct_and_pivot(dataset: Path, tmp_path: Path, servers: Sequence[ServerEndp
     return direct, pivot, run_engine(pivot, "run-pivot", servers, tmp_path / "spool", range(n_rows))
 
 
-def committed_indices(ledger: Ledger) -> list[int]:
+def committed_indices(root: OutputRoot) -> list[int]:
     """Every index in every committed part (read from the parts, not the entries)."""
     out: list[int] = []
-    for key in ledger.entries():
-        out += [r.index for r in ledger.read_part(ledger.read_entry(key)["part"])]
+    for key in root.commits.entries():
+        out += [r.index for r in root.commits.read_part(root.commits.read_entry(key)["part"])]
     return out
 
 
-def assert_healthy(ledger: Ledger, n_rows: int, config: RunConfig) -> pd.DataFrame:
+def assert_healthy(root: OutputRoot, n_rows: int, config: RunConfig) -> pd.DataFrame:
     """Ledger invariants, and (docs/architecture.md) done indices == unique non-failed indices across committed parts,
     and no index committed twice (other than as a failure) under one cap. Returns the frame."""
-    problems = ledger.check_invariants()
+    problems = root.repair.check_invariants()
     assert problems == [], problems
-    frame = ledger.frame()
+    frame = root.snapshots.frame()
     done = set(np.flatnonzero(plan.done_mask(frame, n_rows, config.max_tokens, config.truncated_policy)).tolist())
     parts: list[int] = []
-    for key in ledger.entries():
-        parts += [r.index for r in ledger.read_part(ledger.read_entry(key)["part"]) if r.status != FAILED]
+    for key in root.commits.entries():
+        parts += [r.index for r in root.commits.read_part(root.commits.read_entry(key)["part"]) if r.status != FAILED]
     if config.truncated_policy == "keep" or frame.empty or (frame["max_tokens"] >= config.max_tokens).all():
         assert done == set(parts), (sorted(done ^ set(parts))[:10])
     live = frame[frame["status"] != FAILED]
@@ -198,13 +197,13 @@ def start_driver(config: RunConfig, run_id: str, servers: Sequence[ServerEndpoin
 class KnownRuns:
     """Airflow's metadata as the scheduled rerun reads it (`run.rerun.AirflowRuns`), for tests without a
     scheduler: the runs it knows, their DagRun states, and each run as Airflow handed it to its tasks
-    (given, or as `prepare_run` recorded it in `ledger`)."""
+    (given, or as `prepare_run` recorded it in `root`)."""
 
-    def __init__(self, ledger: Ledger, states: dict[str, str], specs: dict[str, RunSpec] | None = None) -> None:
+    def __init__(self, root: OutputRoot, states: dict[str, str], specs: dict[str, RunSpec] | None = None) -> None:
         from tracegen.run.records import read_run_record
 
         self.states = dict(states)
-        self.specs = {run_id: read_run_record(ledger, run_id) for run_id in states if run_id not in (specs or {})}
+        self.specs = {run_id: read_run_record(root, run_id) for run_id in states if run_id not in (specs or {})}
         self.specs.update(specs or {})
 
     def state(self, run_id: str) -> str | None:
@@ -219,6 +218,6 @@ def rerun_work(output_uri: str, states: dict[str, str] | None = None) -> list[An
     `states` (default: each run ended, failed), as they recorded themselves."""
     from tracegen.run.rerun import unfinished_work
 
-    ledger = open_root(output_uri)
-    known = KnownRuns(ledger, states if states is not None else dict.fromkeys(ledger.runs(), "failed"))
+    root = open_root(output_uri)
+    known = KnownRuns(root, states if states is not None else dict.fromkeys(root.run_files.runs(), "failed"))
     return unfinished_work(output_uri, known)

@@ -101,12 +101,12 @@ def test_listing_a_configured_root_that_does_not_exist_creates_nothing(server: S
 
 
 def test_a_report_whose_json_is_not_json_answers_a_clear_error_page(server: Server) -> None:  # noqa: F811
-    from tracegen.store.ledger import Ledger
+    from tracegen.store.root import OutputRoot
     from tracegen.store.storage import open_storage
 
-    ledger = Ledger(open_storage(str(server.output)))
-    ledger.put_run_file("damaged_json", "report.html", b"<html><body><h1>final report</h1></body></html>")
-    ledger.put_run_file("damaged_json", "report.json", b"<script>alert('report')</script>")
+    output_root = OutputRoot(open_storage(str(server.output)))
+    output_root.run_files.put("damaged_json", "report.html", b"<html><body><h1>final report</h1></body></html>")
+    output_root.run_files.put("damaged_json", "report.json", b"<script>alert('report')</script>")
     for url in (f"{server.url}/tracegen/roots/{_key(server)}/runs/damaged_json/report.html",
                 f"{server.url}/tracegen/runs/damaged_json"):
         resp = _get(url, headers=server.auth)

@@ -76,25 +76,25 @@ def make_run(root: Path, raw: str, cap: int, indices: range, every: int, names: 
     from tracegen.run.records import write_run_record
     from tracegen.run.report import audit_and_report
     from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
-    from tracegen.store.ledger import Ledger
+    from tracegen.store.root import OutputRoot
     from tracegen.store.storage import open_storage
 
-    ledger = Ledger(open_storage(str(root)))
-    if ledger.dataset() is None:
-        ledger.bind_dataset("test-fingerprint", {"uri": "test", "rows": n_rows})
+    output_root = OutputRoot(open_storage(str(root)))
+    if output_root.run_files.dataset() is None:
+        output_root.run_files.bind_dataset("test-fingerprint", {"uri": "test", "rows": n_rows})
     run_id = safe_run_id(raw)
     config = RunConfig(max_tokens=cap, dataset_uri="/data/prompts.jsonl", output_uri=str(root),
                        pilot_size=len(indices), gate_mode=gate_mode)
     if len(indices):
-        ledger.commit(_rows(run_id, cap, indices, every), run_id, 99999, "pilot")
+        output_root.commits.commit(_rows(run_id, cap, indices, every), run_id, 99999, "pilot")
     spec = RunSpec(run_id, 1_767_348_000.0 + 5400 * n, config, FleetRef("test-fleet", "0" * 64, "m", 1, None),
                    DatasetIdentity("/data/prompts.jsonl", "test-fingerprint", n_rows), ChunkLayout(100))
-    write_run_record(ledger, spec)
+    write_run_record(output_root, spec)
     for name in names:
         # A measured throughput, so the cap table carries its cost columns (ETA, GPU time, tokens left).
         audit_and_report(spec, name=name, indices=None if name == "report" else list(indices),
                          tokens_per_s_per_gpu=900.0)
-    return ledger, run_id
+    return output_root, run_id
 
 
 PLANTED_HTML = """<!doctype html><html><head><meta http-equiv="refresh" content="1;url=/tracegen/?planted=refresh">
@@ -109,10 +109,10 @@ def build_output_root(root: Path) -> None:
     with a corrupt report and a report planted by hand."""
     make_run(root, STOP_RUN, 4096, range(300), 4, ("pilot-report",), 0)
     make_run(root, PASS_RUN, 8192, range(300), 50, ("pilot-report", "report"), 1)
-    ledger, _ = make_run(root, GATE_STOP_RUN, 4096, range(300, 400), 4, ("pilot-report", "report"), 2,
+    output_root, _ = make_run(root, GATE_STOP_RUN, 4096, range(300, 400), 4, ("pilot-report", "report"), 2,
                          gate_mode="stop")
-    ledger.put_run_file(BROKEN_RUN, "report.json", b"{not json")
-    ledger.put_run_file(PLANTED_RUN, "report.html", PLANTED_HTML.encode())
+    output_root.run_files.put(BROKEN_RUN, "report.json", b"{not json")
+    output_root.run_files.put(PLANTED_RUN, "report.html", PLANTED_HTML.encode())
 
 
 @dataclass
@@ -641,8 +641,8 @@ def test_browser_a_run_in_a_root_named_only_by_its_conf_is_listed_and_its_tab_sh
     server: Server, browser: Browser
 ) -> None:
     other = server.tmp / "conf-only-root"  # not the default root, not in tracegen_output_roots
-    ledger, stored = make_run(other, ASKING_RUN, 4096, range(200), 4, ("pilot-report",), 3)
-    ledger.put_run_file(stored, "question.json", b"{}")
+    output_root, stored = make_run(other, ASKING_RUN, 4096, range(200), 4, ("pilot-report",), 3)
+    output_root.run_files.put(stored, "question.json", b"{}")
     _trigger_run(server, ASKING_RUN, {"output_uri": str(other), "max_tokens": 4096})
     listing = _get(server.url + "/tracegen/runs.json", headers=server.auth).json()
     roots = {r["uri"]: r for r in listing["roots"]}
@@ -726,17 +726,17 @@ def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, b
     from tracegen.status import run_progress
 
     live = server.tmp / "live-root"
-    ledger, stored = make_run(live, LIVE_RUN, 8192, range(100), 20, (), 5)
+    output_root, stored = make_run(live, LIVE_RUN, 8192, range(100), 20, (), 5)
     _trigger_run(server, LIVE_RUN, {"output_uri": str(live), "max_tokens": 8192})  # queued: not over
     _login(browser, server)
     browser.goto(f"{server.url}/tracegen/runs/{_quoted(LIVE_RUN)}?dag_id=tracegen_generate")
     browser.wait_for("location.pathname.endsWith('/progress')")  # the tab of a running run: its progress
-    expected = run_progress(ledger, read_run_record(ledger, stored))
+    expected = run_progress(output_root, read_run_record(output_root, stored))
     text = browser.text()
     assert f"{expected['done']:,} of 400 dataset rows" in text and "rows/s" in text and "idle" not in text
     from tracegen.audit.figures import AT_CAP, STILL, figure, figures_from_ledger
 
-    figures = figures_from_ledger(ledger.frame(), 8192)
+    figures = figures_from_ledger(output_root.snapshots.frame(), 8192)
     assert f"{AT_CAP}\t{figure(*figures[AT_CAP])}; 95% interval" in text, text
     assert f"{STILL}\t{figure(*figures[STILL])}" in text and "completion tokens/s" in text
     assert browser.eval("document.querySelector('meta[http-equiv=refresh]').content") == "5"
@@ -749,8 +749,8 @@ def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, b
     assert doc["rows_per_s"] > 0 and doc["tokens_per_s"] > 0 and doc["eta_s"] > 0
     assert doc["truncation_low"] <= doc["truncation_rate"] <= doc["truncation_high"]
     # More rows committed: the open page shows them without anyone reloading it.
-    ledger.commit(_rows(stored, 8192, range(100, 200), 20), stored, 99999, "c1")
-    now = run_progress(ledger, read_run_record(ledger, stored))["done"]
+    output_root.commits.commit(_rows(stored, 8192, range(100, 200), 20), stored, 99999, "c1")
+    now = run_progress(output_root, read_run_record(output_root, stored))["done"]
     browser.wait_for(f"document.body.innerText.includes('{now:,} of 400 dataset rows')", 30)
     journey_shot(browser, "3-progress")
 
@@ -790,14 +790,14 @@ CONTINUED_RUN = "manual__2026-01-02T21:00:00.000000+00:00"
 def _decided(server: Server, raw: str, n: int, cap: int | None) -> str:
     """An asked run (gate_mode=ask, pilot at stop) whose reviewer answered: stop, or continue at `cap`."""
     root = server.tmp / f"decided-{n}"
-    ledger, stored = make_run(root, raw, 4096, range(200), 4, ("pilot-report",), n)
-    doc = json.loads(ledger.get_run_file(stored, "run.json"))
+    output_root, stored = make_run(root, raw, 4096, range(200), 4, ("pilot-report",), n)
+    doc = json.loads(output_root.run_files.get(stored, "run.json"))
     doc["decisions"] = [{"trigger": "pilot", "option": "Stop the run" if cap is None else f"Continue at {cap:,}",
                          "kind": "stop" if cap is None else "recommended", "from_cap": 4096, "cap": cap,
                          "responded_by": "reviewer", "responded_at": "2026-01-02T20:05:00+00:00", "timed_out": False,
                          "verdict": {}, "cap_rows": [], "report_uri": "x"}]
-    ledger.put_run_file(stored, "run.json", json.dumps(doc).encode())
-    ledger.put_run_file(stored, "question.json", b"{}")
+    output_root.run_files.put(stored, "run.json", json.dumps(doc).encode())
+    output_root.run_files.put(stored, "question.json", b"{}")
     _ensure_run(server, raw, {"output_uri": str(root)})
     return stored
 
@@ -835,8 +835,8 @@ def test_each_truncation_figure_reads_the_same_in_the_report_progress_list_quest
 
     root = server.tmp / "figures-root"
     # Rows that finished under a lower cap and rows cut under one: the two figures differ in count and base.
-    ledger, stored = make_run(root, FIGURES_RUN, 4096, range(200), 4, (), 6)
-    ledger.commit(_rows(stored, 2048, range(200, 260), 3), stored, 99999, "lower")
+    output_root, stored = make_run(root, FIGURES_RUN, 4096, range(200), 4, (), 6)
+    output_root.commits.commit(_rows(stored, 2048, range(200, 260), 3), stored, 99999, "lower")
     from tracegen.config import RunConfig
     from tracegen.plan import ChunkLayout
     from tracegen.run.report import audit_and_report
@@ -846,7 +846,7 @@ def test_each_truncation_figure_reads_the_same_in_the_report_progress_list_quest
                    output_uri=str(root), pilot_size=260), FleetRef("test-fleet", "0" * 64, "m", 1, None),
                    DatasetIdentity("/data/prompts.jsonl", "test-fingerprint", 400), ChunkLayout(100))
     audit_and_report(spec, name="pilot-report", indices=list(range(260)), tokens_per_s_per_gpu=900.0)
-    ledger.put_run_file(stored, "question.json", b"{}")
+    output_root.run_files.put(stored, "question.json", b"{}")
     _ensure_run(server, FIGURES_RUN, {"output_uri": str(root), "max_tokens": 4096})
     report = json.loads((root / "runs" / stored / "pilot-report.json").read_text())
     figures = figures_from_report(report)

@@ -10,7 +10,7 @@ Rule (Wilson score interval at ``confidence`` on the truncated share p = truncat
                                                                excess it hides is smaller than the interval)
    - otherwise                                   -> ``warn``  (inconclusive: a bigger pilot would settle it)
 
-Over parts that no longer match their ledger entries (``damage``, from ``Ledger.verify_parts``) the verdict is
+Over parts that no longer match their ledger entries (``damage``, from ``Repair.verify_parts``) the verdict is
 ``damaged`` whatever the truncation: those rows count as done in the ledger but cannot be exported, so no
 audit of them says ``pass``. The reason names the parts and their rows, then gives the truncation's verdict.
 

@@ -15,7 +15,7 @@ from typing import Any
 from tracegen.audit.formats import pct
 from tracegen.audit.rendering import render
 from tracegen.store.layout import MEASURE_FILE
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
 RUNAWAY_EXAMPLES = 3
@@ -25,9 +25,9 @@ POLICY_EFFECTS = {"drop": "left out of the export (listed in its manifest)",
                   "resample": "generated once more from scratch; the fresh sample replaces them"}
 
 
-def read_measurement(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
+def read_measurement(root: OutputRoot, run_id: str) -> dict[str, Any] | None:
     try:
-        return json.loads(ledger.get_run_file(run_id, MEASURE_FILE))
+        return json.loads(root.run_files.get(run_id, MEASURE_FILE))
     except StorageKeyError:
         return None
 

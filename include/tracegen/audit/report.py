@@ -126,7 +126,7 @@ def _normalise_examples(examples: Iterable[Mapping[str, Any]] | Mapping[str, Ite
     return out
 
 
-def joined_seams(ledger: Any, frame: Any) -> int:
+def joined_seams(root: Any, frame: Any) -> int:
     """Current extended rows whose text was joined from two decodings (the server had no /detokenize:
     provenance `text: joined`): where the cut fell inside a character their seam holds U+FFFD. Reads the
     parts that hold current extended rows (the ledger does not record how a text was made)."""
@@ -139,7 +139,7 @@ def joined_seams(ledger: Any, frame: Any) -> int:
     count = 0
     for part, group in rows.groupby("part", sort=True):
         wanted = {(int(i), int(c)) for i, c in zip(group["index"], group["max_tokens"], strict=True)}
-        for row in ledger.read_part(str(part)):
+        for row in root.commits.read_part(str(part)):
             if (row.index, row.max_tokens) in wanted and (row.provenance or {}).get("text") == "joined":
                 count += 1
     return count

@@ -16,8 +16,8 @@ import pandas as pd
 
 from tracegen.audit.runaway import is_runaway, is_runaway_text, runaway_score, text_token_ids
 from tracegen.store.current import current_mask
-from tracegen.store.ledger import Ledger
 from tracegen.store.records import OK, GeneratedRow, unpack_token_ids
+from tracegen.store.root import OutputRoot
 
 TAIL_CHARS = 400  # of a runaway's text, shown as its example
 
@@ -66,13 +66,13 @@ def truncated_current(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.loc[cur]
 
 
-def find_runaways(ledger: Ledger, frame: pd.DataFrame) -> dict[int, Runaway]:
+def find_runaways(root: OutputRoot, frame: pd.DataFrame) -> dict[int, Runaway]:
     """The runaways among the current truncated rows of `frame`, by index; reads only their parts."""
     rows = truncated_current(frame)
     out: dict[int, Runaway] = {}
     for part, group in rows.groupby("part", sort=True):
         wanted = {(int(i), int(c)) for i, c in zip(group["index"], group["max_tokens"], strict=True)}
-        for row in ledger.read_part(str(part)):
+        for row in root.commits.read_part(str(part)):
             if (row.index, row.max_tokens) in wanted and (found := judge(row)) is not None:
                 out[row.index] = Runaway(found.index, found.max_tokens, str(part), found.score, found.tail)
     return out

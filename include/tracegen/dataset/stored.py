@@ -5,23 +5,23 @@ from __future__ import annotations
 
 from tracegen.dataset.blocks import check_unchanged
 from tracegen.dataset.index import DatasetIndex, build_index
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
 DATASET_INDEX_KEY = "dataset/index.json"
 
 
-def load_index(ledger: Ledger) -> DatasetIndex:
+def load_index(root: OutputRoot) -> DatasetIndex:
     """The index a run's first task stored; `StorageKeyError` when no run has indexed this root yet."""
-    return DatasetIndex.from_bytes(ledger.storage.get(DATASET_INDEX_KEY))
+    return DatasetIndex.from_bytes(root.storage.get(DATASET_INDEX_KEY))
 
 
-def bind_index(ledger: Ledger, dataset_uri: str, aws_conn_id: str) -> DatasetIndex:
+def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str) -> DatasetIndex:
     """Index `dataset_uri` (or reuse the stored index of the same URI) and bind its fingerprint to the
     output root; a second, different dataset is refused before anything describing it is written."""
-    storage = ledger.storage
+    storage = root.storage
     try:
-        index = load_index(ledger)
+        index = load_index(root)
     except StorageKeyError:
         index = None
     if index is not None and index.source_uri == dataset_uri:
@@ -32,12 +32,12 @@ def bind_index(ledger: Ledger, dataset_uri: str, aws_conn_id: str) -> DatasetInd
             # An index stored before versions were recorded: store it again with the version, so later
             # reads need no re-hash to know the file is unchanged.
             index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
-            ledger.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+            root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
             storage.put(DATASET_INDEX_KEY, index.to_bytes())
         else:
-            ledger.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+            root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
         return index
     index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
-    ledger.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+    root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
     storage.put(DATASET_INDEX_KEY, index.to_bytes())
     return index

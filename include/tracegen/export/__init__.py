@@ -61,7 +61,6 @@ from tracegen.export.sink import FileSink
 from tracegen.run.records import latest_run
 from tracegen.store.current import current_mask
 from tracegen.store.layout import MEASURE_CHUNK
-from tracegen.store.ledger import Ledger, PartDamageError
 from tracegen.store.records import (
     COMPLETE,
     EXTENDED,
@@ -71,6 +70,8 @@ from tracegen.store.records import (
     RESAMPLED,
     GeneratedRow,
 )
+from tracegen.store.repair import PartDamageError
+from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.storage import LocalStorage, Storage, open_storage
 
 __all__ = ["FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
@@ -127,18 +128,18 @@ def export_dataset(
             f"export destination {dest_uri} is inside the output root {output_uri} (or holds it); "
             "export beside the root, never into it"
         )
-    ledger = Ledger(open_storage(output_uri, aws_conn_id=aws_conn_id))
-    record = latest_run(ledger, aws_conn_id)
+    root = open_root(output_uri, aws_conn_id)
+    record = latest_run(root, aws_conn_id)
     if record is None:
         raise ExportError(f"{output_uri}: no run has been planned here; nothing to export")
-    index = load_index(ledger)
+    index = load_index(root)
     # Before the destination is touched: an edited dataset would pair these completions with other prompts.
     check_unchanged(index, aws_conn_id)
     dest = open_storage(dest_uri, aws_conn_id=aws_conn_id)
     lock = DestinationLock.of(dest)
     lock.acquire()
     try:
-        return _export(ledger, record, index, dest, lock, fmt=fmt, layout=layout, shard_rows=shard_rows,
+        return _export(root, record, index, dest, lock, fmt=fmt, layout=layout, shard_rows=shard_rows,
                        include_truncated=include_truncated, overwrite=overwrite, with_token_ids=with_token_ids)
     finally:
         lock.release()
@@ -220,7 +221,7 @@ def _end_of_turn(last_ids: dict[str, dict[str, int]]) -> dict[str, Any]:
     }
 
 
-def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: DestinationLock, *, fmt: str,
+def _export(root: OutputRoot, record: Any, index: Any, dest: Storage, lock: DestinationLock, *, fmt: str,
             layout: str, shard_rows: int, include_truncated: bool, overwrite: bool,
             with_token_ids: bool) -> ExportResult:
     """The export proper, while `lock` holds `dest`."""
@@ -234,13 +235,13 @@ def _export(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: Destin
     # What this export replaces: it publishes only over this manifest, and removes only its files.
     previous, previous_version = lock.read_manifest()
     replaced = _manifest_shards(dest, previous)
-    choice = _choose_rows(ledger, record.config.runaway_policy, include_truncated)
+    choice = _choose_rows(root, record.config.runaway_policy, include_truncated)
     export_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
-    shards, figures = _write_rows(ledger, record, index, dest, lock, choice.best, export_id, fmt=fmt,
+    shards, figures = _write_rows(root, record, index, dest, lock, choice.best, export_id, fmt=fmt,
                                   layout=layout, shard_rows=shard_rows, with_token_ids=with_token_ids)
     manifest_uri = dest.uri_for(MANIFEST)
     try:
-        manifest = _manifest(ledger, record, index, choice, export_id, layout, fmt, with_token_ids,
+        manifest = _manifest(root, record, index, choice, export_id, layout, fmt, with_token_ids,
                              include_truncated, figures, shards, dest)
         body = json.dumps(manifest, indent=2).encode()
         # The publish: readers switch here, if the manifest is still the one this export replaces.
@@ -270,10 +271,10 @@ class _Choice:
     left_out_runaway: int
 
 
-def _choose_rows(ledger: Ledger, policy: str, include_truncated: bool) -> _Choice:
+def _choose_rows(root: OutputRoot, policy: str, include_truncated: bool) -> _Choice:
     """Each index's current row, if it is OK and, unless asked for, not truncated; runaways left out as
     `policy` says. The ledger's frame is dropped on return: memory while writing follows a batch."""
-    frame = ledger_rows(ledger)
+    frame = ledger_rows(root)
     # One mask over the ledger's rows, then one copy of the chosen rows in index order: memory holds the
     # ledger's columns and the chosen rows, never a chain of filtered copies.
     chosen = current_mask(frame) if len(frame) else np.zeros(0, dtype=bool)
@@ -285,7 +286,7 @@ def _choose_rows(ledger: Ledger, policy: str, include_truncated: bool) -> _Choic
         # Truncated rows whose tail loops: no cap finishes them. Judged only when truncated rows are
         # exported (otherwise they are left out with the rest). 'keep' exports them; 'drop' does not, nor
         # 'resample' the ones whose fresh sample looped again.
-        runaways = sorted(find_runaways(ledger, frame))
+        runaways = sorted(find_runaways(root, frame))
         if policy != "keep":
             chosen &= ~np.isin(frame["index"].to_numpy(np.int64), runaways)
     left_out_runaway = len(runaways) if policy != "keep" else 0
@@ -302,7 +303,7 @@ def _choose_rows(ledger: Ledger, policy: str, include_truncated: bool) -> _Choic
     return _Choice(best, ledger_figures, policy, runaways, left_out_truncated, left_out_runaway)
 
 
-def _write_rows(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: DestinationLock,
+def _write_rows(root: OutputRoot, record: Any, index: Any, dest: Storage, lock: DestinationLock,
                 best: pd.DataFrame, export_id: str, *, fmt: str, layout: str, shard_rows: int,
                 with_token_ids: bool) -> tuple[list[dict[str, Any]], _Figures]:
     """The chosen rows written under this export's names: shards of the messages layout, or a trainer
@@ -316,7 +317,7 @@ def _write_rows(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: De
     source = open_data(index, record.config.aws_conn_id) if len(best) else None
     try:
         for shard_no, batch in enumerate(_batches(best, shard_rows, by_part=sink is not None)):
-            shaped = _shaped_batch(ledger, index, source, batch, layout, with_token_ids, dest)
+            shaped = _shaped_batch(root, index, source, batch, layout, with_token_ids, dest)
             kept = [t for t in shaped if t[2] is not None]
             figures.no_token_ids += len(shaped) - len(kept)
             docs = [s.doc for _, _, s in kept]
@@ -353,30 +354,30 @@ def _write_rows(ledger: Ledger, record: Any, index: Any, dest: Storage, lock: De
     return shards, figures
 
 
-def _shaped_batch(ledger: Ledger, index: Any, source: Any, batch: pd.DataFrame, layout: str,
+def _shaped_batch(root: OutputRoot, index: Any, source: Any, batch: pd.DataFrame, layout: str,
                   with_token_ids: bool, dest: Storage) -> list[tuple[Any, GeneratedRow, L.Shaped | None]]:
     """`_shaped` of a batch, a damaged part refused with what to do about it."""
     try:
-        return list(_shaped(ledger, index, source, batch, layout, with_token_ids))
+        return list(_shaped(root, index, source, batch, layout, with_token_ids))
     except PartDamageError as exc:
         d = exc.damage
         raise ExportError(
-            f"part {ledger.storage.uri_for(d.part)} is not what its ledger entry {d.entry} committed: "
+            f"part {root.storage.uri_for(d.part)} is not what its ledger entry {d.entry} committed: "
             f"{d.problem}; not exported, and nothing was published ({dest.uri} holds what it held); "
-            f"`python -m tracegen verify {ledger.storage.uri}` lists the damaged parts, `--retire` makes "
+            f"`python -m tracegen verify {root.storage.uri}` lists the damaged parts, `--retire` makes "
             "their rows work again for the next run or rerun"
         ) from exc
 
 
-def _manifest(ledger: Ledger, record: Any, index: Any, choice: _Choice, export_id: str, layout: str, fmt: str,
+def _manifest(root: OutputRoot, record: Any, index: Any, choice: _Choice, export_id: str, layout: str, fmt: str,
               with_token_ids: bool, include_truncated: bool, figures: _Figures, shards: list[dict[str, Any]],
               dest: Storage) -> dict[str, Any]:
     fig = figures.to_json()
     doc: dict[str, Any] = {
         "schema": 2,
         "export_id": export_id,
-        "source": ledger.storage.uri,
-        "dataset": ledger.dataset(),
+        "source": root.storage.uri,
+        "dataset": root.run_files.dataset(),
         "newest_run": record.run_id,
         "max_tokens": record.config.max_tokens,
         "layout": layout,
@@ -402,7 +403,7 @@ def _manifest(ledger: Ledger, record: Any, index: Any, choice: _Choice, export_i
         "runaway_indices": choice.runaways[:1000],
         **choice.ledger_figures,
         **fig,
-        "provenance": M.provenance(ledger, record, record.config.aws_conn_id),
+        "provenance": M.provenance(root, record, record.config.aws_conn_id),
         "shards": shards,
     }
     if layout == L.TOKENS:
@@ -482,14 +483,14 @@ def _batches(best: pd.DataFrame, shard_rows: int, by_part: bool) -> Iterator[pd.
         yield best.iloc[g]
 
 
-def _shaped(ledger: Ledger, index: Any, source: Any, batch: pd.DataFrame, layout: str,
+def _shaped(root: OutputRoot, index: Any, source: Any, batch: pd.DataFrame, layout: str,
             with_token_ids: bool) -> Iterator[tuple[Any, GeneratedRow, L.Shaped | None]]:
     """A batch's generated rows joined with their prompts and shaped, in index order, reading each of its
     parts once and only the dataset blocks holding its prompts (None: a tokens row without ids)."""
     generated: dict[int, GeneratedRow] = {}
     for part, group in batch.groupby("part", sort=False, observed=True):
         wanted = {(int(i), str(r)) for i, r in zip(group["index"], group["run_id"], strict=True)}
-        for row in ledger.read_verified_part(str(part)):  # hashed as read: a damaged part raises
+        for row in root.repair.read_verified_part(str(part)):  # hashed as read: a damaged part raises
             if (row.index, row.run_id) in wanted:
                 generated[row.index] = row
     for prompt in read_indices(index, batch["index"].to_numpy(np.int64), source=source):

@@ -1,5 +1,5 @@
-"""One export at a time per destination: `export.lock`, created exclusively (O_EXCL-style hard link
-locally; a conditional PUT, `If-None-Match: *`, on S3), naming its holder (host, pid, start time) and
+"""One export at a time per destination: `export.lock`, created exclusively (`Storage.create` locally; a
+conditional PUT, `If-None-Match: *`, on S3), naming its holder (host, pid, start time) and
 rewritten after every shard; a second export refuses, naming the holder. A lock not rewritten for
 LOCK_STALE_S (judged by the lock object's own modification time, not by what it says) belongs to an export
 that died, and the next export takes it over. The lock also publishes the manifest, only if it is still the
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tracegen.export.errors import ExportError, ExportLockError
-from tracegen.store.storage import LocalStorage, S3Storage, Storage, StorageKeyError, fsync_dir
+from tracegen.store.storage import CONFLICT_CODES, LocalStorage, S3Storage, Storage, StorageKeyError
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +146,9 @@ class DestinationLock:
 
 
 class _LocalLock(DestinationLock):
-    """A file: created by hard-linking a complete temp file (fails if the lock exists, like O_EXCL, and
-    never leaves a half-written lock); taken over by renaming the stale one away first."""
+    """A file: created exclusively by the storage (`Storage.create`: never half-written, and the export's
+    directory made with it), aged by the file's modification time (`Storage.modified`); taken over by
+    renaming the stale one away first, which the storage's interface has no word for."""
 
     dest: LocalStorage
 
@@ -155,31 +156,15 @@ class _LocalLock(DestinationLock):
     def path(self) -> Path:
         return self.dest.root / LOCK
 
-    def _tmp(self, data: bytes) -> Path:
-        tmp = self.dest.root / f".tmp-lock-{uuid.uuid4().hex}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        return tmp
-
     def _create(self) -> bool:
-        self.dest.root.mkdir(parents=True, exist_ok=True)  # the export's directory: its first object
-        tmp = self._tmp(self._body())
-        try:
-            os.link(tmp, self.path)
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink()
-        fsync_dir(self.dest.root)
-        return True
+        return self.dest.create(LOCK, self._body())
 
     def _read(self) -> tuple[bytes, Any, float] | None:
         try:
-            with open(self.path, "rb") as f:
-                return f.read(), None, time.time() - os.fstat(f.fileno()).st_mtime
-        except FileNotFoundError:
+            raw = self.dest.get(LOCK)
+            # Aged after its bytes are read: a lock rewritten in between looks fresh, never a fresh one stale.
+            return raw, None, time.time() - self.dest.modified(LOCK)
+        except StorageKeyError:
             return None
 
     def _take_over(self, raw: bytes, version: Any) -> bool:
@@ -208,7 +193,7 @@ class _LocalLock(DestinationLock):
     def _delete_if_ours(self) -> None:
         found = self._read()
         if found is not None and self._ours(found[0]):
-            self.path.unlink(missing_ok=True)
+            self.dest.delete(LOCK)
 
     def read_manifest(self) -> tuple[bytes | None, Any]:
         try:
@@ -225,12 +210,14 @@ class _LocalLock(DestinationLock):
         return True
 
 
-_CONFLICT = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+_CONFLICT = {*CONFLICT_CODES, "412", "409"}
 
 
 class _S3Lock(DestinationLock):
     """An object written with conditional PUTs: `If-None-Match: *` creates it, `If-Match: <ETag>` rewrites,
-    takes over and removes it, and publishes the manifest over the one read at the start."""
+    takes over and removes it, and publishes the manifest over the one read at the start. Those compare
+    ETags, which `Storage` does not carry, so the calls go to the client (through the storage's retries);
+    a lock's age is the LastModified of the very GET that read its bytes."""
 
     dest: S3Storage
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from tracegen.export.layouts import CONVERSATIONS, TOKENS
 from tracegen.export.servers import SERVERS_FILE
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,11 @@ def lengths(prompt: np.ndarray, response: np.ndarray) -> dict[str, Any]:
             "total": length_stats(prompt + response)}
 
 
-def server_identity(ledger: Ledger, run_ids: list[str]) -> dict[str, Any] | None:
+def server_identity(root: OutputRoot, run_ids: list[str]) -> dict[str, Any] | None:
     """What the servers of the newest run that recorded it reported (None when no run did)."""
     for run_id in reversed(run_ids):
         try:
-            raw = ledger.get_run_file(run_id, SERVERS_FILE)
+            raw = root.run_files.get(run_id, SERVERS_FILE)
         except (StorageKeyError, ValueError):
             continue
         try:
@@ -69,15 +69,15 @@ def server_identity(ledger: Ledger, run_ids: list[str]) -> dict[str, Any] | None
     return None
 
 
-def provenance(ledger: Ledger, record: Any, aws_conn_id: str) -> dict[str, Any]:
+def provenance(root: OutputRoot, record: Any, aws_conn_id: str) -> dict[str, Any]:
     from tracegen.run.records import read_run_record
 
-    runs = ledger.runs()
+    runs = root.run_files.runs()
     decisions: list[dict[str, Any]] = []
     fleets: dict[str, dict[str, Any]] = {}
     for run_id in runs:
         try:
-            spec = record if run_id == record.run_id else read_run_record(ledger, run_id, aws_conn_id)
+            spec = record if run_id == record.run_id else read_run_record(root, run_id, aws_conn_id)
         except Exception as exc:  # a run without a readable record still has rows; say so, go on
             log.warning("export: run %s: no readable run record (%s)", run_id, exc)
             continue
@@ -85,7 +85,7 @@ def provenance(ledger: Ledger, record: Any, aws_conn_id: str) -> dict[str, Any]:
         for d in spec.decisions:
             decisions.append({"run_id": run_id, **d.to_json()})
     config = record.config
-    servers = server_identity(ledger, runs)
+    servers = server_identity(root, runs)
     return {
         "model": {"served_model_name": record.fleet.model,
                   "model_path": servers.get("model_path") if servers else None},

@@ -1,11 +1,12 @@
 """The ledger's rows an export chooses from, read in bounded memory.
 
-`Ledger.frame()` builds every column of every ledger row as one pandas frame: at the seed's 913,786 rows
+`Snapshots.frame()` builds every column of every ledger row as one pandas frame: at the seed's 913,786 rows
 that alone took most of an export's 1.3 GiB. An export needs a dozen columns, and most of them are a few
 distinct strings (status, finish reason, run, part). Here the newest snapshot is read a Parquet batch at a
-time with only those columns, the entries committed after it a batch of entries at a time, and every string
-column is kept as integer codes into one shared dictionary (pandas Categorical), so the whole ledger costs
-about 40 bytes a row, whatever the text of the error messages or the server URLs.
+time with only those columns, the entries committed after it a batch of entries at a time (which rows come
+from where is `Snapshots.coverage`'s, as for every other read), and every string column is kept as integer
+codes into one shared dictionary (pandas Categorical), so the whole ledger costs about 40 bytes a row,
+whatever the text of the error messages or the server URLs.
 
 The supersession rule is `tracegen.store.current`'s, applied to this frame as to any other.
 """
@@ -19,8 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from tracegen.store.ledger import Ledger, _parse_entry, _part_for_entry
-from tracegen.store.storage import StorageKeyError
+from tracegen.store.root import OutputRoot
 
 # What an export reads of each ledger row.
 INT_COLUMNS = ("index", "max_tokens", "prompt_tokens", "completion_tokens", "chunk", "prefix_tokens")
@@ -63,7 +63,7 @@ class _Codes:
         return pd.Categorical.from_codes(remap[codes] if len(remap) else codes, categories=cats)
 
 
-def ledger_rows(ledger: Ledger) -> pd.DataFrame:
+def ledger_rows(root: OutputRoot) -> pd.DataFrame:
     """Every committed, unretired ledger row with the export's columns (COLUMNS): ints as int64, strings as
     Categoricals, committed_at as UTC datetimes. Never reads parts; reads the snapshot a batch at a time."""
     dictionaries = {c: _Codes() for c in STR_COLUMNS}
@@ -81,34 +81,22 @@ def ledger_rows(ledger: Ledger) -> pd.DataFrame:
                            else dictionaries[c].encode(column))
         stamps.append(when)
 
-    retired = ledger.retired_entries()
-    snap = ledger.latest_snapshot()
-    covered: set[str] = set()
-    if snap is not None:
-        try:
-            raw = ledger.storage.get(snap["parquet"])
-        except StorageKeyError:
-            snap = None  # pruned by a concurrent compaction: the entries hold everything
-        else:
-            covered = set(snap["entries"])
-            gone = {_part_for_entry(k) for k in covered & retired}  # retired after the snapshot was taken
-            covered -= retired
-            names = set(pq.ParquetFile(io.BytesIO(raw)).schema_arrow.names)
-            # Strings read as Arrow dictionaries: codes and a few distinct values, never a string per row.
-            parquet = pq.ParquetFile(io.BytesIO(raw), read_dictionary=[c for c in STR_COLUMNS if c in names])
-            del raw
-            add(*_snapshot_columns(parquet, dictionaries, gone))
-            del parquet
-            import pyarrow as pa
+    view, raw = root.snapshots.coverage()
+    if view.snapshot is not None and raw is not None:
+        names = set(pq.ParquetFile(io.BytesIO(raw)).schema_arrow.names)
+        # Strings read as Arrow dictionaries: codes and a few distinct values, never a string per row.
+        parquet = pq.ParquetFile(io.BytesIO(raw), read_dictionary=[c for c in STR_COLUMNS if c in names])
+        del raw
+        add(*_snapshot_columns(parquet, dictionaries, view.stale_parts()))
+        del parquet
+        import pyarrow as pa
 
-            pa.default_memory_pool().release_unused()  # what decoding the columns took, back to the system
-    todo = [k for k in ledger._committed_entries() if k not in covered and k not in retired]
-    for start in range(0, len(todo), _ENTRY_BATCH):
-        keys = todo[start : start + _ENTRY_BATCH]
+        pa.default_memory_pool().release_unused()  # what decoding the columns took, back to the system
+    for start in range(0, len(view.loose), _ENTRY_BATCH):
+        keys = view.loose[start : start + _ENTRY_BATCH]
         cols: dict[str, list[Any]] = {c: [] for c in (*INT_COLUMNS, *STR_COLUMNS)}
         when: list[int] = []
-        for key, raw in zip(keys, ledger._get_many(keys), strict=True):
-            entry = _parse_entry(raw, ledger.storage.uri_for(key))
+        for _key, entry in root.commits.read_entries(keys):
             n = entry["n_rows"]
             for c in (*INT_COLUMNS, *STR_COLUMNS):
                 if c == "part":
@@ -120,7 +108,7 @@ def ledger_rows(ledger: Ledger) -> pd.DataFrame:
             add(cols, np.asarray(when, dtype=np.int64))
         except (ValueError, TypeError, OverflowError) as exc:
             # Converted a batch at a time (fast); only now look for the entry to blame, by name.
-            raise ledger._bad_entry_error(keys, exc) from exc
+            raise root.commits.bad_entry_error(keys, exc) from exc
 
     def joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
         out = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, dtype=dtype)

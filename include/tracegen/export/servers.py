@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 
 SERVERS_FILE = "servers.json"
 MODEL_INFO_FIELDS = ("model_path", "served_model_name", "tokenizer_path", "weight_version", "reasoning_parser",
@@ -42,7 +42,7 @@ def summarise(per_server: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     return {"agree": False, "per_server": dict(per_server)}
 
 
-def record(ledger: Ledger, run_id: str, urls: Sequence[str], headers: Mapping[str, str] | None = None,
+def record(root: OutputRoot, run_id: str, urls: Sequence[str], headers: Mapping[str, str] | None = None,
            timeout_s: float = 10.0) -> dict[str, Any]:
     """Ask every server for /model_info and /server_info and keep what they say as runs/<run>/servers.json."""
     import httpx
@@ -55,5 +55,5 @@ def record(ledger: Ledger, run_id: str, urls: Sequence[str], headers: Mapping[st
             server_info = client.get(f"{base}/server_info").raise_for_status().json()
             per_server[base] = identity(model_info, server_info)
     doc = summarise(per_server)
-    ledger.put_run_file(run_id, SERVERS_FILE, json.dumps(doc, indent=2).encode())
+    root.run_files.put(run_id, SERVERS_FILE, json.dumps(doc, indent=2).encode())
     return doc

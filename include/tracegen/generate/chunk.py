@@ -20,7 +20,8 @@ from tracegen.generate.engine import PILOT_CHUNK, ChunkEngine, ChunkInterrupted,
 from tracegen.generate.gate_watch import PilotGateWatch, continuous_gate
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
-from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
+from tracegen.store.root import OutputRoot, open_root
+from tracegen.store.snapshots import COMPACT_OVER
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[Server
 def run_chunk(
     spec: RunSpec,
     *,
+    root: OutputRoot,
     chunk: int,
     label: str,
     indices: np.ndarray | Sequence[int],
@@ -72,12 +74,11 @@ def run_chunk(
     after committing what finished. `writer` and `lease_wait_s`: who holds the root's lease while this
     runs (the run's own tasks by default) and how long to wait for another writer's (`ChunkEngine`)."""
     config = spec.config
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    index = load_index(ledger)
+    index = load_index(root)
 
     def run(servers: Sequence[ServerEndpoint]) -> ChunkSummary:
         engine = ChunkEngine(
-            config=config, run_id=spec.run_id, chunk=chunk, label=label, ledger=ledger, dataset=index,
+            config=config, run_id=spec.run_id, chunk=chunk, label=label, root=root, dataset=index,
             servers=servers, model=spec.fleet.model, spool_dir=spool_dir, stop_check=stop_check,
             writer=writer, lease_wait_s=lease_wait_s,
         )
@@ -97,18 +98,19 @@ def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None,
     if spec.config.pilot_size == 0:
         return None
     indices = plan.pilot_indices(spec.config, spec.dataset.n_rows)
-    return run_chunk(spec, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)", indices=indices,
-                     fleet=fleet, endpoints=endpoints)
+    root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
+    return run_chunk(spec, root=root, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)",
+                     indices=indices, fleet=fleet, endpoints=endpoints)
 
 
-def _fold_loose_entries(ledger: Ledger) -> None:
+def _fold_loose_entries(root: OutputRoot) -> None:
     """Fold the entries committed since the newest snapshot into a new one once there are more than
     COMPACT_OVER, before this task reads the ledger twice (the continuous gate, then its own rows). Without
     it the planner's snapshot ages through the fan-out and every chunk start parses everything committed
     since, so a chunk start grew slower with every chunk done (docs/benchmarks.md, the 913,786-prompt rehearsal).
     Only an optimisation: a compaction that fails is logged, and the task reads the entries instead."""
     try:
-        if ledger.compact_loose(COMPACT_OVER) is not None:
+        if root.snapshots.compact_loose(COMPACT_OVER) is not None:
             log.info("ledger: folded the entries committed since the last snapshot into a new one")
     except Exception as exc:  # noqa: BLE001 - never fail a chunk over a cache
         log.warning("ledger: could not fold loose entries into a snapshot (%s); reading them instead", exc)
@@ -123,23 +125,25 @@ def generate_chunk_work(
     endpoints: Sequence[ServerEndpoint] | None = None,
     writer: str | None = None,
     lease_wait_s: float | None = None,
+    root: OutputRoot | None = None,
 ) -> ChunkSummary:
     """One mapped generation task: what is left of `work`, unless a gate is closed.
 
     `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
     leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes. The scheduled
     rerun comes through here too, as its own `writer`, so it applies the run's gates as its chunks do.
+    `root`: the run's output root, when the task has opened it already.
     """
     config = spec.config
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    _fold_loose_entries(ledger)
-    verdict = continuous_gate(spec, ledger)
+    root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
+    _fold_loose_entries(root)
+    verdict = continuous_gate(spec, root)
     if verdict is not None:
         raise GateClosed(f"{work.label} not started, the continuous gate is closed: {verdict}")
     indices = np.arange(work.start, work.stop, dtype=np.int64)
     watch = None
     if alongside_pilot:
-        watch = PilotGateWatch(spec, ledger)
+        watch = PilotGateWatch(spec, root)
         if (closed := watch()) is not None:
             raise GateClosed(f"{work.label} not started: {closed}")
         if config.pilot_size:
@@ -147,8 +151,9 @@ def generate_chunk_work(
             pilot = plan.pilot_indices(config, spec.dataset.n_rows)
             indices = np.setdiff1d(indices, pilot, assume_unique=True)
     try:
-        return run_chunk(spec, chunk=work.chunk, label=work.label, indices=indices, fleet=fleet,
-                         endpoints=endpoints, stop_check=watch, writer=writer, lease_wait_s=lease_wait_s)
+        return run_chunk(spec, root=root, chunk=work.chunk, label=work.label, indices=indices,
+                         fleet=fleet, endpoints=endpoints, stop_check=watch, writer=writer,
+                         lease_wait_s=lease_wait_s)
     except ChunkInterrupted as exc:
         if watch is not None and watch.closed == exc.reason:
             raise GateClosed(str(exc)) from None

@@ -43,7 +43,6 @@ from tracegen.generate.extend import (
 from tracegen.sglang.autotune import InFlightLimit
 from tracegen.sglang.client import ClientConfig, FatalClientError, Sampling, ServerEndpoint, SGLangClient
 from tracegen.store.lease import RootLease, holding_root, lease_ttl_s
-from tracegen.store.ledger import Ledger
 from tracegen.store.records import (
     EXTENDED,
     FAILED,
@@ -54,6 +53,7 @@ from tracegen.store.records import (
     REJECTED,
     GeneratedRow,
 )
+from tracegen.store.root import OutputRoot
 from tracegen.store.spool import Spool, recover
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class ChunkEngine:
         run_id: str,
         chunk: int,
         label: str,
-        ledger: Ledger,
+        root: OutputRoot,
         dataset: DatasetIndex,
         servers: Sequence[ServerEndpoint],
         model: str,
@@ -174,7 +174,7 @@ class ChunkEngine:
         lease_wait_s: float | None = None,
     ) -> None:
         self.config, self.run_id, self.chunk, self.label = config, run_id, chunk, label
-        self.ledger, self.dataset, self.servers, self.model = ledger, dataset, list(servers), model
+        self.root, self.dataset, self.servers, self.model = root, dataset, list(servers), model
         self.spool_dir = spool_dir  # None: the default local state dir (TRACEGEN_SPOOL_DIR overrides)
         self.client_config = client_config or ClientConfig(
             request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
@@ -213,12 +213,12 @@ class ChunkEngine:
                 loop.add_signal_handler(signal.SIGTERM, self.request_stop, "SIGTERM received")
         # Opening the spool takes its lock: a second live attempt at this chunk fails fast here.
         self.spool = Spool(self.config.output_uri, self.run_id, self.chunk, base_dir=self.spool_dir)
-        root = contextlib.ExitStack()
+        holding = contextlib.ExitStack()
         try:
             # Before the spool's rows are committed and before what is left is read: another writer's
             # commits land first, and this task then generates only what they left.
-            self.lease = await asyncio.to_thread(root.enter_context, self._hold_root())
-            self.summary.recovered_rows = await asyncio.to_thread(recover, self.spool, self.ledger)
+            self.lease = await asyncio.to_thread(holding.enter_context, self._hold_root())
+            self.summary.recovered_rows = await asyncio.to_thread(recover, self.spool, self.root.commits)
             if self.summary.recovered_rows:
                 log.info("%s: committed %d rows an earlier attempt left in the spool", self.label,
                          self.summary.recovered_rows)
@@ -234,7 +234,7 @@ class ChunkEngine:
                 await self._generate(todo)
         finally:
             self.spool.close()
-            await asyncio.to_thread(root.close)
+            await asyncio.to_thread(holding.close)
             if handle_sigterm:
                 with contextlib.suppress(ValueError, RuntimeError):
                     loop.remove_signal_handler(signal.SIGTERM)
@@ -259,11 +259,11 @@ class ChunkEngine:
         wait_s = self.lease_wait_s
         if wait_s is None:  # a stale lease of a writer that died expires within one TTL
             wait_s = 2 * lease_ttl_s()
-        return holding_root(self.ledger.storage, self.writer, f"{self.writer}, {self.label}", wait_s=wait_s)
+        return holding_root(self.root.storage, self.writer, f"{self.writer}, {self.label}", wait_s=wait_s)
 
     def _remaining(self, indices: np.ndarray) -> np.ndarray:
         # Only this chunk's rows and the columns "done" needs: memory follows the chunk, not the dataset.
-        frame = self.ledger.plan_frame(indices)
+        frame = self.root.snapshots.plan_frame(indices)
         todo = plan.remaining(frame, indices, self.config.max_tokens, self.config.truncated_policy)
         self._known_long = plan.known_long(frame, todo)
         superseded = plan.superseded_rows(frame, self._known_long, self.config.max_tokens)
@@ -341,7 +341,7 @@ class ChunkEngine:
             log.info("%s: %d rows truncated under a lower cap go first (%s)", self.label, long.size,
                      "continued from their tokens" if extend else "generated again")
             if extend:
-                yield from extension_jobs(self.ledger, self.dataset, self._superseded, sampling=self.sampling,
+                yield from extension_jobs(self.root, self.dataset, self._superseded, sampling=self.sampling,
                                           need_prompts=need_prompts, aws_conn_id=self.config.aws_conn_id)
             else:
                 yield from read_indices(self.dataset, long.tolist(), aws_conn_id=self.config.aws_conn_id)
@@ -434,7 +434,7 @@ class ChunkEngine:
             # storage calls block (S3 PUTs with retries) and the loop must keep the servers fed meanwhile.
             self.spool.seal()
             commit = asyncio.ensure_future(
-                asyncio.to_thread(recover, self.spool, self.ledger, self._count_commit))
+                asyncio.to_thread(recover, self.spool, self.root.commits, self._count_commit))
             try:
                 await asyncio.shield(commit)
             except asyncio.CancelledError:

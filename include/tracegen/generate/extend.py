@@ -35,7 +35,7 @@ from tracegen.run.records import read_run_record
 from tracegen.run.spec import RunSpecError
 from tracegen.sglang.client import Outcome, Sampling, SGLangClient
 from tracegen.sglang.wire import Generated, ServerParsers
-from tracegen.store.ledger import Ledger, LedgerError
+from tracegen.store.entries import LedgerError
 from tracegen.store.records import (
     EXTENDED,
     FAILED,
@@ -47,6 +47,7 @@ from tracegen.store.records import (
     pack_token_ids,
     unpack_token_ids,
 )
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,10 @@ class Extension:
     top_p: float
 
 
-def _source_sampling(ledger: Ledger, run_id: str, current: Sampling) -> tuple[float, float]:
+def _source_sampling(root: OutputRoot, run_id: str, current: Sampling) -> tuple[float, float]:
     """(temperature, top_p) of the run that generated a row, from its record; this run's when it has none."""
     try:
-        config = read_run_record(ledger, run_id).config
+        config = read_run_record(root, run_id).config
     except (StorageKeyError, RunSpecError) as exc:
         log.warning("run %s has no readable record (%s): its truncated rows are continued with this run's "
                     "temperature %g and top_p %g", run_id, exc, current.temperature, current.top_p)
@@ -110,7 +111,7 @@ def _source_sampling(ledger: Ledger, run_id: str, current: Sampling) -> tuple[fl
 
 
 def extension_jobs(
-    ledger: Ledger,
+    root: OutputRoot,
     dataset: DatasetIndex,
     superseded: dict[int, Superseded],
     *,
@@ -127,7 +128,7 @@ def extension_jobs(
     for part in sorted(by_part):
         wanted = by_part[part]
         rows = {
-            r.index: r for r in ledger.read_part(part)
+            r.index: r for r in root.commits.read_part(part)
             if r.index in wanted and r.max_tokens == wanted[r.index].max_tokens and r.status == OK
             and r.finish_reason == "length"
         }  # fmt: skip
@@ -149,7 +150,7 @@ def extension_jobs(
                 continue
             source = rows[index]
             if source.run_id not in params:
-                params[source.run_id] = _source_sampling(ledger, source.run_id, sampling)
+                params[source.run_id] = _source_sampling(root, source.run_id, sampling)
             yield Extension(source, wanted[index], prompt, *params[source.run_id])
 
 

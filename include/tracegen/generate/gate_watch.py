@@ -9,7 +9,7 @@ from tracegen.audit import gate
 from tracegen.audit.stats import gate_counts
 from tracegen.run.records import gate_verdict, pilot_report
 from tracegen.run.spec import RunSpec
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 
 # Rows the continuous gate judges: enough for a tight interval, few enough to read in any chunk task.
 CONTINUOUS_GATE_SAMPLE = 20_000
@@ -28,13 +28,13 @@ def continuous_sample(spec: RunSpec) -> list[int]:
     return plan.pilot_sample(n_rows, min(n_rows, CONTINUOUS_GATE_SAMPLE), spec.config.pilot_seed + 1)
 
 
-def continuous_gate(spec: RunSpec, ledger: Ledger) -> str | None:
+def continuous_gate(spec: RunSpec, root: OutputRoot) -> str | None:
     """Why a chunk must not start (the running truncation rate is over the threshold with confidence),
     or None. Catches a bad cap even when the pilot was skipped."""
     config = spec.config
     if config.gate_mode not in HOLDING_MODES:
         return None
-    truncated, judged = gate_counts(ledger.plan_frame(continuous_sample(spec)), config.max_tokens)
+    truncated, judged = gate_counts(root.snapshots.plan_frame(continuous_sample(spec)), config.max_tokens)
     decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens)
     return decision.reason if decision.verdict == gate.STOP else None
 
@@ -51,15 +51,15 @@ class PilotGateWatch:
       gate's worth of rows, not a chunk's.
     """
 
-    def __init__(self, spec: RunSpec, ledger: Ledger) -> None:
-        self.spec, self.ledger = spec, ledger
+    def __init__(self, spec: RunSpec, root: OutputRoot) -> None:
+        self.spec, self.root = spec, root
         self._settled = spec.config.gate_mode not in HOLDING_MODES
         self.closed: str | None = None  # why the gate stopped the run, once it has
 
     def __call__(self, truncated: int = 0, judged: int = 0) -> str | None:
         if self._settled:
             return self.closed
-        report = pilot_report(self.ledger, self.spec.run_id)
+        report = pilot_report(self.root, self.spec.run_id)
         if report is not None:
             self._settled = True
             verdict, reason = gate_verdict(report)

@@ -49,8 +49,9 @@ from tracegen.run import MEASURE_CHUNK, MEASURE_FILE
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.current import current_mask
-from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
 from tracegen.store.records import COMPLETE, FAILED, OK
+from tracegen.store.root import OutputRoot, open_root
+from tracegen.store.snapshots import COMPACT_OVER
 from tracegen.store.storage import StorageKeyError
 
 log = logging.getLogger(__name__)
@@ -85,21 +86,21 @@ class TailMeasurement:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
 
-def read_measurement(ledger: Ledger, run_id: str) -> TailMeasurement | None:
+def read_measurement(root: OutputRoot, run_id: str) -> TailMeasurement | None:
     try:
-        return TailMeasurement.from_json(json.loads(ledger.get_run_file(run_id, MEASURE_FILE)))
+        return TailMeasurement.from_json(json.loads(root.run_files.get(run_id, MEASURE_FILE)))
     except StorageKeyError:
         return None
 
 
-def write_measurement(ledger: Ledger, run_id: str, m: TailMeasurement) -> str:
-    return ledger.put_run_file(run_id, MEASURE_FILE, json.dumps(m.to_json(), indent=2).encode())
+def write_measurement(root: OutputRoot, run_id: str, m: TailMeasurement) -> str:
+    return root.run_files.put(run_id, MEASURE_FILE, json.dumps(m.to_json(), indent=2).encode())
 
 
-def pilot_frame(ledger: Ledger, spec: RunSpec) -> tuple[np.ndarray, pd.DataFrame]:
+def pilot_frame(root: OutputRoot, spec: RunSpec) -> tuple[np.ndarray, pd.DataFrame]:
     """The pilot's indices and every ledger row at them."""
     indices = plan.pilot_indices(spec.config, spec.dataset.n_rows)
-    full = ledger.frame(compact_over=COMPACT_OVER)
+    full = root.snapshots.frame(compact_over=COMPACT_OVER)
     frame = full[np.isin(full["index"].to_numpy(np.int64), indices)].reset_index(drop=True)
     return indices, frame
 
@@ -183,12 +184,12 @@ def choose_cap(
     return cap, cost[cap], caps, why
 
 
-def _not_extendable(ledger: Ledger, rows: pd.DataFrame) -> np.ndarray:
+def _not_extendable(root: OutputRoot, rows: pd.DataFrame) -> np.ndarray:
     """Per row of `rows`: stored without the token ids a continuation needs (read from their parts)."""
     bare = np.zeros(len(rows), dtype=bool)
     where = {(p, int(i)): k for k, (p, i) in enumerate(zip(rows["part"], rows["index"], strict=True))}
     for part in sorted(set(rows["part"])):
-        for row in ledger.read_part(str(part)):
+        for row in root.commits.read_part(str(part)):
             k = where.get((part, row.index))
             if k is not None and row.status == OK and row.finish_reason == "length" \
                     and int(rows["max_tokens"].iat[k]) == row.max_tokens:
@@ -196,10 +197,10 @@ def _not_extendable(ledger: Ledger, rows: pd.DataFrame) -> np.ndarray:
     return bare
 
 
-def decide(spec: RunSpec, ledger: Ledger, *, context_length: int | None) -> TailMeasurement:
+def decide(spec: RunSpec, root: OutputRoot, *, context_length: int | None) -> TailMeasurement:
     """Whether and to which cap this run measures its tail, from the pilot's committed rows."""
     config = spec.config
-    _, frame = pilot_frame(ledger, spec)
+    _, frame = pilot_frame(root, spec)
     cur_ok = current_mask(frame) & (frame["status"] == OK).to_numpy(bool) if len(frame) else np.zeros(0, bool)
     pilot_tokens = int(frame["completion_tokens"].to_numpy(np.int64)[cur_ok].sum()) if len(frame) else 0
     base = dict(mode=config.measure_tail, run_cap=config.max_tokens, pilot_rows=int(cur_ok.sum()),
@@ -217,7 +218,7 @@ def decide(spec: RunSpec, ledger: Ledger, *, context_length: int | None) -> Tail
         # The pilot's own cost is what the operator already chose to spend deciding the cap: measuring may
         # at most double it. In the worst case only; most truncated rows finish soon after the cap.
         budget, source = max(pilot_tokens, 1), "the pilot's own completion tokens (measure_budget_tokens=0)"
-    bare = _not_extendable(ledger, rows)
+    bare = _not_extendable(root, rows)
     limit = context_limit(rows["prompt_tokens"].to_numpy(np.int64), context_length or config.context_length)
     prefixes = rows["completion_tokens"].to_numpy(np.int64)
     cap, worst, caps, reason = choose_cap(prefixes, bare, run_cap=config.max_tokens, budget=budget, limit=limit)
@@ -229,9 +230,9 @@ def decide(spec: RunSpec, ledger: Ledger, *, context_length: int | None) -> Tail
     )
 
 
-def outcome(ledger: Ledger, spec: RunSpec, m: TailMeasurement) -> dict[str, Any]:
+def outcome(root: OutputRoot, spec: RunSpec, m: TailMeasurement) -> dict[str, Any]:
     """What the measurement did, from the ledger: rows continued, finished, still cut, tokens spent."""
-    frame = ledger.frame(compact_over=COMPACT_OVER)
+    frame = root.snapshots.frame(compact_over=COMPACT_OVER)
     mine = frame[(frame["run_id"] == spec.run_id) & (frame["chunk"] == MEASURE_CHUNK)]
     ok = mine[mine["status"] == OK]
     new = (ok["completion_tokens"] - ok["prefix_tokens"]).to_numpy(np.int64)
@@ -263,18 +264,20 @@ def measure_tail(
     spool_dir: str | None = None,
     before_measuring: Callable[[], Any] | None = None,
     engine_options: dict[str, Any] | None = None,
+    root: OutputRoot | None = None,
 ) -> TailMeasurement:
     """Decide (or take up the decision of an earlier attempt), then continue the pilot's truncated rows to
     the measure cap on `endpoints` or the servers of `fleet`, and store what it cost.
 
     `before_measuring` runs once it is known that rows will be sent (the pilot report then: the chunks
-    beside the pilot read its verdict and stop, leaving the fleet to the measurement)."""
+    beside the pilot read its verdict and stop, leaving the fleet to the measurement). `root`: the run's
+    output root, when the task has opened it already."""
     config = spec.config
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    m = read_measurement(ledger, spec.run_id)
+    root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
+    m = read_measurement(root, spec.run_id)
     if m is None:
-        m = decide(spec, ledger, context_length=context_length)
-        write_measurement(ledger, spec.run_id, m)
+        m = decide(spec, root, context_length=context_length)
+        write_measurement(root, spec.run_id, m)
     else:
         log.info("taking up the tail measurement an earlier attempt decided: cap %s", m.cap)
     if m.cap is None or not m.indices:
@@ -292,8 +295,8 @@ def measure_tail(
     def run(servers: Sequence[ServerEndpoint]) -> None:
         engine = ChunkEngine(
             config=measured, run_id=spec.run_id, chunk=MEASURE_CHUNK,
-            label=f"tail measurement ({len(m.indices):,} rows to {m.cap:,})", ledger=ledger,
-            dataset=load_index(ledger), servers=servers, model=spec.fleet.model, spool_dir=spool_dir,
+            label=f"tail measurement ({len(m.indices):,} rows to {m.cap:,})", root=root,
+            dataset=load_index(root), servers=servers, model=spec.fleet.model, spool_dir=spool_dir,
             **(engine_options or {}),
         )
         engine.run(np.asarray(m.indices, dtype=np.int64))
@@ -305,8 +308,8 @@ def measure_tail(
             run(servers)
     else:
         raise ValueError("measure_tail needs the fleet or the endpoints to send requests to")
-    m.outcome = outcome(ledger, spec, m)
-    write_measurement(ledger, spec.run_id, m)
+    m.outcome = outcome(root, spec, m)
+    write_measurement(root, spec.run_id, m)
     o = m.outcome
     log.info("tail measured to %d: %d of %d rows finished, %d still truncated; %s new tokens (%s of the budget)",
              m.cap, o["finished"], o["rows"], o["still_truncated"], f"{o['new_tokens']:,}",

@@ -33,8 +33,9 @@ from tracegen.run import RESAMPLE_CHUNK
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.client import SGLangClient
 from tracegen.sglang.routing import ServerEndpoint
-from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
 from tracegen.store.records import FAILED, RESAMPLED, GeneratedRow
+from tracegen.store.root import OutputRoot, open_root
+from tracegen.store.snapshots import COMPACT_OVER
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,10 @@ def resampled_indices(frame: pd.DataFrame) -> set[int]:
     return set(frame["index"].to_numpy(np.int64)[mine].tolist())
 
 
-def to_resample(ledger: Ledger, frame: pd.DataFrame) -> dict[int, Runaway]:
+def to_resample(root: OutputRoot, frame: pd.DataFrame) -> dict[int, Runaway]:
     """The current runaway rows that have had no fresh sample yet."""
     done = resampled_indices(frame)
-    return {i: r for i, r in find_runaways(ledger, frame).items() if i not in done}
+    return {i: r for i, r in find_runaways(root, frame).items() if i not in done}
 
 
 class _Resampler(ChunkEngine):
@@ -64,7 +65,7 @@ class _Resampler(ChunkEngine):
 
     def _remaining(self, indices: np.ndarray) -> np.ndarray:
         self._known_long, self._superseded = np.empty(0, dtype=np.int64), {}
-        done = resampled_indices(self.ledger.frame())
+        done = resampled_indices(self.root.snapshots.frame())
         return np.asarray([i for i in indices.tolist() if i not in done], dtype=np.int64)
 
     async def _complete(self, client: SGLangClient, row: Any) -> GeneratedRow:
@@ -84,15 +85,17 @@ def resample_runaways(
     endpoints: Sequence[ServerEndpoint] | None = None,
     spool_dir: str | None = None,
     engine_options: dict[str, Any] | None = None,
+    root: OutputRoot | None = None,
 ) -> dict[str, Any]:
     """Generate one fresh sample for each runaway row not resampled yet, under the run's cap. Returns
-    what it did (rows, how many fresh samples finished, loop again, tokens)."""
+    what it did (rows, how many fresh samples finished, loop again, tokens). `root`: the run's output
+    root, when the task has opened it already."""
     config = spec.config
     if config.runaway_policy != "resample":
         return {"rows": 0, "reason": f"runaway_policy={config.runaway_policy}"}
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    frame = ledger.frame(compact_over=COMPACT_OVER)
-    rows = to_resample(ledger, frame)
+    root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
+    frame = root.snapshots.frame(compact_over=COMPACT_OVER)
+    rows = to_resample(root, frame)
     if not rows:
         return {"rows": 0, "reason": "no runaway row left to resample"}
     # Each under the cap that cut it (a pilot row the tail measurement took past the run's cap keeps its
@@ -108,7 +111,7 @@ def resample_runaways(
         for cap, group in sorted(by_cap.items()):
             engine = _Resampler(group, config=replace(config, max_tokens=cap), run_id=spec.run_id,
                                 chunk=RESAMPLE_CHUNK, label=f"resampling {len(group):,} runaway rows at {cap:,}",
-                                ledger=ledger, dataset=load_index(ledger), servers=servers, model=spec.fleet.model,
+                                root=root, dataset=load_index(root), servers=servers, model=spec.fleet.model,
                                 spool_dir=spool_dir, **(engine_options or {}))
             summaries.append(engine.run(np.asarray(sorted(group), dtype=np.int64)))
         return summaries
@@ -120,9 +123,9 @@ def resample_runaways(
             summaries = run(servers)
     else:
         raise ValueError("resample_runaways needs the fleet or the endpoints to send requests to")
-    frame = ledger.frame()
-    again = to_resample(ledger, frame)  # rows whose fresh sample failed: the next attempt sends them
-    looped = len(find_runaways(ledger, frame).keys() & rows.keys())  # fresh samples that loop are not resampled
+    frame = root.snapshots.frame()
+    again = to_resample(root, frame)  # rows whose fresh sample failed: the next attempt sends them
+    looped = len(find_runaways(root, frame).keys() & rows.keys())  # fresh samples that loop are not resampled
     finished = sum(v for s in summaries for k, v in s.finish_reasons.items() if k != "length")
     tokens = sum(s.completion_tokens for s in summaries)
     log.info("resampled %d runaway rows: %d finished, %d loop again; %s tokens", len(rows), finished, looped,

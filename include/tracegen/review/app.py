@@ -25,7 +25,7 @@ from tracegen.review.roots import URL_PREFIX, Site, configured_roots
 @asynccontextmanager
 async def _warm_imports(app: FastAPI) -> AsyncIterator[None]:
     """Import the storage readers (pandas) when the api-server starts, not on a reviewer's first click."""
-    import tracegen.store.ledger  # noqa: F401
+    import tracegen.store.root  # noqa: F401
 
     yield
 

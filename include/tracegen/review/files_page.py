@@ -34,16 +34,16 @@ def show_report(request: Request, site: Site, key: str, uri: str, view: RunView,
     return report_page(request, key, view, name, step)
 
 
-def read_file(ledger: Any, run_id: str, name: str) -> bytes:
+def read_file(output_root: Any, run_id: str, name: str) -> bytes:
     from tracegen.store.storage import StorageError, StorageKeyError, StorageLinkError
 
     try:
-        return ledger.get_run_file(run_id, name)
+        return output_root.run_files.get(run_id, name)
     except StorageLinkError as exc:
         # A link planted in the output root is data, never followed (tracegen.store.storage).
         raise HTTPException(404, f"run {run_id!r} has no {name} the pages can serve: {exc}") from None
     except StorageKeyError:
-        raise HTTPException(404, f"run {run_id!r} has no {name} in {ledger.storage.uri}") from None
+        raise HTTPException(404, f"run {run_id!r} has no {name} in {output_root.storage.uri}") from None
     except StorageError as exc:
         raise HTTPException(503, f"cannot read {name} of run {run_id!r}: {exc}") from None
 
@@ -53,8 +53,8 @@ def _checked(request: Request, site: Site, root: str, run_id: str, name: str) ->
     check_run_id(run_id)
     if name not in REPORT_FILES:
         raise HTTPException(404, f"no such report file {name!r}; a run has {', '.join(REPORT_FILES)}")
-    ledger, uri = site.open_root(root)
-    return ledger, uri, read_file(ledger, run_id, name)
+    output_root, uri = site.open_root(root)
+    return output_root, uri, read_file(output_root, run_id, name)
 
 
 def register(app: FastAPI, site: Site) -> None:
@@ -69,7 +69,7 @@ def register(app: FastAPI, site: Site) -> None:
 
     @app.get("/roots/{root}/runs/{run_id}/{name}", name="report_file")
     def report_file(request: Request, root: str, run_id: str, name: str) -> Response:
-        ledger, uri, data = _checked(request, site, root, run_id, name)
+        output_root, uri, data = _checked(request, site, root, run_id, name)
         if name.endswith(".json"):
             return Response(data, media_type="application/json")
-        return show_report(request, site, root, uri, read_run(ledger, run_id), name, site.airflow_run_for(run_id))
+        return show_report(request, site, root, uri, read_run(output_root, run_id), name, site.airflow_run_for(run_id))

@@ -31,12 +31,12 @@ def progress_of(request: Request, site: Site, root: str, run_id: str) -> tuple[d
 
     require_dag_read(request)
     check_run_id(run_id)
-    ledger, uri = site.open_root(root)
+    output_root, uri = site.open_root(root)
     try:
-        record = read_run_record(ledger, run_id)
-        view = read_run(ledger, run_id)
-        progress = run_progress(ledger, record)
-        figures = figures_from_ledger(ledger.frame(), record.config.max_tokens)
+        record = read_run_record(output_root, run_id)
+        view = read_run(output_root, run_id)
+        progress = run_progress(output_root, record)
+        figures = figures_from_ledger(output_root.snapshots.frame(), record.config.max_tokens)
     except StorageKeyError:
         raise HTTPException(404, f"run {run_id!r} has no run record in {uri}: no progress to show") from None
     except (StorageError, RunSpecError) as exc:

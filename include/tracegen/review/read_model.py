@@ -30,12 +30,12 @@ class StoredFileError(ValueError):
     """A run's stored JSON file does not parse, or is not an object: a page that needs it says so (422)."""
 
 
-def read_json(ledger: Any, run_id: str, name: str) -> dict[str, Any] | None:
+def read_json(output_root: Any, run_id: str, name: str) -> dict[str, Any] | None:
     """A run's stored JSON object; None when the file does not exist."""
     from tracegen.store.storage import StorageKeyError
 
     try:
-        doc = json.loads(ledger.get_run_file(run_id, name))
+        doc = json.loads(output_root.run_files.get(run_id, name))
     except StorageKeyError:
         return None
     except ValueError as exc:
@@ -115,16 +115,16 @@ class RunView:
         return generated if isinstance(generated, str) else None
 
 
-def run_files(ledger: Any, run_id: str) -> frozenset[str]:
+def run_files(output_root: Any, run_id: str) -> frozenset[str]:
     """The names of a run's stored files (one listing)."""
-    return frozenset(k.rsplit("/", 1)[1] for k in ledger.storage.list(f"runs/{run_id}/"))
+    return frozenset(k.rsplit("/", 1)[1] for k in output_root.storage.list(f"runs/{run_id}/"))
 
 
-def read_run(ledger: Any, run_id: str, present: set[str] | frozenset[str] | None = None) -> RunView:
+def read_run(output_root: Any, run_id: str, present: set[str] | frozenset[str] | None = None) -> RunView:
     """A run's view from its stored files; StoredFileError when one it needs does not parse."""
-    present = frozenset(run_files(ledger, run_id) if present is None else present)
+    present = frozenset(run_files(output_root, run_id) if present is None else present)
 
     def doc(name: str) -> dict[str, Any] | None:
-        return read_json(ledger, run_id, name) if name in present else None
+        return read_json(output_root, run_id, name) if name in present else None
 
     return RunView(run_id, present, doc(RUN_FILE), doc(PILOT_JSON), doc(FINAL_JSON))

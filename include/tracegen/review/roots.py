@@ -78,22 +78,23 @@ class RootListing:
 
 def list_root(uri: str, limit: int = MAX_RUNS_PER_ROOT) -> RootListing:
     """Runs of one output root, newest first. A root that cannot be read says why instead of failing."""
-    from tracegen.store.ledger import RUNS_DIR, Ledger
-    from tracegen.store.storage import StorageRootError, open_storage
+    from tracegen.store.root import open_root
+    from tracegen.store.run_files import RUNS_DIR
+    from tracegen.store.storage import StorageRootError
 
     key = root_key(uri)
     try:
         try:
             # Read-only: a root that does not exist is listed as such, never created.
-            ledger = Ledger(open_storage(uri, must_exist=True))
+            output_root = open_root(uri, must_exist=True)
         except StorageRootError as exc:
             return RootListing(key, uri, (), missing=str(exc))
         files: dict[str, set[str]] = {}
-        for k in ledger.storage.list(RUNS_DIR):
+        for k in output_root.storage.list(RUNS_DIR):
             parts = k.split("/")
             if len(parts) == 3 and RUN_ID_PATTERN.fullmatch(parts[1]):
                 files.setdefault(parts[1], set()).add(parts[2])
-        runs = [summarise_run(ledger, run_id, names) for run_id, names in files.items()]
+        runs = [summarise_run(output_root, run_id, names) for run_id, names in files.items()]
     except Exception as exc:  # any storage or config failure: show it on the page, keep other roots
         log.warning("output root %s: %s", uri, exc)
         return RootListing(key, uri, (), problem=f"cannot read this output root: {exc}")
@@ -133,8 +134,7 @@ class Site:
         return {root_key(u): u for u in by_root.values()}, problems + run_problems
 
     def open_root(self, key: str, by_key: dict[str, str] | None = None) -> tuple[Any, str]:
-        from tracegen.store.ledger import Ledger
-        from tracegen.store.storage import open_storage
+        from tracegen.store.root import open_root
 
         if not _ROOT_KEY_RE.fullmatch(key):
             raise HTTPException(404, f"invalid output root key {key!r}")
@@ -144,7 +144,7 @@ class Site:
             uri = next((u for u in self._all_spellings() if root_key(u) == key), None)
         if uri is None:
             raise HTTPException(404, f"no known output root has key {key!r}; open the run list again")
-        return Ledger(open_storage(uri)), uri
+        return open_root(uri), uri
 
     def _all_spellings(self) -> list[str]:
         try:

@@ -65,12 +65,12 @@ def register(app: FastAPI, site: Site) -> None:
             own = root_key(af.output_uri)
             order = [own] + [k for k in order if k != own]
         for key in order:
-            ledger, uri = site.open_root(key, by_key)
+            output_root, uri = site.open_root(key, by_key)
             try:
-                present = run_files(ledger, stored)
+                present = run_files(output_root, stored)
                 if not present:
                     continue
-                view = read_run(ledger, stored, present)
+                view = read_run(output_root, stored, present)
                 summary = summarise(view)
                 if summary.stage is not None and summary.deciding_report:
                     name = summary.deciding_report
@@ -84,5 +84,5 @@ def register(app: FastAPI, site: Site) -> None:
                     continue
                 return show_report(request, site, key, uri, view, name, af, raw_run_id=run_id)
             except StorageError as exc:
-                log.warning("run %s in %s: %s", stored, ledger.storage.uri, exc)
+                log.warning("run %s in %s: %s", stored, output_root.storage.uri, exc)
         raise HTTPException(404, missing_run_message(run_id, stored, dag_id, af, len(by_key)))

@@ -83,10 +83,10 @@ def summarise(view: RunView) -> RunSummary:
     )
 
 
-def summarise_run(ledger: Any, run_id: str, present: set[str] | frozenset[str]) -> RunSummary:
+def summarise_run(output_root: Any, run_id: str, present: set[str] | frozenset[str]) -> RunSummary:
     """Summary of one run; an unreadable file becomes `problem` on its line, not a failed page."""
     try:
-        view = read_run(ledger, run_id, present)
+        view = read_run(output_root, run_id, present)
     except ValueError as exc:
         reports = RunView(run_id, frozenset(present), None, None, None).reports
         return RunSummary(run_id, None, None, None, None, None, None, reports, problem=str(exc))

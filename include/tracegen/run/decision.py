@@ -25,8 +25,9 @@ from tracegen.run import QUESTION_FILE
 from tracegen.run.records import gate_verdict, pilot_report, write_run_record
 from tracegen.run.report import audit_and_report
 from tracegen.run.spec import RunSpec
-from tracegen.store.ledger import COMPACT_OVER, open_ledger
 from tracegen.store.records import FAILED
+from tracegen.store.root import open_root
+from tracegen.store.snapshots import COMPACT_OVER
 
 log = logging.getLogger(__name__)
 
@@ -67,29 +68,29 @@ def ask(
     config = spec.config
     if config.gate_mode != "ask":
         return None
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    report = pilot_report(ledger, spec.run_id)
+    root = open_root(config.output_uri, config.aws_conn_id)
+    report = pilot_report(root, spec.run_id)
     verdict, _ = gate_verdict(report)
     if report is not None and verdict == gate.STOP:
         trigger, name = PILOT, "pilot-report"
     else:
-        held = rows_held(spec, ledger.frame(compact_over=COMPACT_OVER))
+        held = rows_held(spec, root.snapshots.frame(compact_over=COMPACT_OVER))
         if not held:
             return None
         # The continuous gate closed mid-run: audit what it judged, for the table the reviewer decides on.
         trigger, name = DRIFT, GATE_REPORT
         log.info("the continuous gate held back %d rows; auditing its sample for the question", held)
         audit_and_report(spec, name=name, indices=np.asarray(drift_sample, dtype=np.int64),
-                         tokens_per_s_per_gpu=tokens_per_s_per_gpu, context_length=context_length)
-        report = json.loads(ledger.get_run_file(spec.run_id, f"{name}.json"))
+                         tokens_per_s_per_gpu=tokens_per_s_per_gpu, context_length=context_length, root=root)
+        report = json.loads(root.run_files.get(spec.run_id, f"{name}.json"))
     question = question_from_report(
         report, run_id=spec.run_id, trigger=trigger, max_cap=max_cap(context_length),
         context_length=context_length, truncated_policy=config.truncated_policy,
-        report_uri=ledger.storage.uri_for(f"runs/{spec.run_id}/{name}.html"),
+        report_uri=root.storage.uri_for(f"runs/{spec.run_id}/{name}.html"),
         report_url=report_url(f"{name}.html") if report_url else None,
         timeout_minutes=config.gate_question_timeout_minutes,
     )
-    ledger.put_run_file(spec.run_id, QUESTION_FILE, json.dumps(question.to_json(), indent=2).encode())
+    root.run_files.put(spec.run_id, QUESTION_FILE, json.dumps(question.to_json(), indent=2).encode())
     return question
 
 
@@ -98,14 +99,14 @@ def apply(spec: RunSpec, decision: CapDecision) -> tuple[RunSpec, list[plan.Chun
     chosen cap (none when it stops): the rows the held chunks never generated, and the rows truncated
     below the new cap, the pilot's among them (the run's truncated_policy says how they are redone)."""
     config = spec.config
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
+    root = open_root(config.output_uri, config.aws_conn_id)
     decided = spec.decided(decision)
-    write_run_record(ledger, decided)
-    log.info("decision recorded in %s: %s", ledger.storage.uri_for(f"runs/{spec.run_id}/run.json"),
+    write_run_record(root, decided)
+    log.info("decision recorded in %s: %s", root.storage.uri_for(f"runs/{spec.run_id}/run.json"),
              decision.summary())
     if not decision.continues:
         return decided, []
-    frame = ledger.frame(compact_over=COMPACT_OVER)
+    frame = root.snapshots.frame(compact_over=COMPACT_OVER)
     work = plan.chunks_with_work(frame, decided.dataset.n_rows, decided.layout, decided.config)
     log.info("%d chunks with %d rows left at max_tokens=%d", len(work), sum(w.remaining for w in work),
              decided.config.max_tokens)

@@ -11,7 +11,8 @@ from tracegen.config import RunConfig
 from tracegen.dataset.stored import bind_index
 from tracegen.run.records import write_run_record
 from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
-from tracegen.store.ledger import COMPACT_OVER, open_ledger
+from tracegen.store.root import open_root
+from tracegen.store.snapshots import COMPACT_OVER
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +23,8 @@ def prepare_run(
 ) -> tuple[RunSpec, list[plan.ChunkWork]]:
     """The run's spec and its chunks with work left. `stagger`: chunk tasks in flight at once (see
     `plan.chunks`); 0 for equal chunks."""
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    index = bind_index(ledger, config.dataset_uri, config.aws_conn_id)
+    root = open_root(config.output_uri, config.aws_conn_id)
+    index = bind_index(root, config.dataset_uri, config.aws_conn_id)
     layout = plan.choose_layout(config, index.n_rows, fleet.slots, stagger)
     spec = RunSpec(
         run_id=run_id, created_at=time.time(), config=config, fleet=fleet,
@@ -31,8 +32,8 @@ def prepare_run(
                                 index.source_version), layout=layout,
         teardown=teardown, airflow_run_id=airflow_run_id,
     )
-    write_run_record(ledger, spec)
-    work = plan.chunks_with_work(ledger.frame(compact_over=COMPACT_OVER), index.n_rows, layout, config)
+    write_run_record(root, spec)
+    work = plan.chunks_with_work(root.snapshots.frame(compact_over=COMPACT_OVER), index.n_rows, layout, config)
     log.info(
         "plan: %d rows, chunks of %d (the first %d of %s, then %d staggered), %d chunks with work left "
         "(%d rows to generate at max_tokens=%d)",

@@ -13,7 +13,7 @@ from typing import Any
 from tracegen.run import PILOT_REPORT, QUESTION_FILE, RUN_FILE
 from tracegen.run.spec import RunSpec, RunSpecError
 from tracegen.run.stage import ASKING, GOING, STOPPED, run_stage
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
 log = logging.getLogger(__name__)
@@ -22,15 +22,15 @@ __all__ = ["ASKING", "GOING", "PILOT_REPORT", "QUESTION_FILE", "RUN_FILE", "STOP
            "pilot_report", "read_run_record", "run_stage", "stage_of", "stopped_at_gate", "write_run_record"]
 
 
-def write_run_record(ledger: Ledger, spec: RunSpec) -> str:
-    return ledger.put_run_file(spec.run_id, RUN_FILE, json.dumps(spec.to_json(), indent=2).encode())
+def write_run_record(root: OutputRoot, spec: RunSpec) -> str:
+    return root.run_files.put(spec.run_id, RUN_FILE, json.dumps(spec.to_json(), indent=2).encode())
 
 
-def read_run_record(ledger: Ledger, run_id: str, aws_conn_id: str = "aws_default") -> RunSpec:
-    """The run's spec as stored, rebased onto `ledger`'s root. Raises `StorageKeyError` when the run has
+def read_run_record(root: OutputRoot, run_id: str, aws_conn_id: str = "aws_default") -> RunSpec:
+    """The run's spec as stored, rebased onto `root`. Raises `StorageKeyError` when the run has
     no record, `RunSpecError` naming the file when it is not one."""
-    where = ledger.storage.uri_for(f"runs/{run_id}/{RUN_FILE}")
-    raw = ledger.get_run_file(run_id, RUN_FILE)
+    where = root.storage.uri_for(f"runs/{run_id}/{RUN_FILE}")
+    raw = root.run_files.get(run_id, RUN_FILE)
     try:
         doc = json.loads(raw)
     except ValueError as exc:
@@ -38,18 +38,18 @@ def read_run_record(ledger: Ledger, run_id: str, aws_conn_id: str = "aws_default
     spec = RunSpec.from_json(doc, where)
     if spec.run_id != run_id:
         raise RunSpecError(f"{where}: names run {spec.run_id!r}, not the run it is stored under")
-    return spec.rebased(ledger.storage.uri, aws_conn_id)
+    return spec.rebased(root.storage.uri, aws_conn_id)
 
 
-def latest_run(ledger: Ledger, aws_conn_id: str = "aws_default") -> RunSpec | None:
+def latest_run(root: OutputRoot, aws_conn_id: str = "aws_default") -> RunSpec | None:
     """The newest run of an output root: the one whose cap and policy define "finished" for it.
 
     A run whose record cannot be read is skipped with a warning naming it, so one damaged record does
     not block every tool over the root."""
     specs = []
-    for run_id in ledger.runs():
+    for run_id in root.run_files.runs():
         try:
-            specs.append(read_run_record(ledger, run_id, aws_conn_id))
+            specs.append(read_run_record(root, run_id, aws_conn_id))
         except StorageKeyError:
             continue  # a run that failed before planning wrote nothing to finish
         except RunSpecError as exc:
@@ -57,10 +57,10 @@ def latest_run(ledger: Ledger, aws_conn_id: str = "aws_default") -> RunSpec | No
     return max(specs, key=lambda s: s.created_at, default=None)
 
 
-def pilot_report(ledger: Ledger, run_id: str) -> dict[str, Any] | None:
+def pilot_report(root: OutputRoot, run_id: str) -> dict[str, Any] | None:
     """The pilot audit's report, or None while the gate has not ruled."""
     try:
-        return json.loads(ledger.get_run_file(run_id, PILOT_REPORT))
+        return json.loads(root.run_files.get(run_id, PILOT_REPORT))
     except StorageKeyError:
         return None
 
@@ -71,20 +71,20 @@ def gate_verdict(report: dict[str, Any] | None) -> tuple[str | None, str | None]
     return verdict.get("verdict"), verdict.get("reason")
 
 
-def stage_of(ledger: Ledger, spec: RunSpec) -> str:
+def stage_of(root: OutputRoot, spec: RunSpec) -> str:
     """`run_stage` of a run whose spec (and decisions) the caller trusts, with the root's question and
     pilot report."""
     try:
-        ledger.get_run_file(spec.run_id, QUESTION_FILE)
+        root.run_files.get(spec.run_id, QUESTION_FILE)
         asked = True
     except StorageKeyError:
         asked = False
-    verdict = None if asked or spec.decisions else gate_verdict(pilot_report(ledger, spec.run_id))[0]
+    verdict = None if asked or spec.decisions else gate_verdict(pilot_report(root, spec.run_id))[0]
     return run_stage(gate_mode=spec.config.gate_mode, pilot_verdict=verdict, question_asked=asked,
                      last_decision_continues=spec.decisions[-1].continues if spec.decisions else None)
 
 
-def stopped_at_gate(ledger: Ledger, spec: RunSpec) -> bool:
+def stopped_at_gate(root: OutputRoot, spec: RunSpec) -> bool:
     """Is this run held at its gate (stopped, or waiting for the reviewer)? Its rows left are then not
     work for anyone but the reviewer."""
-    return stage_of(ledger, spec) != GOING
+    return stage_of(root, spec) != GOING

@@ -19,8 +19,9 @@ from tracegen.audit.stats import audit, censoring_arrays, gate_counts
 from tracegen.run.spec import RunSpec
 from tracegen.store.current import current_mask
 from tracegen.store.layout import RESAMPLE_CHUNK
-from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
 from tracegen.store.records import FAILED, OK
+from tracegen.store.root import OutputRoot, open_root
+from tracegen.store.snapshots import COMPACT_OVER
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +48,13 @@ def audit_and_report(
     indices: np.ndarray | None = None,
     tokens_per_s_per_gpu: float | None = None,
     context_length: int | None = None,
+    root: OutputRoot | None = None,
 ) -> ReportOutcome:
-    """Audit the ledger (all of it, or only `indices`), decide the gate, write the report files."""
+    """Audit the ledger (all of it, or only `indices`), decide the gate, write the report files. `root`:
+    the run's output root, when the task has opened it already."""
     config = spec.config
-    ledger = open_ledger(config.output_uri, config.aws_conn_id)
-    full = ledger.frame(compact_over=COMPACT_OVER)
+    root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
+    full = root.snapshots.frame(compact_over=COMPACT_OVER)
     frame = full
     if indices is not None:
         frame = full[np.isin(full["index"].to_numpy(dtype=np.int64), indices)].reset_index(drop=True)
@@ -60,7 +63,7 @@ def audit_and_report(
     if indices is None:
         # The cheap form of `python -m tracegen verify`: sizes from one listing. Silent loss must show in the
         # report that says the dataset is complete, and its verdict (gate.decide) is then `damaged`.
-        damaged = ledger.verify_parts(deep=False)
+        damaged = root.repair.verify_parts(deep=False)
         for damage in damaged:
             log.warning("damaged part %s (%s)", damage.part, damage.problem)
             result.notes.append(
@@ -70,7 +73,7 @@ def audit_and_report(
 
     table = None
     lengths, censored = censoring_arrays(frame)
-    runaways, runaway_scope, whole = _runaways(ledger, spec, frame, indices)
+    runaways, runaway_scope, whole = _runaways(root, spec, frame, indices)
     try:
         fit = length_fit.fit_lengths(lengths, censored, bootstrap=100,
                                      runaway=_runaway_flags(frame, runaways) if whole else None)
@@ -88,7 +91,7 @@ def audit_and_report(
         )
 
     truncated, judged = gate_counts(frame, config.max_tokens)
-    measurement = measure_report.read_measurement(ledger, spec.run_id)
+    measurement = measure_report.read_measurement(root, spec.run_id)
     decision = gate.decide(
         truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens,
         suggested_cap=table.recommended_cap if table else None,
@@ -103,19 +106,19 @@ def audit_and_report(
     )
     # Examples are read from their parts: none from a damaged one.
     examples = _example_rows(
-        ledger, frame[~frame["part"].isin([d.part for d in damaged])].reset_index(drop=True) if damaged else frame)
+        root, frame[~frame["part"].isin([d.part for d in damaged])].reset_index(drop=True) if damaged else frame)
     meta = {"run_id": spec.run_id, "report": name, "config": config.to_json(),
             "scope_rows": int(frame["index"].nunique()) if len(frame) else 0}
     report_json, html = report.render_report(result, table, decision, meta, examples,
                                              decisions=[d.to_json() for d in spec.decisions], measurement=measured)
-    json_uri = ledger.put_run_file(spec.run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())
-    html_uri = ledger.put_run_file(spec.run_id, f"{name}.html", html.encode())
+    json_uri = root.run_files.put(spec.run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())
+    html_uri = root.run_files.put(spec.run_id, f"{name}.html", html.encode())
     summary = report.summary_text(result, table, decision, measured)
     log.info("%s report: %s\n%s", name, html_uri, summary)
     return ReportOutcome(decision.verdict, decision.reason, decision.action, json_uri, html_uri, summary)
 
 
-def _example_rows(ledger: Ledger, frame: pd.DataFrame, per_outcome: int = 3) -> dict[str, list[dict[str, Any]]]:
+def _example_rows(root: OutputRoot, frame: pd.DataFrame, per_outcome: int = 3) -> dict[str, list[dict[str, Any]]]:
     """A few full rows per outcome (truncated in thinking / in answer, errors), read from their parts.
 
     Drawn from the current row of each index only: a row another has superseded (a 4096 truncation
@@ -137,7 +140,7 @@ def _example_rows(ledger: Ledger, frame: pd.DataFrame, per_outcome: int = 3) -> 
             wanted.setdefault(frame["part"].iat[i], set()).add(int(frame["index"].iat[i]))
     by_index: dict[tuple[str, int], dict[str, Any]] = {}
     for part, idx in wanted.items():
-        for row in ledger.read_part(part):
+        for row in root.commits.read_part(part):
             if row.index in idx:
                 by_index[(part, row.index)] = row.to_json()
     examples: dict[str, list[dict[str, Any]]] = {}
@@ -153,7 +156,7 @@ def _example_rows(ledger: Ledger, frame: pd.DataFrame, per_outcome: int = 3) -> 
 RUNAWAY_SAMPLE = 20_000
 
 
-def _runaways(ledger: Ledger, spec: RunSpec, frame: pd.DataFrame,
+def _runaways(root: OutputRoot, spec: RunSpec, frame: pd.DataFrame,
               indices: np.ndarray | None) -> tuple[dict[int, Any], pd.DataFrame, bool]:
     """(runaways by index, the frame they were judged in, whether that is the report's whole scope). A
     report over given indices (the pilot's, the gate's sample) judges all of them; the final report judges
@@ -165,7 +168,7 @@ def _runaways(ledger: Ledger, spec: RunSpec, frame: pd.DataFrame,
         sample = plan.pilot_sample(spec.dataset.n_rows, RUNAWAY_SAMPLE, spec.config.pilot_seed + 2)
         scope = frame[np.isin(frame["index"].to_numpy(np.int64), sample)].reset_index(drop=True)
     try:
-        return find_runaways(ledger, scope), scope, whole
+        return find_runaways(root, scope), scope, whole
     except Exception as exc:  # noqa: BLE001 - a part that cannot be read must not cost the run its report
         log.warning("runaway rows not judged: %s", exc)
         return {}, scope.iloc[0:0], False

@@ -26,7 +26,8 @@ from tracegen.run import RUN_FILE
 from tracegen.run.records import stopped_at_gate
 from tracegen.run.spec import RunSpec
 from tracegen.store.lease import fresh_holders, lease_ttl_s
-from tracegen.store.ledger import COMPACT_OVER, Ledger, open_ledger
+from tracegen.store.root import OutputRoot, open_root
+from tracegen.store.snapshots import COMPACT_OVER
 from tracegen.store.storage import StorageError
 
 log = logging.getLogger(__name__)
@@ -92,15 +93,15 @@ class RootRun:
         return self.state in LIVE_STATES
 
 
-def newest_known_run(ledger: Ledger, output_uri: str, airflow: AirflowRuns) -> RootRun | None:
+def newest_known_run(root: OutputRoot, output_uri: str, airflow: AirflowRuns) -> RootRun | None:
     """The newest run of this root that Airflow knows, with the spec Airflow handed it: the root only
     proposes run ids. Runs Airflow does not know, or that read another dataset than the one bound to this
     root, are skipped, named. A known run of the same dataset recorded under another root is this root's
     when it was copied or moved here: it is worked on where it is now."""
-    bound = (ledger.dataset() or {}).get("fingerprint")
+    bound = (root.run_files.dataset() or {}).get("fingerprint")
     newest: RootRun | None = None
-    for run_id in ledger.runs():
-        key = _airflow_key(ledger, run_id)
+    for run_id in root.run_files.runs():
+        key = _airflow_key(root, run_id)
         state = airflow.state(key)
         spec = airflow.spec(key) if state is not None else None
         if spec is None or spec.run_id != run_id:
@@ -118,23 +119,23 @@ def newest_known_run(ledger: Ledger, output_uri: str, airflow: AirflowRuns) -> R
     return newest
 
 
-def _airflow_key(ledger: Ledger, run_id: str) -> str:
+def _airflow_key(root: OutputRoot, run_id: str) -> str:
     """The id to ask Airflow about the run stored as `runs/<run_id>/`: the record's `airflow_run_id` (the
     stored id is its file-safe form) or the stored id itself. Only a key: the run Airflow returns for it
     must be the one stored under `run_id`, or it is not this record's run."""
     try:
-        hint = json.loads(ledger.get_run_file(run_id, RUN_FILE)).get("airflow_run_id")
+        hint = json.loads(root.run_files.get(run_id, RUN_FILE)).get("airflow_run_id")
     except (StorageError, ValueError, AttributeError):
         hint = None
     return hint if isinstance(hint, str) and 0 < len(hint) <= 250 else run_id
 
 
-def root_owner(ledger: Ledger, newest: RootRun | None) -> str | None:
+def root_owner(root: OutputRoot, newest: RootRun | None) -> str | None:
     """Who owns the root now, so the rerun must not write: the newest run while Airflow has it queued or
     running, or the holder of a fresh lease. None: nobody."""
     if newest is not None and newest.live:
         return f"run {newest.spec.run_id} is {newest.state} in Airflow"
-    holders = fresh_holders(ledger.storage, lease_ttl_s())
+    holders = fresh_holders(root.storage, lease_ttl_s())
     if holders:
         return "a writer holds a lease on it: " + "; ".join(h.describe() for h in holders[:3])
     return None
@@ -148,39 +149,41 @@ def unfinished_work(output_uri: str, airflow: AirflowRuns, aws_conn_id: str = "a
     scheduler: finishing it would spend the GPU-days the gate exists to save. A run the reviewer let go
     on is finished at the cap they chose (Airflow handed it to its second fan-out).
     """
-    ledger = open_ledger(output_uri, aws_conn_id)
-    newest = newest_known_run(ledger, output_uri, airflow)
+    root = open_root(output_uri, aws_conn_id)
+    newest = newest_known_run(root, output_uri, airflow)
     if newest is None:
         return []
-    owner = root_owner(ledger, newest)
+    owner = root_owner(root, newest)
     if owner is not None:
         log.info("%s: left alone, %s", output_uri, owner)
         return []
     spec = newest.spec.rebased(output_uri, aws_conn_id)
-    if stopped_at_gate(ledger, spec):
+    if stopped_at_gate(root, spec):
         log.info("%s: newest run %s stopped at the gate; nothing to rerun", output_uri, spec.run_id)
         return []
     # Parts lost or cut short since they were committed: retire them, so their rows are work again and this
     # rerun regenerates them (the entries and parts stay, as the record of what was lost).
-    damaged = ledger.verify_parts(deep=False)
+    damaged = root.repair.verify_parts(deep=False)
     for damage in damaged:
         log.warning("%s: retiring damaged part %s (%s)", output_uri, damage.part, damage.problem)
-    ledger.retire(damaged)
-    frame = ledger.frame(compact_over=COMPACT_OVER)
+    root.repair.retire(damaged)
+    frame = root.snapshots.frame(compact_over=COMPACT_OVER)
     work = plan.chunks_with_work(frame, spec.dataset.n_rows, spec.layout, spec.config)
     log.info("%s: run %s has %d chunks with %d rows left", output_uri, spec.run_id, len(work),
              sum(w.remaining for w in work))
     return [RerunWork(output_uri, spec.run_id, w) for w in work]
 
 
-def run_for_rerun(item: RerunWork, airflow: AirflowRuns, aws_conn_id: str = "aws_default") -> RunSpec:
+def run_for_rerun(item: RerunWork, airflow: AirflowRuns, aws_conn_id: str = "aws_default", *,
+                  root: OutputRoot | None = None) -> RunSpec:
     """The run a rerun task generates for, as Airflow knows it, rebased onto the item's root. Raises
-    `RerunRefused` naming why when it no longer may: Airflow does not know it, or the root has an owner."""
-    ledger = open_ledger(item.output_uri, aws_conn_id)
-    newest = newest_known_run(ledger, item.output_uri, airflow)
+    `RerunRefused` naming why when it no longer may: Airflow does not know it, or the root has an owner.
+    `root`: the item's output root, when the task has opened it already."""
+    root = open_root(item.output_uri, aws_conn_id) if root is None else root
+    newest = newest_known_run(root, item.output_uri, airflow)
     if newest is None or newest.spec.run_id != item.run_id:
         raise RerunRefused(f"{item.output_uri}: run {item.run_id} is no longer the newest run Airflow knows there")
-    owner = root_owner(ledger, newest)
+    owner = root_owner(root, newest)
     if owner is not None:
         raise RerunRefused(f"{item.output_uri}: {owner}")
     return newest.spec.rebased(item.output_uri, aws_conn_id)

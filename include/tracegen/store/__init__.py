@@ -1,1 +1,2 @@
-"""Where committed data lives: storage backends, the ledger of immutable parts, the worker-local spool, row records."""
+"""Where committed data lives: storage backends, the output root (`root.OutputRoot`, with its commits,
+snapshots, run files and repair), the worker-local spool, row records."""

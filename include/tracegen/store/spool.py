@@ -9,8 +9,8 @@ segment id, which is what makes commits idempotent across crashes.
 The protocol the engine follows (`flush` and `recover` below implement it):
 
     at start:  for seg in spool.pending():            # sealed, and unsealed left by a dead process
-                   if not ledger.has_segment(seg):    # crash before the entry PUT: commit it now
-                       ledger.commit(seg.rows, segment=seg.id)
+                   if not commits.has_segment(seg):   # crash before the entry PUT: commit it now
+                       commits.commit(seg.rows, segment=seg.id)
                    spool.discard(seg)                 # crash after the entry PUT: just discard
     loop:      spool.append(row) for every finished row
                every N rows or T seconds (spool.should_seal): flush =
@@ -43,7 +43,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tracegen.store.ledger import Ledger, check_name
+from tracegen.store.commits import Commits
+from tracegen.store.entries import check_name
 from tracegen.store.records import GeneratedRow
 from tracegen.store.storage import fsync_dir
 
@@ -238,17 +239,17 @@ def _read_segment(path: Path) -> tuple[list[GeneratedRow], int, int]:
     return rows, good_len, len(data)
 
 
-def flush(spool: Spool, ledger: Ledger) -> int:
+def flush(spool: Spool, commits: Commits) -> int:
     """Seal the current segment and commit-or-discard every sealed segment. Returns rows committed.
 
     Committing all of them (not just the one sealed now) means a segment whose commit failed earlier,
     e.g. during an S3 outage, goes out with the next flush instead of waiting for a restart.
     """
     spool.seal()
-    return recover(spool, ledger)
+    return recover(spool, commits)
 
 
-def recover(spool: Spool, ledger: Ledger, on_commit: Callable[[int], None] | None = None) -> int:
+def recover(spool: Spool, commits: Commits, on_commit: Callable[[int], None] | None = None) -> int:
     """Commit-or-discard every pending segment (the start-up half of the protocol). Returns rows committed.
 
     `on_commit(n)` hears of each segment as it becomes durable, so a caller's count stays right even when
@@ -256,8 +257,8 @@ def recover(spool: Spool, ledger: Ledger, on_commit: Callable[[int], None] | Non
     """
     committed = 0
     for seg in spool.pending():
-        if not ledger.has_segment(spool.run_id, spool.chunk, seg.id):
-            n = ledger.commit(seg.rows, spool.run_id, spool.chunk, seg.id).n_rows
+        if not commits.has_segment(spool.run_id, spool.chunk, seg.id):
+            n = commits.commit(seg.rows, spool.run_id, spool.chunk, seg.id).n_rows
             committed += n
             if on_commit is not None:
                 on_commit(n)

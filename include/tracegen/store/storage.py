@@ -463,6 +463,8 @@ _RETRYABLE_CODES = {
     "TooManyRequestsException",
 }
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+# What S3 answers a conditional write whose condition failed (another writer's object is there).
+CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -576,7 +578,7 @@ class S3Storage(Storage):
             self._call("create", key, put)
         except StorageError as exc:
             code = _error_code(exc.__cause__) if exc.__cause__ is not None else ""
-            if code not in ("PreconditionFailed", "ConditionalRequestConflict"):
+            if code not in CONFLICT_CODES:
                 raise
             # Someone's object is there: ours, if an earlier attempt of this call went through unanswered.
             try:

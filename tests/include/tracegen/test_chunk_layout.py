@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine_support.helpers import make_config, open_ledger, rerun_work, write_dataset
+from engine_support.helpers import make_config, rerun_work, root_of, write_dataset
 
 from tracegen.fleet import FleetSpec
 from tracegen.fleet.spec import HostSpec
@@ -47,8 +47,8 @@ def test_the_layout_is_recorded_and_the_rerun_finds_the_same_chunks(tmp_path: Pa
     config = make_config(dataset, tmp_path / "out", chunk_size=0, pilot_size=100)
     _, planned = prepare_run(config, "run-1", fleet(64), stagger=3)
     assert [w.stop - w.start for w in planned] == [512, 512, 512, 171, 293]
-    ledger = open_ledger(config)
-    assert read_run_record(ledger, "run-1").layout == ChunkLayout(512, 3, 512)
+    root = root_of(config)
+    assert read_run_record(root, "run-1").layout == ChunkLayout(512, 3, 512)
     rerun = rerun_work(str(tmp_path / "out"))
     assert [w.work for w in rerun] == planned
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_support.helpers import ROOT, make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import ROOT, make_config, prepare, root_of, write_dataset
 
 from tracegen.cli import main
 from tracegen.store.records import OK, GeneratedRow
@@ -32,10 +32,10 @@ def root(tmp_path):
     dataset = write_dataset(tmp_path / "prompts.jsonl", 10)
     config = make_config(dataset, tmp_path / "out")
     prepare(config, "run-a")
-    ledger = open_ledger(config)
-    first = ledger.commit([_row(i) for i in range(5)], "run-a", 0, "seg-a")
-    second = ledger.commit([_row(i) for i in range(5, 8)], "run-a", 0, "seg-b")
-    return tmp_path / "out", ledger, first, second
+    output_root = root_of(config)
+    first = output_root.commits.commit([_row(i) for i in range(5)], "run-a", 0, "seg-a")
+    second = output_root.commits.commit([_row(i) for i in range(5, 8)], "run-a", 0, "seg-b")
+    return tmp_path / "out", output_root, first, second
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -54,7 +54,7 @@ def _status(capsys, out: Path) -> dict:
 
 
 def test_verify_names_damaged_parts_and_retire_makes_their_rows_work_again(root, capsys):
-    out, ledger, first, second = root
+    out, output_root, first, second = root
     code, text, _ = run(capsys, "verify", str(out))
     assert code == 0 and "2 committed parts match their ledger entries (size and sha256)" in text
 

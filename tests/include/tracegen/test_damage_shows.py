@@ -20,10 +20,10 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_support.helpers import make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
 from tracegen.cli import main
-from tracegen.store.ledger import decode_part
+from tracegen.store.entries import decode_part
 from tracegen.store.records import OK, GeneratedRow
 
 
@@ -40,9 +40,9 @@ def root(tmp_path):
     dataset = write_dataset(tmp_path / "prompts.jsonl", 10)
     config = make_config(dataset, tmp_path / "out", truncation_threshold=0.5)
     prepare(config, "run-a")
-    ledger = open_ledger(config)
-    ledger.commit([_row(i) for i in range(5)], "run-a", 0, "seg-a")
-    second = ledger.commit([_row(i) for i in range(5, 8)], "run-a", 0, "seg-b")
+    output_root = root_of(config)
+    output_root.commits.commit([_row(i) for i in range(5)], "run-a", 0, "seg-a")
+    second = output_root.commits.commit([_row(i) for i in range(5, 8)], "run-a", 0, "seg-b")
     return tmp_path / "out", second
 
 

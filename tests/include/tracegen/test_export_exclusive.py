@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from engine_support.helpers import ROOT, make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import ROOT, make_config, prepare, root_of, write_dataset
 
 from tracegen.store.records import OK, GeneratedRow
 
@@ -66,7 +66,7 @@ def root(tmp_path) -> Path:
     dataset = write_dataset(tmp_path / "prompts.jsonl", ROWS)
     config = make_config(dataset, tmp_path / "out")
     prepare(config, "run-a")
-    open_ledger(config).commit([_row(i) for i in range(ROWS)], "run-a", 0, "seg-a")
+    root_of(config).commits.commit([_row(i) for i in range(ROWS)], "run-a", 0, "seg-a")
     return tmp_path / "out"
 
 

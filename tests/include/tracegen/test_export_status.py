@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from engine_support.helpers import make_config, open_ledger, prepare, prompt, write_dataset
+from engine_support.helpers import make_config, prepare, prompt, root_of, write_dataset
 
 from tracegen.export import ExportError, export_dataset
 from tracegen.status import dataset_status, format_status
@@ -40,28 +40,28 @@ def root(tmp_path):
     out = tmp_path / "out"
     a = make_config(dataset, out, max_tokens=4096)
     prepare(a, "run-a")
-    ledger = open_ledger(a)
+    output_root = root_of(a)
     rows_a = [_row(i, "run-a", 4096, tokens=100 + i) for i in range(6)]
     rows_a += [_row(6, "run-a", 4096, finish="length", tokens=4096), _row(7, "run-a", 4096, status=FAILED),
                _row(8, "run-a", 4096, status=REJECTED)]
-    ledger.commit(rows_a[:5], "run-a", 0, "seg-a1")
-    ledger.commit(rows_a[5:], "run-a", 0, "seg-a2")
+    output_root.commits.commit(rows_a[:5], "run-a", 0, "seg-a1")
+    output_root.commits.commit(rows_a[5:], "run-a", 0, "seg-a2")
     b = make_config(dataset, out, max_tokens=8192, truncated_policy="regenerate")
     prepare(b, "run-b")
-    ledger.commit([_row(6, "run-b", 8192, tokens=5000)], "run-b", 0, "seg-b1")
-    assert ledger.check_invariants() == []
-    return out, ledger
+    output_root.commits.commit([_row(6, "run-b", 8192, tokens=5000)], "run-b", 0, "seg-b1")
+    assert output_root.repair.check_invariants() == []
+    return out, output_root
 
 
 def test_status_counts_agree_with_the_hand_count_and_the_ledger(root):
-    out, ledger = root
+    out, output_root = root
     s = dataset_status(str(out))
     assert s["newest_run"] == "run-b" and s["max_tokens"] == 8192 and s["truncated_policy"] == "regenerate"
     assert (s["total"], s["done"], s["left"]) == (10, 8, 2)
     assert (s["completed"], s["failed"], s["rejected"], s["invalid"], s["truncated"]) == (7, 1, 1, 0, 0)
     assert s["finish_reasons"] == {"stop": 7}
     assert s["completion_tokens"] == sum(100 + i for i in range(6)) + 5000
-    assert s["ledger_rows"] == len(ledger.frame()) == 10
+    assert s["ledger_rows"] == len(output_root.snapshots.frame()) == 10
     runs = {r["run_id"]: r for r in s["runs"]}
     assert [r["run_id"] for r in s["runs"]] == ["run-a", "run-b"]
     assert (runs["run-a"]["rows"], runs["run-a"]["ok"], runs["run-a"]["length"], runs["run-a"]["failed"]) == (9, 7, 1, 1)
@@ -117,9 +117,9 @@ def test_export_has_every_exportable_index_once_with_matching_checksums(root, tm
 
 
 def test_export_with_truncated_rows_and_without_runs(root, tmp_path):
-    out, ledger = root
+    out, output_root = root
     # A 4096 truncation nobody regenerated yet (index 9) is left out unless asked for.
-    ledger.commit([_row(9, "run-b", 8192, finish="length", tokens=8192)], "run-b", 0, "seg-b2")
+    output_root.commits.commit([_row(9, "run-b", 8192, finish="length", tokens=8192)], "run-b", 0, "seg-b2")
     plain = export_dataset(str(out), str(tmp_path / "e1"))
     assert plain.rows == 7
     manifest = json.loads((tmp_path / "e1" / "manifest.json").read_text())
@@ -135,7 +135,7 @@ def test_export_with_truncated_rows_and_without_runs(root, tmp_path):
 def test_status_rate_and_eta_follow_recent_commits(root):
     import time
 
-    out, ledger = root
+    out, output_root = root
     # run-b committed one row just now: a rate over the window, and an ETA for the 2 rows left.
     s = dataset_status(str(out), now=time.time() + 1.0)
     assert s["rows_per_s"] is not None and s["rows_per_s"] > 0
@@ -154,13 +154,13 @@ def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
     from tracegen.run.records import read_run_record
     from tracegen.run.report import audit_and_report
 
-    out, ledger = root
-    (part,) = [ledger.read_entry(k)["part"] for k in ledger.entries() if "seg-a1" in k]
+    out, output_root = root
+    (part,) = [output_root.commits.read_entry(k)["part"] for k in output_root.commits.entries() if "seg-a1" in k]
     (out / part).unlink()  # rows 0-4, committed
     status = dataset_status(str(out))  # status checks sizes: the lost rows are not done, and it says why
     assert status["done"] == 3 and [d["part"] for d in status["damaged"]] == [part]
 
-    report = json.loads(Path(audit_and_report(read_run_record(ledger, "run-b"), name="report").json_uri
+    report = json.loads(Path(audit_and_report(read_run_record(output_root, "run-b"), name="report").json_uri
                              .removeprefix("file://")).read_text())
     assert any(part in note and "verify" in note for note in report["audit"]["notes"]), report["audit"]["notes"]
 
@@ -179,19 +179,19 @@ def test_status_report_and_export_say_what_the_extend_pivot_did(tmp_path, fmt):
     dataset = write_dataset(tmp_path / "prompts.jsonl", 3)
     out = tmp_path / "out"
     prepare(make_config(dataset, out, max_tokens=4096), "run-a")
-    ledger = open_ledger(make_config(dataset, out))
+    output_root = root_of(make_config(dataset, out))
     prompt_ids = pack_token_ids([1, 2, 3])
     rows = [_row(0, "run-a", 4096), _row(1, "run-a", 4096, finish="length", tokens=4096), _row(2, "run-a", 4096)]
     for r in rows:
         r.prompt_token_ids, r.response_token_ids = prompt_ids, pack_token_ids(range(r.completion_tokens))
-    ledger.commit(rows, "run-a", 0, "seg-a")
+    output_root.commits.commit(rows, "run-a", 0, "seg-a")
     prepare(make_config(dataset, out, max_tokens=8192), "run-c")
     whole = _row(1, "run-c", 8192, tokens=5096)
     whole.prompt_token_ids, whole.response_token_ids = prompt_ids, pack_token_ids(range(5096))
     whole.provenance = {"action": "extended", "policy": "extend", "tokens_before": 4096, "tokens_after": 5096,
                         "new_tokens": 1000, "supersedes": {"part": "parts/run-a/c00000-seg-a.jsonl.gz", "index": 1,
                                                            "max_tokens": 4096}}
-    ledger.commit([whole], "run-c", 0, "seg-c")
+    output_root.commits.commit([whole], "run-c", 0, "seg-c")
 
     s = dataset_status(str(out))
     assert s["truncated_policy"] == "extend" and (s["done"], s["left"]) == (3, 0)
@@ -203,7 +203,7 @@ def test_status_report_and_export_say_what_the_extend_pivot_did(tmp_path, fmt):
     assert "pivot:       1 rows extended from their tokens (1 now finish), 1,000 new tokens spent, 4,096 saved" in text
     assert "extended 1" in text
 
-    report = audit_and_report(read_run_record(ledger, "run-c"), name="report")
+    report = audit_and_report(read_run_record(output_root, "run-c"), name="report")
     doc = json.loads(Path(report.json_uri.removeprefix("file://")).read_text())
     assert doc["audit"]["pivot"]["extended"] == 1 and "pivot: 1 rows extended" in doc["summary"]
     assert "The pivot" in Path(report.html_uri.removeprefix("file://")).read_text()

@@ -20,8 +20,9 @@ from tracegen.plan import (
     superseded_rows,
 )
 from tracegen.store.current import current_rows
-from tracegen.store.ledger import Ledger, empty_frame, rows_to_frame
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED, GeneratedRow
+from tracegen.store.root import OutputRoot
+from tracegen.store.snapshots import empty_frame, rows_to_frame
 from tracegen.store.storage import LocalStorage
 
 
@@ -139,12 +140,12 @@ def test_known_long_are_the_todo_rows_once_cut_off_by_a_cap() -> None:
 
 def test_the_4096_to_8192_pivot(tmp_path: Path) -> None:
     """Run 1 under 4096 truncates some rows; run 2 under 8192 regenerates exactly those (or keeps them)."""
-    ledger = Ledger(LocalStorage(tmp_path))
+    root = OutputRoot(LocalStorage(tmp_path))
     run1 = [r(i, finish="length" if i % 5 == 0 else "stop", tokens=4096 if i % 5 == 0 else 900, run="run1")
             for i in range(20)]
     run1[3] = r(3, status=FAILED, run="run1")
-    ledger.commit(run1, "run1", 0, "a")
-    f1 = ledger.frame()
+    root.commits.commit(run1, "run1", 0, "a")
+    f1 = root.snapshots.frame()
     truncated = [0, 5, 10, 15]
     everything = np.arange(30)
 
@@ -157,13 +158,13 @@ def test_the_4096_to_8192_pivot(tmp_path: Path) -> None:
     assert remaining(f1, range(10, 20), 8192, "regenerate").tolist() == [10, 15]
 
     # Run 2 regenerates under 8192: 0 and 5 finish, 10 is truncated again at 8192, 15 fails.
-    ledger.commit(
+    root.commits.commit(
         [r(0, tokens=5000, cap=8192, run="run2"), r(5, tokens=6000, cap=8192, run="run2"),
          r(3, tokens=800, cap=8192, run="run2"),
          r(10, finish="length", cap=8192, tokens=8192, run="run2"), r(15, status=FAILED, cap=8192, run="run2")],
         "run2", 0, "b",
     )
-    f2 = ledger.frame()
+    f2 = root.snapshots.frame()
     assert remaining(f2, np.arange(20), 8192, "regenerate").tolist() == [15]
     assert remaining(f2, np.arange(20), 16384, "regenerate").tolist() == [10, 15]
     # Nothing old is lost: both generations of index 0 are in the ledger, the newer supersedes at export.

@@ -22,9 +22,9 @@ from engine_support.helpers import (
     assert_healthy,
     endpoints,
     make_config,
-    open_ledger,
     prepare,
     prompt,
+    root_of,
     run_engine,
     write_dataset,
 )
@@ -111,7 +111,7 @@ def test_the_engine_records_hostile_rows_invalid_and_generates_the_others(tmp_pa
     prepare(config, "run-hostile")
     summary = run_engine(config, "run-hostile", endpoints(sim), tmp_path / "spool", range(n))
     assert summary.statuses == {OK: n - len(hostile), INVALID: len(hostile)}
-    frame = assert_healthy(open_ledger(config), n, config)
+    frame = assert_healthy(root_of(config), n, config)
     invalid = frame[frame["status"] == INVALID].set_index("index")
     assert sorted(invalid.index) == sorted(hostile)
     assert all("nested" in invalid.loc[i, "error"] for i in hostile), invalid["error"].tolist()

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_support.helpers import ROOT, endpoints, make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import ROOT, endpoints, make_config, prepare, root_of, write_dataset
 
 from tracegen.dataset.blocks import DatasetChangedError
 from tracegen.generate.chunk import run_chunk
@@ -41,14 +41,15 @@ def _same_size_edit(data: bytes) -> bytes:
 
 
 def _generate(config, run_id, sim, spool, indices):
-    spec = latest_run(open_ledger(config), config.aws_conn_id)
+    root = root_of(config)
+    spec = latest_run(root, config.aws_conn_id)
     assert spec is not None and spec.run_id == run_id
-    return run_chunk(spec, chunk=0, label="chunk 0", indices=indices, endpoints=endpoints(sim),
+    return run_chunk(spec, root=root, chunk=0, label="chunk 0", indices=indices, endpoints=endpoints(sim),
                      spool_dir=str(spool))
 
 
 def _committed(config) -> list[str]:
-    return sorted(open_ledger(config).entries())
+    return sorted(root_of(config).commits.entries())
 
 
 def _check_refusals(config, run_id, sim, tmp_path, dataset_uri, original_fp):
@@ -70,7 +71,7 @@ def _check_refusals(config, run_id, sim, tmp_path, dataset_uri, original_fp):
 
     with pytest.raises(DatasetChangedError):
         prepare(config, run_id + "-again")
-    assert open_ledger(config).check_invariants(deep=True) == []
+    assert root_of(config).repair.check_invariants(deep=True) == []
     assert _committed(config) == before
 
 
@@ -137,12 +138,12 @@ def test_records_without_a_version_still_read_and_check(tmp_path, sim_server):
     doc = spec.to_json()
     del doc["dataset"]["size"], doc["dataset"]["version"]
     assert RunSpec.from_json(doc).dataset.version is None
-    ledger = open_ledger(config)
-    index = load_index(ledger)
+    root = root_of(config)
+    index = load_index(root)
     index.source_version = None
     old = index.to_json()
     del old["source_version"]
-    ledger.storage.put(DATASET_INDEX_KEY, json.dumps(old).encode())
+    root.storage.put(DATASET_INDEX_KEY, json.dumps(old).encode())
     _generate(config, "run-old", sim, tmp_path / "spool", range(4))
     dataset.write_bytes(_same_size_edit(dataset.read_bytes()))
     with pytest.raises(DatasetChangedError):

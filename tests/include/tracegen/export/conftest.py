@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from engine_support.helpers import endpoints, make_config, open_ledger, prepare, run_engine
+from engine_support.helpers import endpoints, make_config, prepare, root_of, run_engine
 from fixtures.simulator import start_sim_server
 
 from tracegen.config import SAMPLE_DATASET
@@ -46,7 +46,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
         for run_id, cap in (("run-4096", 4096), ("run-8192", 8192)):
             config = make_config(dataset, root, max_tokens=cap, part_rows=250, part_seconds=30.0)
             prepare(config, run_id)
-            record(open_ledger(config), run_id, urls)
+            record(root_of(config), run_id, urls)
             run_engine(config, run_id, servers, tmp / "spool", range(n_rows))
     finally:
         for s in sims:

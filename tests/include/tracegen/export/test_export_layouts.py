@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from engine_support.helpers import make_config, open_ledger, prepare, prompt, write_dataset
+from engine_support.helpers import make_config, prepare, prompt, root_of, write_dataset
 
 from tracegen.export import ExportError, export_dataset
 from tracegen.export.layouts import mask_json
@@ -38,14 +38,14 @@ def root(tmp_path):
     out = tmp_path / "out"
     a = make_config(dataset, out, max_tokens=4096)
     prepare(a, "run-a")
-    ledger = open_ledger(a)
+    output_root = root_of(a)
     rows = [_row(i, "run-a", 4096, 5 + i) for i in range(4)]
     rows += [_row(4, "run-a", 4096, 4096, finish="length"), _row(5, "run-a", 4096, 9, ids=False)]
-    ledger.commit(rows, "run-a", 0, "seg-a")
+    output_root.commits.commit(rows, "run-a", 0, "seg-a")
     prepare(make_config(dataset, out, max_tokens=8192), "run-b")
     whole = _row(4, "run-b", 8192, 5000, provenance={"action": "extended", "tokens_before": 4096})
-    ledger.commit([whole], "run-b", 0, "seg-b")
-    return out, ledger
+    output_root.commits.commit([whole], "run-b", 0, "seg-b")
+    return out, output_root
 
 
 def test_tokens_rows_are_prompt_then_response_ids_with_the_mask_at_the_boundary(root, tmp_path):
@@ -99,10 +99,10 @@ def test_a_trainer_layout_is_plain_jsonl_and_replaces_the_previous_export_whole(
 
 
 def test_the_bounded_read_chooses_the_rows_the_whole_frame_chooses(root):
-    _, ledger = root
-    ledger.compact()  # a snapshot, and one entry on top of it
-    ledger.commit([_row(2, "run-b", 8192, 11)], "run-b", 0, "seg-b2")
-    small, whole = ledger_rows(ledger), ledger.frame()
+    _, output_root = root
+    output_root.snapshots.compact()  # a snapshot, and one entry on top of it
+    output_root.commits.commit([_row(2, "run-b", 8192, 11)], "run-b", 0, "seg-b2")
+    small, whole = ledger_rows(output_root), output_root.snapshots.frame()
     assert len(small) == len(whole) == 8
     got = small.loc[current_mask(small)].sort_values("index")
     want = current_rows(whole).sort_values("index")

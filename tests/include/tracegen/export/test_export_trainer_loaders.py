@@ -31,7 +31,7 @@ from tracegen.export import export_dataset  # noqa: E402
 from tracegen.export.selection import ledger_rows  # noqa: E402
 from tracegen.simulator.bpe import TOKENIZER_FILE  # noqa: E402
 from tracegen.store.current import current_mask  # noqa: E402
-from tracegen.store.ledger import open_ledger  # noqa: E402
+from tracegen.store.root import open_root  # noqa: E402
 
 pytest.importorskip("specforge.data.prompt_builder", reason="requirements-trainers.txt is not installed")
 
@@ -52,13 +52,13 @@ def hf_cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def counted(demo_run) -> dict[str, tuple[int, int, str]]:
     """Row id -> (prompt_tokens, completion_tokens, finish_reason) of each exported index, from the ledger."""
-    ledger = open_ledger(str(demo_run.root))
-    frame = ledger_rows(ledger)
+    output_root = open_root(str(demo_run.root))
+    frame = ledger_rows(output_root)
     cur = frame.loc[current_mask(frame)]
     by_index = {int(i): (int(p), int(c), str(f)) for i, p, c, f in
                 zip(cur["index"], cur["prompt_tokens"], cur["completion_tokens"], cur["finish_reason"], strict=True)}
     ids = {}
-    with open(load_index(ledger).source_uri.removeprefix("file://")) as f:
+    with open(load_index(output_root).source_uri.removeprefix("file://")) as f:
         for i, line in enumerate(f):
             ids[str(json.loads(line).get("id") or f"index-{i}")] = i
     return {rid: by_index[i] for rid, i in ids.items() if i in by_index}

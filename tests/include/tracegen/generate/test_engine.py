@@ -19,9 +19,9 @@ from engine_support.helpers import (
     engine,
     make_config,
     metric,
-    open_ledger,
     prepare,
     prompt,
+    root_of,
     run_engine,
     write_dataset,
 )
@@ -31,8 +31,8 @@ from tracegen.generate.engine import ChunkInterrupted, InvalidRowError
 from tracegen.simulator.lengths import CALIBRATIONS, draw
 from tracegen.status import dataset_status, format_status
 from tracegen.store.current import current_rows
-from tracegen.store.ledger import Ledger
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED, GeneratedRow, unpack_token_ids
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import S3Storage, StorageError
 
 FAST = dict(sim_time_scale=2000, sim_length_model="short", log_level="warning", enable_metrics=True)
@@ -59,8 +59,8 @@ def test_pivot_4096_to_8192_sends_only_truncated_and_unfinished(tmp_path, sim_se
     # The operator stops the 4096 run two thirds of the way through (rows [0, 160) committed).
     s4 = run_engine(c4, "run-4096", servers, spool, range(first))
     assert s4.generated == first
-    ledger = open_ledger(c4)
-    f4 = assert_healthy(ledger, n_rows, c4)
+    output_root = root_of(c4)
+    f4 = assert_healthy(output_root, n_rows, c4)
     cut = f4["finish_reason"] == "length"
     truncated = set(f4.loc[cut, "index"].tolist())
     assert (f4.loc[cut, "completion_tokens"] == 4096).all() and (f4.loc[~cut, "completion_tokens"] < 4096).all()
@@ -74,7 +74,7 @@ def test_pivot_4096_to_8192_sends_only_truncated_and_unfinished(tmp_path, sim_se
     expected = truncated | set(range(first, n_rows))
     assert sent == len(expected) == s8.generated
     assert s8.already_done == n_rows - len(expected)
-    f8 = assert_healthy(ledger, n_rows, c8)
+    f8 = assert_healthy(output_root, n_rows, c8)
     mine = f8[f8["run_id"] == "run-8192"]
     assert set(mine["index"].tolist()) == expected
     assert (mine["max_tokens"] == 8192).all()
@@ -113,7 +113,7 @@ def test_pivot_with_keep_regenerates_nothing(tmp_path, sim_server):
     prepare(c4, "run-4096")
     servers = endpoints(sim, in_flight=64)
     run_engine(c4, "run-4096", servers, spool, range(n_rows))
-    f4 = open_ledger(c4).frame()
+    f4 = root_of(c4).snapshots.frame()
     assert (f4["finish_reason"] == "length").sum() > 0
 
     c8 = make_config(dataset, out, max_tokens=8192, truncated_policy="keep")
@@ -122,7 +122,7 @@ def test_pivot_with_keep_regenerates_nothing(tmp_path, sim_server):
     s8 = run_engine(c8, "run-8192-keep", servers, spool, range(n_rows))
     assert metric(sim.url, REQS) == sent_before
     assert s8.generated == 0 and s8.already_done == n_rows
-    f8 = assert_healthy(open_ledger(c8), n_rows, c8)
+    f8 = assert_healthy(root_of(c8), n_rows, c8)
     assert len(f8) == n_rows
 
 
@@ -132,12 +132,12 @@ PIVOT_SIM = dict(sim_time_scale=20000, log_level="warning", enable_metrics=True,
                  reasoning_parser="qwen3")
 
 
-def _parts_rows(ledger: Ledger, run_id: str) -> dict[int, GeneratedRow]:
+def _parts_rows(output_root: OutputRoot, run_id: str) -> dict[int, GeneratedRow]:
     """Every row `run_id` committed, read from the parts, by index."""
     out = {}
-    for key in ledger.entries():
+    for key in output_root.commits.entries():
         if f"/{run_id}/" in key:
-            out.update({r.index: r for r in ledger.read_part(ledger.read_entry(key)["part"])})
+            out.update({r.index: r for r in output_root.commits.read_part(output_root.commits.read_entry(key)["part"])})
     return out
 
 
@@ -150,8 +150,8 @@ def test_pivot_with_extend_sends_only_continuations_and_pays_only_the_new_tokens
     prepare(c4, "run-4096")
     servers = endpoints(sim, in_flight=64)
     run_engine(c4, "run-4096", servers, spool, range(n_rows))
-    ledger = open_ledger(c4)
-    first = _parts_rows(ledger, "run-4096")
+    output_root = root_of(c4)
+    first = _parts_rows(output_root, "run-4096")
     truncated = {i for i, r in first.items() if r.finish_reason == "length"}
     assert 20 <= len(truncated) <= 80, "the seed calibration should truncate ~18% at 4096"
     assert all(r.has_token_ids for r in first.values()), "every row keeps what a continuation needs"
@@ -162,8 +162,8 @@ def test_pivot_with_extend_sends_only_continuations_and_pays_only_the_new_tokens
     sent, tokens = metric(sim.url, REQS), metric(sim.url, GEN_TOKENS)
     s8 = run_engine(c8, "run-8192", servers, spool, range(n_rows))
     sent, tokens = metric(sim.url, REQS) - sent, metric(sim.url, GEN_TOKENS) - tokens
-    f8 = assert_healthy(ledger, n_rows, c8)
-    ext = _parts_rows(ledger, "run-8192")
+    f8 = assert_healthy(output_root, n_rows, c8)
+    ext = _parts_rows(output_root, "run-8192")
     assert set(ext) == truncated and s8.generated == s8.extended == len(truncated) and s8.already_done == n_rows - len(truncated)
     # One generation request per truncated row (a continuation), and only the tokens past 4096 paid for.
     new_tokens = sum(r.completion_tokens - 4096 for r in ext.values())
@@ -231,13 +231,13 @@ def test_truncated_rows_without_token_ids_are_regenerated_and_say_so(tmp_path, s
     c4 = make_config(dataset, tmp_path / "first", max_tokens=4096)
     prepare(c4, "run-4096")
     run_engine(c4, "run-4096", servers, tmp_path / "spool", range(n_rows))
-    first = _parts_rows(open_ledger(c4), "run-4096")
+    first = _parts_rows(root_of(c4), "run-4096")
     # The same rows in another root, the even ones as tracegen stored them before it kept token ids.
     old = make_config(dataset, tmp_path / "old", max_tokens=4096)
     prepare(old, "run-4096")
     rows = [GeneratedRow.from_json({**r.to_json(), **({"prompt_token_ids": None, "response_token_ids": None}
                                                       if i % 2 == 0 else {})}) for i, r in sorted(first.items())]
-    open_ledger(old).commit(rows, "run-4096", 0, "seg-old")
+    root_of(old).commits.commit(rows, "run-4096", 0, "seg-old")
     truncated = {i for i, r in first.items() if r.finish_reason == "length"}
     bare = {i for i in truncated if i % 2 == 0}
     assert bare and truncated - bare
@@ -247,9 +247,9 @@ def test_truncated_rows_without_token_ids_are_regenerated_and_say_so(tmp_path, s
     tokens = metric(sim.url, GEN_TOKENS)
     with caplog.at_level(logging.WARNING, logger="tracegen.generate.extend"):
         s8 = run_engine(c8, "run-8192", servers, tmp_path / "spool", range(n_rows))
-    ledger = open_ledger(c8)
-    assert_healthy(ledger, n_rows, c8)
-    new = _parts_rows(ledger, "run-8192")
+    output_root = root_of(c8)
+    assert_healthy(output_root, n_rows, c8)
+    new = _parts_rows(output_root, "run-8192")
     assert set(new) == truncated and s8.extended == len(truncated - bare) and s8.regenerated == len(bare)
     for i in bare:
         assert new[i].pivot == "fallback-regenerated" and "no token ids" in new[i].provenance["reason"]
@@ -286,7 +286,7 @@ def _fault_root(tmp_path, run_id="run-f", **params):
 
 
 def _all_ok(config, n_rows=N_FAULT):
-    frame = assert_healthy(open_ledger(config), n_rows, config)
+    frame = assert_healthy(root_of(config), n_rows, config)
     assert sorted(frame["index"].tolist()) == list(range(n_rows)), "each index exactly once"
     assert (frame["status"] == OK).all(), frame[frame["status"] != OK][["index", "status", "error"]].head()
     assert set(frame["finish_reason"]) <= {"stop", "length", "tool_calls"}
@@ -339,15 +339,15 @@ def test_whole_fleet_gone_stops_with_a_clear_error_and_a_clean_ledger(tmp_path, 
     with pytest.raises(ChunkInterrupted, match=r"stopped early \(fatal client error: .*after committing \d+ rows"):
         run_engine(config, "run-f", endpoints(dying, in_flight=4), spool, range(N_FAULT), all_down_fatal_s=1.0,
                    quarantine_after=2)
-    ledger = open_ledger(config)
-    frame = assert_healthy(ledger, N_FAULT, config)
+    output_root = root_of(config)
+    frame = assert_healthy(output_root, N_FAULT, config)
     assert 0 < len(frame) <= 30
     assert not frame.duplicated("index").any()
     # A new server (the fleet task restarted it): the retry resumes and finishes the chunk.
     fresh = sim_server(**FAST)
     summary = run_engine(config, "run-f", endpoints(fresh), spool, range(N_FAULT))
     assert summary.already_done + summary.generated + summary.recovered_rows >= N_FAULT - (frame["status"] == FAILED).sum()
-    frame = assert_healthy(ledger, N_FAULT, config)
+    frame = assert_healthy(output_root, N_FAULT, config)
     assert set(frame.loc[frame["status"] == OK, "index"]) == set(range(N_FAULT))
 
 
@@ -361,7 +361,7 @@ def test_context_overflow_is_rejected_once_and_not_retried(tmp_path, sim_server)
     servers, spool = endpoints(sim), tmp_path / "spool"
     summary = run_engine(config, "run-ctx", servers, spool, range(40))
     assert summary.statuses == {OK: 38, REJECTED: 2}
-    frame = assert_healthy(open_ledger(config), 40, config)
+    frame = assert_healthy(root_of(config), 40, config)
     rejected = frame[frame["status"] == REJECTED]
     assert sorted(rejected["index"]) == sorted(long_rows)
     assert (rejected["attempt"] == 1).all(), "a context overflow must not be retried"
@@ -400,8 +400,8 @@ def test_s3_outage_during_commits_is_ridden_out(tmp_path, sim_server, s3, s3_uri
     prepare(config, "run-s3")
     # Commits give up after 0.3 s, so the 1 s outage makes them fail and the engine must carry the sealed
     # segments over to a later flush (in production the storage's own 120 s retry usually hides a blip).
-    ledger = Ledger(_s3_storage(s3_uri, 0.3))
-    eng = _engine_with_outage(config, ledger, sim, tmp_path, s3, outage_s=1.0)
+    output_root = OutputRoot(_s3_storage(s3_uri, 0.3))
+    eng = _engine_with_outage(config, output_root, sim, tmp_path, s3, outage_s=1.0)
     collect, engine_log = _Collect(), logging.getLogger("tracegen.generate.engine")
     engine_log.addHandler(collect)
     try:
@@ -412,7 +412,7 @@ def test_s3_outage_during_commits_is_ridden_out(tmp_path, sim_server, s3, s3_uri
     assert summary.interrupted is None and summary.statuses == {OK: n_rows}
     # The ledger is the truth. (summary.committed_rows can undercount here: a segment whose entry PUT
     # reached S3 but whose reply was cut by the outage is later found committed and only discarded.)
-    frame = assert_healthy(ledger, n_rows, config)
+    frame = assert_healthy(output_root, n_rows, config)
     assert sorted(frame["index"]) == list(range(n_rows))
     assert not any((tmp_path / "spool").rglob("*.jsonl"))
 
@@ -423,21 +423,21 @@ def test_s3_down_at_the_final_commit_fails_clearly_and_the_spool_keeps_the_rows(
     dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
     config = make_config(dataset, s3_uri, part_rows=1000, part_seconds=3600)  # one commit, at the end
     prepare(config, "run-s3")
-    ledger = Ledger(_s3_storage(s3_uri, 0.3))
+    output_root = OutputRoot(_s3_storage(s3_uri, 0.3))
     spool = tmp_path / "spool"
-    eng = _engine_with_outage(config, ledger, sim, tmp_path, s3, outage_s=600)  # S3 stays down
+    eng = _engine_with_outage(config, output_root, sim, tmp_path, s3, outage_s=600)  # S3 stays down
     try:
         with pytest.raises(StorageError, match=r"S3 .*failed after \d+ attempts"):
             eng.run(np.arange(n_rows))
     finally:
         s3.proxy.up()
     assert len(list(spool.rglob("seg-*.jsonl"))) == 1, "the sealed segment must stay in the spool"
-    assert ledger.entries() == [] and ledger.check_invariants() == []
+    assert output_root.commits.entries() == [] and output_root.repair.check_invariants() == []
     sent_before = metric(sim.url, REQS)
-    summary = run_engine(config, "run-s3", endpoints(sim), spool, range(n_rows), ledger=ledger)
+    summary = run_engine(config, "run-s3", endpoints(sim), spool, range(n_rows), root=output_root)
     assert summary.recovered_rows == n_rows and summary.generated == 0
     assert metric(sim.url, REQS) == sent_before, "rows kept in the spool must not be generated again"
-    frame = assert_healthy(ledger, n_rows, config)
+    frame = assert_healthy(output_root, n_rows, config)
     assert sorted(frame["index"]) == list(range(n_rows))
 
 
@@ -461,14 +461,14 @@ def test_final_flush_commits_a_segment_stranded_by_an_earlier_failed_commit(tmp_
     eng.spool.seal()  # what a failed mid-run commit leaves behind; no rows pending after it
     asyncio.run(eng._commit_segment(final=True))
     eng.spool.close()
-    assert sorted(open_ledger(config).frame()["index"]) == [0, 1, 2, 3, 4]
+    assert sorted(root_of(config).snapshots.frame()["index"]) == [0, 1, 2, 3, 4]
     assert eng.summary.committed_rows == 5
     assert not any((tmp_path / "spool").rglob("seg-*.jsonl"))
 
 
-def _engine_with_outage(config, ledger, sim, tmp_path, s3, outage_s: float):
+def _engine_with_outage(config, output_root, sim, tmp_path, s3, outage_s: float):
     """An engine whose first commit attempt starts an S3 outage of `outage_s` seconds."""
-    eng = engine(config, "run-s3", endpoints(sim, in_flight=12), tmp_path / "spool", ledger=ledger)
+    eng = engine(config, "run-s3", endpoints(sim, in_flight=12), tmp_path / "spool", root=output_root)
     original = eng._commit_segment
     started = []
 
@@ -501,7 +501,7 @@ def test_bad_rows_are_recorded_invalid_with_the_reason(tmp_path, sim_server):
     prepare(config, "run-bad")
     summary = run_engine(config, "run-bad", endpoints(sim), tmp_path / "spool", range(30))
     assert summary.statuses == {OK: 25, INVALID: 5}
-    frame = assert_healthy(open_ledger(config), 30, config)
+    frame = assert_healthy(root_of(config), 30, config)
     invalid = frame[frame["status"] == INVALID].set_index("index")
     assert sorted(invalid.index) == sorted(BAD_ROWS)
     for i, reason in BAD_REASONS.items():
@@ -518,13 +518,13 @@ def test_bad_row_under_fail_names_the_row_and_damages_nothing(tmp_path, sim_serv
     prepare(config, "run-fail")
     spool = tmp_path / "spool"
     run_engine(config, "run-fail", endpoints(sim), spool, range(10))  # committed before the bad row
-    ledger = open_ledger(config)
-    before = {k: ledger.read_entry(k)["columns"] for k in ledger.entries()}
+    output_root = root_of(config)
+    before = {k: output_root.commits.read_entry(k)["columns"] for k in output_root.commits.entries()}
     with pytest.raises(InvalidRowError, match=r"row 13: 'messages' must be a list"):
         run_engine(config, "run-fail", endpoints(sim), spool, range(30))
-    after = {k: ledger.read_entry(k)["columns"] for k in ledger.entries()}
+    after = {k: output_root.commits.read_entry(k)["columns"] for k in output_root.commits.entries()}
     assert all(after[k] == v for k, v in before.items()), "a committed entry changed"
-    frame = assert_healthy(ledger, 30, config)
+    frame = assert_healthy(output_root, 30, config)
     assert 13 not in set(frame["index"])
     assert (frame["status"] == OK).all()
     assert set(range(10)) <= set(frame["index"])

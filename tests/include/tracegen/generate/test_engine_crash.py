@@ -19,8 +19,8 @@ from engine_support.helpers import (
     assert_healthy,
     endpoints,
     make_config,
-    open_ledger,
     prepare,
+    root_of,
     run_engine,
     start_driver,
     write_dataset,
@@ -33,15 +33,15 @@ from tracegen.store.records import OK, unpack_token_ids
 SLOW_SIM = dict(sim_time_scale=8, sim_length_model="short", max_running_requests=64, log_level="warning")
 
 
-def _entries_snapshot(ledger) -> dict[str, list]:
+def _entries_snapshot(root) -> dict[str, list]:
     """Entry key -> its ledger rows (what "committed" means); compared across kills."""
-    return {k: ledger.read_entry(k)["columns"]["index"] for k in ledger.entries()}
+    return {k: root.commits.read_entry(k)["columns"]["index"] for k in root.commits.entries()}
 
 
-def _wait_for_work(ledger, spool: Path, entries_before: int, timeout: float) -> None:
+def _wait_for_work(root, spool: Path, entries_before: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(f.stat().st_size for f in spool.rglob("*.jsonl")) or len(ledger.entries()) > entries_before:
+        if any(f.stat().st_size for f in spool.rglob("*.jsonl")) or len(root.commits.entries()) > entries_before:
             return
         time.sleep(0.05)
 
@@ -52,9 +52,9 @@ def _kill_trials(tmp_path: Path, sim_server, trials: int, n_rows: int, seed: int
     config = make_config(dataset, tmp_path / "out", part_rows=15, part_seconds=0.15)
     prepare(config, "run-crash")
     servers = endpoints(sim, in_flight=24)
-    ledger = open_ledger(config)
+    root = root_of(config)
     rng = random.Random(seed)
-    before = _entries_snapshot(ledger)
+    before = _entries_snapshot(root)
     stats = {"trials": 0, "recovered_rows": 0, "kills_with_spool_left": 0, "killed_mid_work": 0}
     spool = tmp_path / "spool"
     for trial in range(trials):
@@ -64,22 +64,22 @@ def _kill_trials(tmp_path: Path, sim_server, trials: int, n_rows: int, seed: int
         driver.wait_ready()
         # From the first finished row on (in the spool or committed), so kills land while rows are in flight
         # and parts are being committed whatever the machine's load, not while the task is still starting.
-        _wait_for_work(ledger, spool, len(before), timeout=30)
+        _wait_for_work(root, spool, len(before), timeout=30)
         time.sleep(rng.uniform(0.0, 1.2))
         driver.kill(signal.SIGKILL)
         rc = driver.proc.wait(30)
         stats["trials"] += 1
-        committed = len(ledger.frame())
+        committed = len(root.snapshots.frame())
         stats.setdefault("committed_after_kill", []).append(committed)
         stats["killed_mid_work"] += rc != 0 and committed < n_rows  # the chunk was cut, not finished
         if rc == 0:  # finished before the kill: still a valid trial of the checks below
             _, summary, _ = driver.wait()
             stats["recovered_rows"] += summary["recovered_rows"]
         stats["kills_with_spool_left"] += any(spool.rglob("*.jsonl"))
-        after = _entries_snapshot(ledger)
+        after = _entries_snapshot(root)
         lost = {k for k in before if k not in after or after[k] != before[k]}
         assert not lost, f"trial {trial}: committed entries lost or changed: {sorted(lost)[:3]}"
-        assert_healthy(ledger, n_rows, config)
+        assert_healthy(root, n_rows, config)
         before = after
 
     # Resume: the chunk finishes, committing what the last kill left in the spool.
@@ -87,7 +87,7 @@ def _kill_trials(tmp_path: Path, sim_server, trials: int, n_rows: int, seed: int
     rc, summary, err = driver.wait()
     assert rc == 0, err
     stats["recovered_rows"] += summary["recovered_rows"]
-    frame = assert_healthy(ledger, n_rows, config)
+    frame = assert_healthy(root, n_rows, config)
     assert sorted(frame["index"].unique().tolist()) == list(range(n_rows))
     assert len(frame) == n_rows, "an index was committed more than once"
     assert (frame["status"] == OK).all()
@@ -123,8 +123,8 @@ def test_sigkill_during_extension_loses_and_duplicates_nothing_and_a_resume_exte
     first = make_config(dataset, out, max_tokens=100)
     prepare(first, "run-100")
     run_engine(first, "run-100", endpoints(fast, in_flight=64), spool, range(n_rows))
-    ledger = open_ledger(first)
-    cut = {r.index: r for key in ledger.entries() for r in ledger.read_part(ledger.read_entry(key)["part"])
+    root = root_of(first)
+    cut = {r.index: r for key in root.commits.entries() for r in root.commits.read_part(root.commits.read_entry(key)["part"])
            if r.finish_reason == "length"}
     assert len(cut) > 150
 
@@ -132,7 +132,7 @@ def test_sigkill_during_extension_loses_and_duplicates_nothing_and_a_resume_exte
     prepare(pivot, "run-200")
     servers = endpoints(slow, in_flight=24)
     rng = random.Random(20260316)
-    before = _entries_snapshot(ledger)
+    before = _entries_snapshot(root)
     partial, committed = 0, []
     for trial in range(8):
         driver = start_driver(pivot, "run-200", servers, spool, 0, n_rows, tmp_path, tag=f"x{trial}")
@@ -140,10 +140,10 @@ def test_sigkill_during_extension_loses_and_duplicates_nothing_and_a_resume_exte
         time.sleep(rng.uniform(0.3, 1.5))
         driver.kill(signal.SIGKILL)
         driver.proc.wait(30)
-        after = _entries_snapshot(ledger)
+        after = _entries_snapshot(root)
         lost = {k for k in before if k not in after or after[k] != before[k]}
         assert not lost, f"trial {trial}: committed entries lost or changed: {sorted(lost)[:3]}"
-        frame = assert_healthy(ledger, n_rows, pivot)  # no index twice under one cap, parts match entries
+        frame = assert_healthy(root, n_rows, pivot)  # no index twice under one cap, parts match entries
         extended = frame[frame["run_id"] == "run-200"]
         assert set(extended["index"]) <= set(cut) and (extended["pivot"] == "extended").all()
         partial += 0 < len(extended) < len(cut)
@@ -155,12 +155,12 @@ def test_sigkill_during_extension_loses_and_duplicates_nothing_and_a_resume_exte
     driver = start_driver(pivot, "run-200", servers, spool, 0, n_rows, tmp_path, tag="resume")
     rc, summary, err = driver.wait()
     assert rc == 0, err
-    frame = assert_healthy(ledger, n_rows, pivot)
+    frame = assert_healthy(root, n_rows, pivot)
     mine = frame[frame["run_id"] == "run-200"]
     assert sorted(mine["index"]) == sorted(cut), "each truncated row extended exactly once"
     assert (mine["pivot"] == "extended").all() and (mine["prefix_tokens"] == 100).all()
-    rows = {r.index: r for key in ledger.entries() if "/run-200/" in key
-            for r in ledger.read_part(ledger.read_entry(key)["part"])}
+    rows = {r.index: r for key in root.commits.entries() if "/run-200/" in key
+            for r in root.commits.read_part(root.commits.read_entry(key)["part"])}
     for i, row in rows.items():
         # Every extension, before a kill or after the resume, started from the committed truncated row.
         assert row.provenance["supersedes"]["max_tokens"] == 100 and row.provenance["tokens_before"] == 100
@@ -175,7 +175,7 @@ def test_sigterm_commits_finished_rows_and_resume_finishes(tmp_path, sim_server)
     config = make_config(dataset, tmp_path / "out", part_rows=500, part_seconds=30.0)
     prepare(config, "run-term")
     servers = endpoints(sim, in_flight=24)
-    ledger = open_ledger(config)
+    root = root_of(config)
     spool = tmp_path / "spool"
     driver = start_driver(config, "run-term", servers, spool, 0, n_rows, tmp_path, tag="term")
     # Wait until rows reach the spool (parts are large, so nothing is committed yet), then SIGTERM.
@@ -185,13 +185,13 @@ def test_sigterm_commits_finished_rows_and_resume_finishes(tmp_path, sim_server)
         assert time.monotonic() < deadline, "no row reached the spool within 60 s"
         time.sleep(0.05)
     time.sleep(0.3)
-    assert ledger.entries() == [], "part_rows=500/part_seconds=30 should not have committed yet"
+    assert root.commits.entries() == [], "part_rows=500/part_seconds=30 should not have committed yet"
     driver.kill(signal.SIGTERM)
     rc, summary, err = driver.wait(60)
     assert rc == 3, err
     assert "stopped early (SIGTERM received)" in err
     assert summary["interrupted"] == "SIGTERM received"
-    frame = assert_healthy(ledger, n_rows, config)
+    frame = assert_healthy(root, n_rows, config)
     # What finished before the signal was committed on the way out, not left for the next attempt.
     assert 0 < len(frame) == summary["committed_rows"] < n_rows
     assert not any(spool.rglob("*.jsonl"))
@@ -201,5 +201,5 @@ def test_sigterm_commits_finished_rows_and_resume_finishes(tmp_path, sim_server)
     assert rc == 0, err
     assert summary2["already_done"] == len(frame)
     assert summary2["generated"] == n_rows - len(frame)
-    frame = assert_healthy(ledger, n_rows, config)
+    frame = assert_healthy(root, n_rows, config)
     assert len(frame) == n_rows and frame["index"].nunique() == n_rows

@@ -10,8 +10,8 @@ from engine_support.helpers import (
     assert_healthy,
     direct_and_pivot,
     endpoints,
-    open_ledger,
     prompt,
+    root_of,
 )
 
 from tracegen.store.records import OK
@@ -33,11 +33,11 @@ def _write_tool_dataset(path, n: int):
     return path
 
 
-def _rows(ledger, run_id: str) -> dict:
+def _rows(root, run_id: str) -> dict:
     out = {}
-    for key in ledger.entries():
+    for key in root.commits.entries():
         if f"/{run_id}/" in key:
-            out.update({r.index: r for r in ledger.read_part(ledger.read_entry(key)["part"])})
+            out.update({r.index: r for r in root.commits.read_part(root.commits.read_entry(key)["part"])})
     return out
 
 
@@ -55,10 +55,10 @@ def test_extend_pivot_with_tools_equals_one_uninterrupted_run_row_for_row(tmp_pa
     c8, p8, s = direct_and_pivot(dataset, tmp_path, endpoints(sim, in_flight=64), n_rows)
     # Every truncated row was extended: no /parse_function_call failure left one failed or regenerated.
     assert s.extended > 10 and s.regenerated == 0
-    assert_healthy(open_ledger(p8), n_rows, p8)
+    assert_healthy(root_of(p8), n_rows, p8)
 
-    uninterrupted = _rows(open_ledger(c8), "run-8192")
-    extended = _rows(open_ledger(p8), "run-pivot")
+    uninterrupted = _rows(root_of(c8), "run-8192")
+    extended = _rows(root_of(p8), "run-pivot")
     assert extended and all(r.status == OK and r.pivot == "extended" for r in extended.values())
     for i, b in extended.items():
         a = uninterrupted[i]

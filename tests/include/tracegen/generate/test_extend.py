@@ -25,8 +25,8 @@ from engine_support.helpers import (
     direct_and_pivot,
     endpoints,
     make_config,
-    open_ledger,
     prepare,
+    root_of,
     run_engine,
 )
 from fixtures.simulator import start_sim_server
@@ -255,11 +255,11 @@ def write_rich_dataset(path, n: int):
     return path
 
 
-def rows_of(ledger, run_id: str) -> dict[int, GeneratedRow]:
+def rows_of(output_root, run_id: str) -> dict[int, GeneratedRow]:
     out = {}
-    for key in ledger.entries():
+    for key in output_root.commits.entries():
         if f"/{run_id}/" in key:
-            out.update({r.index: r for r in ledger.read_part(ledger.read_entry(key)["part"])})
+            out.update({r.index: r for r in output_root.commits.read_part(output_root.commits.read_entry(key)["part"])})
     return out
 
 
@@ -297,10 +297,10 @@ def rich_runs(tmp_path_factory):
 
 def test_extend_from_rows_cut_inside_characters_equals_one_uninterrupted_run_byte_for_byte(rich_runs):
     tmp, direct, pivot, summary = rich_runs
-    assert_healthy(open_ledger(pivot), RICH_ROWS, pivot)
-    cut = {i: r for i, r in rows_of(open_ledger(pivot), "run-4096").items() if r.finish_reason == "length"}
-    extended = rows_of(open_ledger(pivot), "run-pivot")
-    uninterrupted = rows_of(open_ledger(direct), "run-8192")
+    assert_healthy(root_of(pivot), RICH_ROWS, pivot)
+    cut = {i: r for i, r in rows_of(root_of(pivot), "run-4096").items() if r.finish_reason == "length"}
+    extended = rows_of(root_of(pivot), "run-pivot")
+    uninterrupted = rows_of(root_of(direct), "run-8192")
     assert set(extended) == set(cut) and summary.extended == len(cut) and summary.regenerated == 0
     # First: many of the rows cut at 4096 were cut inside a character, their text ending in U+FFFD.
     inside = [i for i, r in cut.items() if cut_inside_a_character(r)]
@@ -348,9 +348,9 @@ def test_joined_texts_leave_u_fffd_at_the_seams_the_decoding_does_not(rich_runs,
         run_engine(config, "run-join", endpoints(sim, in_flight=64), tmp / "spool-join", range(RICH_ROWS))
     finally:
         sim.stop(signal.SIGKILL)
-    cut = {i: r for i, r in rows_of(open_ledger(pivot), "run-4096").items() if r.finish_reason == "length"}
-    joined = rows_of(open_ledger(config), "run-join")
-    uninterrupted = rows_of(open_ledger(direct), "run-8192")
+    cut = {i: r for i, r in rows_of(root_of(pivot), "run-4096").items() if r.finish_reason == "length"}
+    joined = rows_of(root_of(config), "run-join")
+    uninterrupted = rows_of(root_of(direct), "run-8192")
     assert set(joined) == set(cut)
     inside = {i for i, r in cut.items() if cut_inside_a_character(r)}
     for i, row in joined.items():
@@ -361,9 +361,9 @@ def test_joined_texts_leave_u_fffd_at_the_seams_the_decoding_does_not(rich_runs,
         if i in inside:
             assert text.count("\ufffd") == truth.count("\ufffd") + 1
     # The report counts such rows (the decoded pivot has none).
-    assert report.joined_seams(open_ledger(config), open_ledger(config).frame()) == len(joined)
-    assert report.joined_seams(open_ledger(pivot), open_ledger(pivot).frame()) == 0
-    frame = open_ledger(config).frame()
+    assert report.joined_seams(root_of(config), root_of(config).snapshots.frame()) == len(joined)
+    assert report.joined_seams(root_of(pivot), root_of(pivot).snapshots.frame()) == 0
+    frame = root_of(config).snapshots.frame()
     report_json, html = report.render_report(audit(frame, 8192, run_id="run-join"), seams=len(joined))
     assert report_json["audit"]["pivot"]["joined_seams"] == len(joined)
     assert "joined from two decodings" in html and "seams may hold U+FFFD" in report_json["summary"]

@@ -17,8 +17,8 @@ from engine_support.helpers import (
     endpoints,
     make_config,
     metric,
-    open_ledger,
     prepare,
+    root_of,
     run_engine,
     write_dataset,
 )
@@ -61,23 +61,23 @@ def _pilot_run(tmp_path, sim, **params):
     return config, spec, servers, pilot
 
 
-def _rows(ledger, chunk):
+def _rows(root, chunk):
     out = {}
-    for key in ledger.entries():
-        entry = ledger.read_entry(key)
+    for key in root.commits.entries():
+        entry = root.commits.read_entry(key)
         if f"/c{chunk}-" in entry["part"]:
-            out.update({r.index: r for r in ledger.read_part(entry["part"])})
+            out.update({r.index: r for r in root.commits.read_part(entry["part"])})
     return out
 
 
 def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new_tokens(tmp_path, sim_server):
     sim = sim_server(**SIM)
     config, spec, servers, pilot = _pilot_run(tmp_path, sim, measure_budget_tokens=1_000_000_000)
-    ledger = open_ledger(config)
-    first = _rows(ledger, PILOT_CHUNK)
+    root = root_of(config)
+    first = _rows(root, PILOT_CHUNK)
     truncated = {i for i, r in first.items() if r.finish_reason == "length"}
     assert 10 <= len(truncated) <= 60, "the seed calibration truncates ~18% at 4096"
-    gate_before = gate_counts(ledger.frame(), 4096)
+    gate_before = gate_counts(root.snapshots.frame(), 4096)
 
     sent, tokens = metric(sim.url, REQS), metric(sim.url, GEN_TOKENS)
     m = measure_tail(spec, context_length=None, endpoints=servers, spool_dir=str(tmp_path / "spool"),
@@ -85,7 +85,7 @@ def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new
     sent, tokens = metric(sim.url, REQS) - sent, metric(sim.url, GEN_TOKENS) - tokens
     assert m.cap == 16384 and "is over the 5.0% threshold" in m.trigger
     assert set(m.indices) == truncated
-    measured = _rows(ledger, MEASURE_CHUNK)
+    measured = _rows(root, MEASURE_CHUNK)
     assert set(measured) == truncated
     # One continuation per truncated row, and only the tokens past each row's 4096-token prefix paid for.
     new_tokens = sum(r.completion_tokens - 4096 for r in measured.values())
@@ -102,21 +102,21 @@ def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new
         assert (row.finish_reason == "length") == (row.completion_tokens == 16384)
     o = m.outcome
     assert o["finished"] + o["still_truncated"] == len(truncated) and o["finished"] > 0
-    assert read_measurement(ledger, spec.run_id).outcome == o
-    assert_healthy(ledger, N_ROWS, config)
+    assert read_measurement(root, spec.run_id).outcome == o
+    assert_healthy(root, N_ROWS, config)
     # The gate at the run's cap says what it said before: a row continued past 4096 was cut at 4096.
-    assert gate_counts(ledger.frame(), 4096) == gate_before
+    assert gate_counts(root.snapshots.frame(), 4096) == gate_before
 
     # A retried task takes up the stored decision and sends nothing more.
     before = metric(sim.url, REQS)
     again = measure_tail(spec, context_length=None, endpoints=servers, spool_dir=str(tmp_path / "spool"),
                          engine_options=_engine_options(config))
     assert again.cap == 16384 and again.indices == m.indices and metric(sim.url, REQS) == before
-    assert _rows(ledger, MEASURE_CHUNK).keys() == measured.keys()
+    assert _rows(root, MEASURE_CHUNK).keys() == measured.keys()
 
     # The reviewer chooses 8192: the measured rows are the dataset's rows there, none generated again.
     c8 = make_config(tmp_path / "prompts.jsonl", tmp_path / "out", max_tokens=8192, pilot_size=PILOT)
-    frame = ledger.frame()
+    frame = root.snapshots.frame()
     assert plan.remaining(frame, pilot, 8192, "extend").size == 0
     before = metric(sim.url, REQS)
     s8 = run_engine(c8, "run-4096", servers, tmp_path / "spool", pilot, chunk=PILOT_CHUNK)
@@ -137,7 +137,7 @@ def test_the_pilot_report_reads_the_measured_rows(tmp_path, sim_server):
                  engine_options=_engine_options(config))
     outcome = audit_and_report(spec, name="pilot-report", indices=pilot)
     assert outcome.verdict == "stop"
-    report = json.loads(open_ledger(config).get_run_file(spec.run_id, "pilot-report.json"))
+    report = json.loads(root_of(config).run_files.get(spec.run_id, "pilot-report.json"))
     tail = report["measurement"]["tail"]
     assert tail["cap"] == 16384 and tail["outcome"]["new_tokens"] > 0
     table = report["cap_table"]
@@ -146,7 +146,7 @@ def test_the_pilot_report_reads_the_measured_rows(tmp_path, sim_server):
     rec = table["recommended_cap"]
     if rec is not None and rec <= 16384:
         assert "measured: " in outcome.reason and f"truncated at {rec:,}" in outcome.reason
-    html = open_ledger(config).get_run_file(spec.run_id, "pilot-report.html").decode()
+    html = root_of(config).run_files.get(spec.run_id, "pilot-report.html").decode()
     assert "Measured and modelled" in html and "new tokens" in html
     # The audit's own truncation figure counts rows still cut; the rows measuring took past the run's cap
     # are counted and explained beside it, so a STOP verdict never sits over an unexplained "0% truncated".
@@ -160,8 +160,8 @@ def test_the_pilot_report_reads_the_measured_rows(tmp_path, sim_server):
 def test_a_budget_short_of_the_top_cap_takes_every_row_to_a_lower_one(tmp_path, sim_server):
     sim = sim_server(**SIM)
     config, spec, servers, _ = _pilot_run(tmp_path, sim)
-    ledger = open_ledger(config)
-    truncated = {i for i, r in _rows(ledger, PILOT_CHUNK).items() if r.finish_reason == "length"}
+    root = root_of(config)
+    truncated = {i for i, r in _rows(root, PILOT_CHUNK).items() if r.finish_reason == "length"}
     # Enough for every row to 8192, not to 12288.
     budget = len(truncated) * (8192 - 4096) + 100
     spec = prepare(make_config(tmp_path / "prompts.jsonl", tmp_path / "out", max_tokens=4096, pilot_size=PILOT,
@@ -171,7 +171,7 @@ def test_a_budget_short_of_the_top_cap_takes_every_row_to_a_lower_one(tmp_path, 
                      engine_options=_engine_options(config))
     assert m.cap == 8192 and set(m.indices) == truncated and "over the budget" in m.reason
     assert metric(sim.url, GEN_TOKENS) - tokens == m.outcome["new_tokens"] <= budget
-    measured = _rows(ledger, MEASURE_CHUNK)
+    measured = _rows(root, MEASURE_CHUNK)
     assert set(measured) == truncated and all(r.max_tokens == 8192 for r in measured.values())
 
 
@@ -183,7 +183,7 @@ def test_no_measurement_within_the_threshold_or_when_never(tmp_path, sim_server)
     never = prepare(make_config(tmp_path / "prompts.jsonl", tmp_path / "out", max_tokens=4096, pilot_size=PILOT,
                                 measure_tail="never"), "run-never")
     assert measure_tail(never, context_length=None, endpoints=servers).reason == "measure_tail=never"
-    assert not _rows(open_ledger(config), MEASURE_CHUNK)
+    assert not _rows(root_of(config), MEASURE_CHUNK)
 
 
 # ---- the cap choice, as pure functions ------------------------------------------------------------

@@ -14,8 +14,8 @@ from engine_support.helpers import (
     endpoints,
     make_config,
     metric,
-    open_ledger,
     prepare,
+    root_of,
     run_engine,
     write_dataset,
 )
@@ -45,8 +45,8 @@ def generated(tmp_path, sim_server):
     config = make_config(dataset, out, max_tokens=CAP)
     prepare(config, "run-256")
     run_engine(config, "run-256", endpoints(sim, in_flight=32), tmp_path / "spool", range(N_ROWS))
-    frame = open_ledger(config).frame()
-    runaways = set(find_runaways(open_ledger(config), frame))
+    frame = root_of(config).snapshots.frame()
+    runaways = set(find_runaways(root_of(config), frame))
     truncated = set(frame.loc[frame["finish_reason"] == "length", "index"].tolist())
     assert runaways and runaways < truncated, "the stand-in should cut both loops and long rows at 256"
     return sim, dataset, out, runaways, truncated - runaways
@@ -84,11 +84,11 @@ def test_the_report_counts_runaways_as_a_floor(tmp_path, generated):
     _, dataset, out, runaways, _ = generated
     spec = prepare(make_config(dataset, out, max_tokens=CAP), "run-report")
     audit_and_report(spec, name="report")
-    report = json.loads(open_ledger(spec.config).get_run_file(spec.run_id, "report.json"))
+    report = json.loads(root_of(spec.config).run_files.get(spec.run_id, "report.json"))
     r = report["measurement"]["runaway"]
     assert r["rows"] == len(runaways) and r["by_cap"] == {str(CAP): len(runaways)} and r["policy"] == "drop"
     assert 0 < len(r["examples"]) <= 3 and r["examples"][0]["index"] in runaways
-    html = open_ledger(spec.config).get_run_file(spec.run_id, "report.html").decode()
+    html = root_of(spec.config).run_files.get(spec.run_id, "report.html").decode()
     assert "Runaway rows" in html
 
 
@@ -102,13 +102,13 @@ def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(t
     done = resample_runaways(spec, endpoints=endpoints(sim, in_flight=32), spool_dir=str(tmp_path / "spool"),
                              engine_options=options)
     assert metric(sim.url, REQS) - sent == len(runaways) == done["rows"] == done["generated"]
-    ledger = open_ledger(config)
-    frame = ledger.frame()
+    root = root_of(config)
+    frame = root.snapshots.frame()
     fresh = frame[frame["chunk"] == RESAMPLE_CHUNK]
     assert set(fresh["index"]) == runaways and (fresh["max_tokens"] == CAP).all() and (fresh["status"] == OK).all()
     assert set(fresh["pivot"]) == {"resampled"}
     # One fresh sample beside the looping row under the same cap is expected, not duplicated work ...
-    assert ledger.check_invariants() == []
+    assert root.repair.check_invariants() == []
     # The fresh sample is the current row; nothing is left to generate at the cap.
     current = current_rows(frame)
     assert set(current.loc[current["index"].isin(runaways), "chunk"]) == {RESAMPLE_CHUNK}
@@ -124,14 +124,14 @@ def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(t
                               engine_options=options)
     assert again["rows"] == 0 and metric(sim.url, REQS) == sent
     # ... and a second fresh sample of the same row would be: the invariant check names it.
-    resampled = next(k for k in ledger.entries() if f"c{RESAMPLE_CHUNK:05d}" in k)
-    entry = ledger.read_entry(resampled)
-    ledger.storage.put(resampled.replace(entry["segment"], entry["segment"] + "x"),
-                       ledger.storage.get(resampled))
-    assert any("resampled twice under max_tokens" in p for p in ledger.check_invariants())
-    ledger.storage.delete(resampled.replace(entry["segment"], entry["segment"] + "x"))
+    resampled = next(k for k in root.commits.entries() if f"c{RESAMPLE_CHUNK:05d}" in k)
+    entry = root.commits.read_entry(resampled)
+    root.storage.put(resampled.replace(entry["segment"], entry["segment"] + "x"),
+                       root.storage.get(resampled))
+    assert any("resampled twice under max_tokens" in p for p in root.repair.check_invariants())
+    root.storage.delete(resampled.replace(entry["segment"], entry["segment"] + "x"))
     # The export keeps the fresh samples that finished, and leaves out those that loop again.
-    looping = set(find_runaways(ledger, frame))
+    looping = set(find_runaways(root, frame))
     manifest, exported = _export(tmp_path, out, "resampled", include_truncated=True)
     assert not exported & looping and manifest["left_out"]["runaway"] == len(looping)
     finished = set(fresh.loc[fresh["finish_reason"] != "length", "index"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine_support.helpers import make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
 from tracegen.audit.review import RAISE, CapDecision
 from tracegen.run.cap_raise import (
@@ -96,7 +96,7 @@ def test_the_raise_becomes_the_runs_decision_and_the_record_keeps_it(spec) -> No
     # The operator's gate mode stays: a raise is not an answer to a question.
     assert decided.config.max_tokens == 8192 and decided.config.gate_mode == "warn"
     assert work  # nothing was generated yet: every chunk is left at the new cap
-    recorded = read_run_record(open_ledger(spec.config), "run-1")
+    recorded = read_run_record(root_of(spec.config), "run-1")
     assert recorded.decisions == (decision,) and recorded.config.max_tokens == 8192
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from engine_support.helpers import make_config, open_ledger, prepare, rerun_work, write_dataset
+from engine_support.helpers import make_config, prepare, rerun_work, root_of, write_dataset
 
 from tracegen.audit.review import (
     CURRENT,
@@ -73,7 +73,7 @@ def pilot_stopped_run(tmp_path) -> RunSpec:
     """A run at 4096 whose pilot the gate stops: the pilot's rows committed and audited."""
     spec = make_run(tmp_path)
     pilot = pilot_indices(spec.config, N_ROWS)
-    open_ledger(spec.config).commit(rows("run-1", 4096, pilot), "run-1", 1, "pilot")
+    root_of(spec.config).commits.commit(rows("run-1", 4096, pilot), "run-1", 1, "pilot")
     audit_and_report(spec, name="pilot-report", indices=pilot, tokens_per_s_per_gpu=900.0, context_length=CONTEXT)
     return spec
 
@@ -93,7 +93,7 @@ def answer(question: CapQuestion, kind: str, cap=None, **kw) -> CapDecision:
 
 def test_the_pilot_gate_asks_with_the_table_and_the_run_waits(tmp_path) -> None:
     spec = pilot_stopped_run(tmp_path)
-    ledger = open_ledger(spec.config)
+    root = root_of(spec.config)
     question = ask_pilot(spec)
     assert question.trigger == PILOT and question.current_cap == 4096
     assert question.recommended_cap is not None and 4096 < question.recommended_cap <= CONTEXT - 1
@@ -111,8 +111,8 @@ def test_the_pilot_gate_asks_with_the_table_and_the_run_waits(tmp_path) -> None:
     assert "24 hours" in body and "continued from their tokens to the new cap" in body
     assert question.report_uri.endswith("runs/run-1/pilot-report.html")
     # Stored beside the record: until it is answered, the scheduled rerun leaves the run alone.
-    assert CapQuestion.from_json(json.loads(ledger.get_run_file("run-1", QUESTION_FILE))) == question
-    assert stopped_at_gate(ledger, spec)
+    assert CapQuestion.from_json(json.loads(root.run_files.get("run-1", QUESTION_FILE))) == question
+    assert stopped_at_gate(root, spec)
     assert rerun_work(spec.config.output_uri) == []
 
 
@@ -130,23 +130,23 @@ def test_continuing_at_the_recommended_cap_goes_on_in_place(tmp_path) -> None:
     # asked twice) rather than leaving them for a question that will not come.
     assert (decided.run_id, decided.layout, decided.config.max_tokens) == ("run-1", spec.layout, cap)
     assert decided.config.gate_mode == "stop" and decided.decisions == (decision,)
-    ledger = open_ledger(spec.config)
-    stored = read_run_record(ledger, "run-1")
+    root = root_of(spec.config)
+    stored = read_run_record(root, "run-1")
     assert stored.decisions == (decision,) and stored.config.max_tokens == cap
-    assert json.loads(ledger.get_run_file("run-1", RUN_FILE))["decisions"][0]["responded_by"] == "Ada Reviewer"
+    assert json.loads(root.run_files.get("run-1", RUN_FILE))["decisions"][0]["responded_by"] == "Ada Reviewer"
     # The work left at the chosen cap: every row the pilot did not finish (those cut at 4096 below the
     # new cap among them) and every row never generated.
-    frame = ledger.frame()
+    frame = root.snapshots.frame()
     cut = set(frame.loc[frame["finish_reason"] == "length", "index"].tolist())
     assert cut and {w.chunk for w in work} == {i // 100 for i in set(range(N_ROWS)) - set(frame["index"])} | {
         i // 100 for i in cut}
     assert sum(w.remaining for w in work) == N_ROWS - (len(frame) - len(cut))
-    assert not stopped_at_gate(ledger, decided)
+    assert not stopped_at_gate(root, decided)
     assert sum(w.work.remaining for w in rerun_work(spec.config.output_uri)) == sum(w.remaining for w in work)
 
     # The final report says who decided what, when, on which table.
-    report = audit_and_report(read_run_record(ledger, "run-1"), name="report")
-    doc = json.loads(ledger.get_run_file("run-1", "report.json"))
+    report = audit_and_report(read_run_record(root, "run-1"), name="report")
+    doc = json.loads(root.run_files.get("run-1", "report.json"))
     assert doc["decisions"] == [decision.to_json()] and doc["audit"]["max_tokens"] == cap
     html = (tmp_path / "out" / "runs" / "run-1" / "report.html").read_text()
     assert "answered by <b>Ada Reviewer</b>" in html and f"max_tokens=<b>{cap:,}</b> (from 4,096)" in html
@@ -169,8 +169,8 @@ def test_another_cap_the_current_cap_stop_and_a_timeout(tmp_path) -> None:
 
     decided, work = apply(spec, timed_out)
     assert work == [] and decided.config == spec.config and decided.decisions == (timed_out,)
-    ledger = open_ledger(spec.config)
-    assert stopped_at_gate(ledger, read_run_record(ledger, "run-1"))  # the rerun never finishes it
+    root = root_of(spec.config)
+    assert stopped_at_gate(root, read_run_record(root, "run-1"))  # the rerun never finishes it
     assert rerun_work(spec.config.output_uri) == []
 
 
@@ -222,22 +222,22 @@ def test_nothing_is_asked_when_no_gate_held_the_run(tmp_path) -> None:
         assert ask(unasked, drift_sample=continuous_sample(spec), context_length=CONTEXT) is None
     # A pilot that passes and a fan-out that generated everything (failed rows are the rerun's): no question.
     passing = make_run(tmp_path / "b", max_tokens=16384)
-    ledger = open_ledger(passing.config)
-    ledger.commit(rows("run-1", 16384, range(N_ROWS), failed={7, 8}), "run-1", 1, "all")
+    root = root_of(passing.config)
+    root.commits.commit(rows("run-1", 16384, range(N_ROWS), failed={7, 8}), "run-1", 1, "all")
     audit_and_report(passing, name="pilot-report", indices=pilot_indices(passing.config, N_ROWS))
-    assert rows_held(passing, ledger.frame()) == 0
+    assert rows_held(passing, root.snapshots.frame()) == 0
     assert ask(passing, drift_sample=continuous_sample(passing), context_length=CONTEXT) is None
     with pytest.raises(StorageKeyError):  # nothing asked: the rerun is free to retry the failed rows
-        ledger.get_run_file("run-1", QUESTION_FILE)
+        root.run_files.get("run-1", QUESTION_FILE)
     assert sum(w.work.remaining for w in rerun_work(passing.config.output_uri)) == 2
 
 
 def test_the_continuous_gate_asks_about_the_rows_it_held_back(tmp_path) -> None:
     # No pilot: the continuous gate closed mid-run and the chunks after it did not start.
     spec = make_run(tmp_path, pilot_size=0)
-    ledger = open_ledger(spec.config)
-    ledger.commit(rows("run-1", 4096, range(200)), "run-1", 1, "first-half")
-    assert rows_held(spec, ledger.frame()) == 200
+    root = root_of(spec.config)
+    root.commits.commit(rows("run-1", 4096, range(200)), "run-1", 1, "first-half")
+    assert rows_held(spec, root.snapshots.frame()) == 200
     question = ask(spec, drift_sample=continuous_sample(spec), context_length=CONTEXT,
                    report_url=lambda name: f"/tracegen/x/{name}")
     assert question is not None and question.trigger == DRIFT
@@ -245,10 +245,10 @@ def test_the_continuous_gate_asks_about_the_rows_it_held_back(tmp_path) -> None:
     assert question.body.startswith("**Truncation is over the threshold in the rows generated so far")
     assert "| ETA |" not in question.body  # no measured throughput without a pilot: no time columns
     assert f"[Open the report](/tracegen/x/{GATE_REPORT}.html)" in question.body
-    assert json.loads(ledger.get_run_file("run-1", f"{GATE_REPORT}.json"))["verdict"]["verdict"] == "stop"
+    assert json.loads(root.run_files.get("run-1", f"{GATE_REPORT}.json"))["verdict"]["verdict"] == "stop"
     decided, work = apply(spec, answer(question, OTHER, 16384))
     assert decided.decisions[0].trigger == DRIFT and decided.config.max_tokens == 16384
-    assert sum(w.remaining for w in work) == N_ROWS - int((ledger.frame()["finish_reason"] == "stop").sum())
+    assert sum(w.remaining for w in work) == N_ROWS - int((root.snapshots.frame()["finish_reason"] == "stop").sum())
 
 
 def test_the_record_carries_the_decisions_and_older_records_still_read(tmp_path) -> None:

@@ -16,8 +16,8 @@ from engine_support.helpers import (
     endpoints,
     engine,
     make_config,
-    open_ledger,
     prepare,
+    root_of,
     write_dataset,
 )
 
@@ -44,17 +44,17 @@ def commit(spec: RunSpec, indices, *, cap: int | None = None, tokens=lambda i: 1
     rows = [GeneratedRow(index=int(i), status=OK, max_tokens=cap, run_id=spec.run_id, chunk=chunk,
                          finish_reason="length" if tokens(i) >= cap else "stop", completion_tokens=min(tokens(i), cap),
                          content="done", server="gpu0", latency_s=1.0) for i in indices]
-    open_ledger(spec.config).commit(rows, spec.run_id, chunk, f"seg-{chunk}-{int(indices[0])}")
+    root_of(spec.config).commits.commit(rows, spec.run_id, chunk, f"seg-{chunk}-{int(indices[0])}")
 
 
 def question_asked(spec: RunSpec) -> None:
-    open_ledger(spec.config).put_run_file(spec.run_id, QUESTION_FILE, b"{}")
+    root_of(spec.config).run_files.put(spec.run_id, QUESTION_FILE, b"{}")
 
 
 def continuous_gate_holds(spec: RunSpec) -> None:
     # Every row of the continuous gate's sample truncated: the gate is closed with confidence.
     commit(spec, [i for i in sorted(continuous_sample(spec)) if i >= 50], tokens=lambda i: 10**6)
-    assert continuous_gate(spec, open_ledger(spec.config)) is not None
+    assert continuous_gate(spec, root_of(spec.config)) is not None
 
 
 @pytest.mark.parametrize(("state", "situation"), [
@@ -69,20 +69,20 @@ def test_a_live_run_owns_its_root(tmp_path, state, situation, caplog) -> None:
     if situation is not None:
         situation(spec)
     root = spec.config.output_uri
-    ledger = open_ledger(spec.config)
+    output_root = root_of(spec.config)
     with caplog.at_level(logging.INFO, logger="tracegen.run.rerun"):
-        assert unfinished_work(root, KnownRuns(ledger, {"run-1": state})) == []
+        assert unfinished_work(root, KnownRuns(output_root, {"run-1": state})) == []
     assert f"run run-1 is {state} in Airflow" in caplog.text
     item = RerunWork(root, "run-1", spec.layout.chunks(N_ROWS)[0])
     with pytest.raises(RerunRefused, match=f"run run-1 is {state}"):
-        run_for_rerun(item, KnownRuns(ledger, {"run-1": state}))
+        run_for_rerun(item, KnownRuns(output_root, {"run-1": state}))
 
 
 @pytest.mark.parametrize("state", ["failed", "success"])
 def test_a_run_that_ended_is_finished_by_the_rerun(tmp_path, state) -> None:
     spec = run(tmp_path)
     commit(spec, range(0, 50))
-    work = unfinished_work(spec.config.output_uri, KnownRuns(open_ledger(spec.config), {"run-1": state}))
+    work = unfinished_work(spec.config.output_uri, KnownRuns(root_of(spec.config), {"run-1": state}))
     assert sum(w.work.remaining for w in work) == N_ROWS - 50
 
 
@@ -90,16 +90,16 @@ def test_a_fresh_lease_of_another_writer_holds_the_root_until_it_expires(tmp_pat
     """A run whose worker and scheduler died together is not live in Airflow's metadata, but its lease
     holds the root until it expires; then the rerun finishes the run."""
     spec = run(tmp_path)
-    ledger = open_ledger(spec.config)
-    known = KnownRuns(ledger, {"run-1": "failed"})
-    other = RootLease(ledger.storage, "another deployment's run", "gpu-box-2 chunk 7", ttl_s=300)
+    output_root = root_of(spec.config)
+    known = KnownRuns(output_root, {"run-1": "failed"})
+    other = RootLease(output_root.storage, "another deployment's run", "gpu-box-2 chunk 7", ttl_s=300)
     other.acquire()
     with caplog.at_level(logging.INFO, logger="tracegen.run.rerun"):
         assert unfinished_work(spec.config.output_uri, known) == []
     assert "gpu-box-2 chunk 7" in caplog.text  # the one that yields names the holder
     # The holder died: nobody renews its lease. Past the TTL it no longer holds the root.
     stale = time.time() - 301
-    os.utime(ledger.storage.root / other.key, (stale, stale))
+    os.utime(output_root.storage.root / other.key, (stale, stale))
     assert sum(w.work.remaining for w in unfinished_work(spec.config.output_uri, known)) == N_ROWS
 
 
@@ -123,15 +123,15 @@ def test_planted_records_choose_nothing(tmp_path) -> None:
     """The newest record in the root no longer drives the rerun: a run Airflow does not know is ignored,
     and a known run's config is Airflow's, whatever its run.json says."""
     spec = run(tmp_path)
-    ledger = open_ledger(spec.config)
+    output_root = root_of(spec.config)
     airflow_spec = spec
     # A planted newer run, and the real run's record rewritten: temperature 2.0, a 40,000 cap, regenerate.
     evil = replace(spec, run_id="x", created_at=spec.created_at + 1000,
                    config=replace(spec.config, temperature=2.0, max_tokens=40_000, truncated_policy="regenerate"))
-    ledger.put_run_file("x", RUN_FILE, json.dumps(evil.to_json()).encode())
+    output_root.run_files.put("x", RUN_FILE, json.dumps(evil.to_json()).encode())
     rewritten = replace(evil, run_id="run-1")
-    ledger.put_run_file("run-1", RUN_FILE, json.dumps(rewritten.to_json()).encode())
-    known = KnownRuns(ledger, {"run-1": "failed"}, specs={"run-1": airflow_spec})
+    output_root.run_files.put("run-1", RUN_FILE, json.dumps(rewritten.to_json()).encode())
+    known = KnownRuns(output_root, {"run-1": "failed"}, specs={"run-1": airflow_spec})
     (first, *_) = work = unfinished_work(spec.config.output_uri, known)
     assert {w.run_id for w in work} == {"run-1"}
     taken = run_for_rerun(first, known)
@@ -142,9 +142,9 @@ def test_planted_records_choose_nothing(tmp_path) -> None:
 def test_a_run_of_another_dataset_is_ignored(tmp_path) -> None:
     spec = run(tmp_path)
     other = run(tmp_path / "elsewhere", run_id="run-2", n_rows=N_ROWS + 1)
-    ledger = open_ledger(spec.config)
-    known = KnownRuns(ledger, {"run-1": "failed", "run-2": "running"}, specs={"run-2": other})
-    ledger.put_run_file("run-2", RUN_FILE, json.dumps(other.to_json()).encode())  # planted here
+    output_root = root_of(spec.config)
+    known = KnownRuns(output_root, {"run-1": "failed", "run-2": "running"}, specs={"run-2": other})
+    output_root.run_files.put("run-2", RUN_FILE, json.dumps(other.to_json()).encode())  # planted here
     # run-2 is live, but of another root and dataset: it neither owns this root nor is finished here.
     work = unfinished_work(spec.config.output_uri, known)
     assert {w.run_id for w in work} == {"run-1"}
@@ -194,13 +194,13 @@ def test_a_lease_on_s3_is_exclusive(s3_uri) -> None:
 def test_a_chunk_engine_of_another_writer_yields_before_sending_anything(tmp_path, sim_server) -> None:
     sim = sim_server()
     spec = run(tmp_path)
-    storage = open_ledger(spec.config).storage
+    storage = root_of(spec.config).storage
     with holding_root(storage, "tracegen_generate run live-run", "chunk 0003", ttl_s=60):
         e = engine(spec.config, "run-1", endpoints(sim), tmp_path / "spool")
         e.writer, e.lease_wait_s = "tracegen_rerun_failed run r1", 0
         with pytest.raises(RootHeld, match="live-run, chunk 0003|chunk 0003"):
             e.run(range(0, 20))
-    assert open_ledger(spec.config).entries() == []
+    assert root_of(spec.config).commits.entries() == []
 
 
 def test_a_record_is_looked_up_by_its_airflow_run_id_and_must_be_that_runs(tmp_path) -> None:
@@ -214,14 +214,14 @@ def test_a_record_is_looked_up_by_its_airflow_run_id_and_must_be_that_runs(tmp_p
 
     airflow_id = "manual__2026-12-01T17:00:00+00:00"
     spec, _ = prepare_run(config, "manual__2026-12-01T17_00_00_00_00", fleet_ref(), airflow_run_id=airflow_id)
-    ledger = open_ledger(config)
-    known = KnownRuns(ledger, {}, specs={airflow_id: spec})
+    output_root = root_of(config)
+    known = KnownRuns(output_root, {}, specs={airflow_id: spec})
     known.states[airflow_id] = "failed"
     work = unfinished_work(config.output_uri, known)
     assert {w.run_id for w in work} == {spec.run_id} and sum(w.work.remaining for w in work) == N_ROWS
     # The same hint in a record planted under another name: Airflow's run is not stored there; ignored.
     planted = replace(spec, run_id="planted", created_at=spec.created_at + 10)
-    ledger.put_run_file("planted", RUN_FILE, json.dumps(planted.to_json()).encode())
+    output_root.run_files.put("planted", RUN_FILE, json.dumps(planted.to_json()).encode())
     assert {w.run_id for w in unfinished_work(config.output_uri, known)} == {spec.run_id}
 
 

@@ -11,9 +11,9 @@ from engine_support.helpers import (
     fleet,
     fleet_ref,
     make_config,
-    open_ledger,
     prepare,
     rerun_work,
+    root_of,
     write_dataset,
 )
 
@@ -31,11 +31,11 @@ def spec(tmp_path: Path) -> RunSpec:
 
 def test_the_hand_off_and_the_record_are_one_codec(spec: RunSpec) -> None:
     assert RunSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
-    stored = read_run_record(open_ledger(spec.config), "run-1")
+    stored = read_run_record(root_of(spec.config), "run-1")
     assert stored.to_json() == spec.to_json() | {"config": stored.config.to_json()}
     assert (stored.dataset.n_rows, stored.layout.size, stored.fleet.gpus) == (50, 20, 1)
     # The record holds the fleet by source and digest only: no hosts, no launch command, no flags.
-    doc = json.loads(open_ledger(spec.config).get_run_file("run-1", RUN_FILE))
+    doc = json.loads(root_of(spec.config).run_files.get("run-1", RUN_FILE))
     assert set(doc["fleet"]) == {"source", "sha256", "model", "gpus", "max_running_requests"}
 
 
@@ -46,14 +46,14 @@ def test_the_hand_off_and_the_record_are_one_codec(spec: RunSpec) -> None:
     (lambda d: d["fleet"].update(sha256=""), "fleet.sha256"),
 ])
 def test_a_damaged_record_is_refused_naming_the_file(spec: RunSpec, damage, message: str) -> None:
-    ledger = open_ledger(spec.config)
+    root = root_of(spec.config)
     doc = spec.to_json()
     damage(doc)
-    ledger.put_run_file("run-1", RUN_FILE, json.dumps(doc).encode())
+    root.run_files.put("run-1", RUN_FILE, json.dumps(doc).encode())
     with pytest.raises(RunSpecError, match=message) as info:
-        read_run_record(ledger, "run-1")
+        read_run_record(root, "run-1")
     assert "runs/run-1/run.json" in str(info.value)
-    assert latest_run(ledger) is None  # skipped with a warning, not a crash of every tool over the root
+    assert latest_run(root) is None  # skipped with a warning, not a crash of every tool over the root
 
 
 def test_a_copied_root_is_worked_on_where_it_is(spec: RunSpec, tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ def test_a_copied_root_is_worked_on_where_it_is(spec: RunSpec, tmp_path: Path) -
 
     copy = tmp_path / "copy"
     shutil.copytree(tmp_path / "out", copy)
-    stored = read_run_record(open_ledger(replace(spec.config, output_uri=str(copy))), "run-1")
+    stored = read_run_record(root_of(replace(spec.config, output_uri=str(copy))), "run-1")
     assert stored.config.output_uri == copy.as_uri() + "/"  # not the root named inside run.json
     work = rerun_work(str(copy))
     assert {w.output_uri for w in work} == {str(copy)} and sum(w.work.remaining for w in work) == 50
@@ -75,8 +75,8 @@ def test_a_planted_record_cannot_choose_the_fleet(spec: RunSpec, tmp_path: Path)
     planted.write_text(json.dumps(evil))
     _, evil_ref = reference(str(planted))
     doc = spec.to_json() | {"fleet": vars(evil_ref)}
-    open_ledger(spec.config).put_run_file("run-1", RUN_FILE, json.dumps(doc).encode())
-    record = read_run_record(open_ledger(spec.config), "run-1")
+    root_of(spec.config).run_files.put("run-1", RUN_FILE, json.dumps(doc).encode())
+    record = read_run_record(root_of(spec.config), "run-1")
     operator = tmp_path / "operator-fleet.json"
     operator.write_text(json.dumps(fleet().to_dict()))
     with pytest.raises(FleetChangedError, match="has changed since the run began"):

@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from engine_support.helpers import make_config, open_ledger, prepare, write_dataset
+from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
 from tracegen.review_app import gate_stage
 from tracegen.run import PILOT_REPORT, QUESTION_FILE, RUN_FILE
@@ -33,23 +33,23 @@ def test_every_stage_is_read_the_same_by_every_reader(tmp_path, mode, pilot, ask
     assert run_stage(gate_mode=mode, pilot_verdict=pilot, question_asked=asked, last_decision_continues=last) == stage
     config = make_config(write_dataset(tmp_path / "d.jsonl", 50), tmp_path / "out", gate_mode=mode, chunk_size=20)
     spec = prepare(config, "run-1")
-    ledger = open_ledger(config)
+    root = root_of(config)
     doc = spec.to_json()
     if last is not None:
         doc["decisions"] = [{"cap": 8192 if last else None, "trigger": "pilot"}]
     present = {RUN_FILE}
     if pilot is not None:
-        ledger.put_run_file("run-1", PILOT_REPORT, json.dumps({"verdict": {"verdict": pilot}}).encode())
+        root.run_files.put("run-1", PILOT_REPORT, json.dumps({"verdict": {"verdict": pilot}}).encode())
         present |= {PILOT_REPORT, "pilot-report.html"}
     if asked:
-        ledger.put_run_file("run-1", QUESTION_FILE, b"{}")
+        root.run_files.put("run-1", QUESTION_FILE, b"{}")
         present.add(QUESTION_FILE)
     # The review pages read the raw files; the rerun and status read the run with its decisions.
     pages, _ = gate_stage(doc, {"verdict": {"verdict": pilot}} if pilot else None, present)
     assert (pages or GOING) == stage
     decided = spec if last is None else replace(spec, decisions=(_decision(last),))
-    assert stage_of(ledger, decided) == stage
-    assert stopped_at_gate(ledger, decided) == (stage != GOING)
+    assert stage_of(root, decided) == stage
+    assert stopped_at_gate(root, decided) == (stage != GOING)
     if last is None:
         history = dataset_status(config.output_uri)["runs"]
         assert history[0]["stage"] == stage

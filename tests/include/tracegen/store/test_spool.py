@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tracegen.store.ledger import Ledger, encode_part, part_key
+from tracegen.store.entries import encode_part, part_key
 from tracegen.store.records import OK, GeneratedRow
+from tracegen.store.root import OutputRoot
 from tracegen.store.spool import Spool, SpoolBusyError, flush, recover
 from tracegen.store.storage import LocalStorage, StorageError, open_storage
 
@@ -26,23 +27,23 @@ def row(index: int, chunk: int = 0) -> GeneratedRow:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> tuple[Path, str, Ledger]:
+def env(tmp_path: Path) -> tuple[Path, str, OutputRoot]:
     out = tmp_path / "out"
-    return tmp_path / "spool", str(out), Ledger(LocalStorage(out))
+    return tmp_path / "spool", str(out), OutputRoot(LocalStorage(out))
 
 
-def committed(ledger: Ledger) -> list[int]:
-    return sorted(ledger.frame()["index"].tolist())
+def committed(root: OutputRoot) -> list[int]:
+    return sorted(root.snapshots.frame()["index"].tolist())
 
 
-def assert_exactly_once(ledger: Ledger, expected: list[int]) -> None:
-    assert committed(ledger) == expected  # nothing lost, nothing twice
-    assert ledger.check_invariants() == []
-    assert ledger.orphan_parts() == []
+def assert_exactly_once(root: OutputRoot, expected: list[int]) -> None:
+    assert committed(root) == expected  # nothing lost, nothing twice
+    assert root.repair.check_invariants() == []
+    assert root.repair.orphan_parts() == []
 
 
 def test_append_seal_commit_discard(env) -> None:
-    spool_dir, out, ledger = env
+    spool_dir, out, root = env
     with Spool(out, RUN, 0, spool_dir) as spool:
         assert spool.seal() is None
         for i in range(5):
@@ -50,13 +51,13 @@ def test_append_seal_commit_discard(env) -> None:
         assert spool.current_rows == 5 and spool.should_seal(max_rows=5, max_age_s=60)
         assert not spool.should_seal(max_rows=6, max_age_s=60)
         assert spool.should_seal(max_rows=100, max_age_s=0)
-        assert flush(spool, ledger) == 5
-        assert flush(spool, ledger) == 0
+        assert flush(spool, root.commits) == 5
+        assert flush(spool, root.commits) == 0
         spool.append(row(5))
-        assert flush(spool, ledger) == 1
+        assert flush(spool, root.commits) == 1
         assert spool.pending() == [] and [p.name for p in spool.dir.iterdir()] == [".lock"]
-    assert_exactly_once(ledger, list(range(6)))
-    assert ledger.read_part(ledger.frame()["part"].iloc[0])[0].content == "answer 0 ✓"
+    assert_exactly_once(root, list(range(6)))
+    assert root.commits.read_part(root.snapshots.frame()["part"].iloc[0])[0].content == "answer 0 ✓"
 
 
 def test_segment_ids_are_fresh(env) -> None:
@@ -70,7 +71,7 @@ def test_segment_ids_are_fresh(env) -> None:
 
 
 def test_crash_mid_line_drops_only_the_torn_row(env) -> None:
-    spool_dir, out, ledger = env
+    spool_dir, out, root = env
     spool = Spool(out, RUN, 0, spool_dir)
     for i in range(3):
         spool.append(row(i))
@@ -83,44 +84,44 @@ def test_crash_mid_line_drops_only_the_torn_row(env) -> None:
     [seg] = spool.pending()
     assert [r.index for r in seg.rows] == [0, 1, 2]
     assert spool.pending()[0].rows == seg.rows  # stable: asking again gives the same segment
-    assert recover(spool, ledger) == 3
-    assert_exactly_once(ledger, [0, 1, 2])
+    assert recover(spool, root.commits) == 3
+    assert_exactly_once(root, [0, 1, 2])
 
 
 def test_crash_between_part_and_entry_put(env) -> None:
-    spool_dir, out, ledger = env
+    spool_dir, out, root = env
     spool = Spool(out, RUN, 0, spool_dir)
     for i in range(4):
         spool.append(row(i))
     seg = spool.seal()
-    ledger.storage.put(part_key(RUN, 0, seg.id), encode_part(seg.rows))  # part PUT done, then the kill
+    root.storage.put(part_key(RUN, 0, seg.id), encode_part(seg.rows))  # part PUT done, then the kill
     spool.close()
-    assert committed(ledger) == [] and ledger.orphan_parts() == [part_key(RUN, 0, seg.id)]
+    assert committed(root) == [] and root.repair.orphan_parts() == [part_key(RUN, 0, seg.id)]
 
     spool = Spool(out, RUN, 0, spool_dir)
-    assert recover(spool, ledger) == 4
+    assert recover(spool, root.commits) == 4
     assert spool.pending() == []
-    assert_exactly_once(ledger, [0, 1, 2, 3])
+    assert_exactly_once(root, [0, 1, 2, 3])
 
 
 def test_crash_between_entry_put_and_discard(env) -> None:
-    spool_dir, out, ledger = env
+    spool_dir, out, root = env
     spool = Spool(out, RUN, 0, spool_dir)
     for i in range(4):
         spool.append(row(i))
     seg = spool.seal()
-    ledger.commit(seg.rows, RUN, 0, seg.id)  # committed, then the kill before discard
+    root.commits.commit(seg.rows, RUN, 0, seg.id)  # committed, then the kill before discard
     spool.close()
 
     spool = Spool(out, RUN, 0, spool_dir)
     assert [s.id for s in spool.pending()] == [seg.id]
-    assert recover(spool, ledger) == 0  # already committed: discarded, not committed twice
+    assert recover(spool, root.commits) == 0  # already committed: discarded, not committed twice
     assert spool.pending() == []
-    assert_exactly_once(ledger, [0, 1, 2, 3])
+    assert_exactly_once(root, [0, 1, 2, 3])
 
 
 def test_crash_before_seal_and_mixed_leftovers(env) -> None:
-    spool_dir, out, ledger = env
+    spool_dir, out, root = env
     spool = Spool(out, RUN, 0, spool_dir)
     spool.append(row(0))
     spool.seal()  # sealed, never committed
@@ -131,13 +132,13 @@ def test_crash_before_seal_and_mixed_leftovers(env) -> None:
     spool = Spool(out, RUN, 0, spool_dir)
     assert [len(s) for s in spool.pending()] == [1, 2]
     spool.append(row(3))  # new work after restart goes to a new segment, excluded from pending
-    assert recover(spool, ledger) == 3
-    assert flush(spool, ledger) == 1
-    assert_exactly_once(ledger, [0, 1, 2, 3])
+    assert recover(spool, root.commits) == 3
+    assert flush(spool, root.commits) == 1
+    assert_exactly_once(root, [0, 1, 2, 3])
 
 
 def test_sigkill_of_a_real_writer_loses_nothing_appended(env) -> None:
-    spool_dir, out, ledger = env
+    spool_dir, out, root = env
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(ROOT / "include")!r})
@@ -164,13 +165,13 @@ def test_sigkill_of_a_real_writer_loses_nothing_appended(env) -> None:
     proc.wait()
 
     spool = Spool(out, RUN, 0, spool_dir)  # the lock died with the process
-    recover(spool, ledger)
-    got = committed(ledger)
+    recover(spool, root.commits)
+    got = committed(root)
     # Every acknowledged append is committed. The writer keeps appending until the signal lands, so rows
     # past the last one read from the pipe may be there too, but only as a gap-free prefix, each once.
     assert got[: acked + 1] == list(range(acked + 1))
     assert got == list(range(len(got)))
-    assert ledger.check_invariants() == []
+    assert root.repair.check_invariants() == []
 
 
 def test_one_live_holder_per_spool(env) -> None:
@@ -190,12 +191,12 @@ def test_append_rejects_rows_of_another_chunk(env) -> None:
 
 
 def test_spooled_rows_survive_an_s3_outage(s3, s3_uri: str, tmp_path: Path) -> None:
-    ledger = Ledger(open_storage(s3_uri, retry_deadline_s=0.5, backoff_initial_s=0.1, backoff_max_s=0.2))
+    root = OutputRoot(open_storage(s3_uri, retry_deadline_s=0.5, backoff_initial_s=0.1, backoff_max_s=0.2))
     with Spool(s3_uri, RUN, 0, tmp_path) as spool:
         spool.append(row(0))
         with s3.proxy.outage(), pytest.raises(StorageError, match="attempts"):
-            flush(spool, ledger)  # gives up (short deadline here): the segment must stay spooled
+            flush(spool, root.commits)  # gives up (short deadline here): the segment must stay spooled
         assert [len(s) for s in spool.pending()] == [1]
         spool.append(row(1))
-        assert flush(spool, ledger) == 2  # the next flush sends the stranded segment too
-    assert committed(ledger) == [0, 1] and ledger.check_invariants() == []
+        assert flush(spool, root.commits) == 2  # the next flush sends the stranded segment too
+    assert committed(root) == [0, 1] and root.repair.check_invariants() == []

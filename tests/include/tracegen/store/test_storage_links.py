@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tracegen.store.ledger import Ledger
+from tracegen.store.root import OutputRoot
 from tracegen.store.storage import (
     LocalStorage,
     StorageKeyError,
@@ -64,7 +64,7 @@ def test_listings_skip_links_and_never_enter_a_linked_directory(planted) -> None
     assert store.list("runs/evil/") == [] and store.list("runs/evil_dir/") == []
     assert store.sizes("runs/") == {"runs/good/report.json": 2}
     # What the ledger, status and the review pages see through it: one run, its one file.
-    assert Ledger(store).runs() == ["good"]
+    assert OutputRoot(store).run_files.runs() == ["good"]
 
 
 def test_writes_and_deletes_never_go_through_a_link(planted) -> None:
@@ -109,7 +109,7 @@ def test_opening_a_missing_root_creates_nothing(tmp_path: Path) -> None:
     assert store.list() == [] and not store.exists("dataset.json")
     with pytest.raises(StorageKeyError):
         store.get("dataset.json")
-    assert Ledger(store).runs() == [] and Ledger(store).dataset() is None
+    assert OutputRoot(store).run_files.runs() == [] and OutputRoot(store).run_files.dataset() is None
     assert not missing.exists()
     with pytest.raises(StorageRootError, match=f"output root {missing} does not exist"):
         open_storage(str(missing), must_exist=True)
@@ -136,5 +136,5 @@ def test_a_dangling_root_link_is_named_and_never_created(tmp_path: Path) -> None
 def test_s3_read_only_opens_create_nothing(s3, s3_uri: str) -> None:
     store = open_storage(s3_uri + "never-written", must_exist=True, retry_deadline_s=5)
     assert store.list() == [] and not store.exists("dataset.json")
-    assert Ledger(store).runs() == []
+    assert OutputRoot(store).run_files.runs() == []
     assert open_storage(s3_uri, retry_deadline_s=5).list() == []
