@@ -5,8 +5,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # Airflow reads its config when first imported: point it at a throwaway home before any test imports it,
@@ -28,19 +26,3 @@ sys.path.insert(0, str(ROOT / "tests"))
 # PostgreSQL + Redis for the distributed e2e tests (started at first use, stopped at the session end).
 pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixtures.services"]
 
-# Tests that share a costly session fixture run on one worker, so it is built once: the export tests'
-# `make demo`-sized output root takes about a minute to generate.
-SHARED_SESSION_GROUPS = {"tests/include/tracegen/export": "export-demo-run"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), every module is one group: its
-    tests run in order on one worker, and a module-scoped fixture (an end-to-end module's Airflow cluster)
-    starts once. Nothing else is shared between workers: each starts its own PostgreSQL, Redis, sshd and
-    S3 server on free ports."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = Path(str(item.path)).resolve().relative_to(ROOT)
-        group = SHARED_SESSION_GROUPS.get(path.parent.as_posix(), path.as_posix())
-        item.add_marker(pytest.mark.xdist_group(group))
