@@ -2,7 +2,7 @@
 
 Real components: stand-in servers launched over a real OpenSSH sshd (host keys verified), output on an
 S3-compatible server through the real AWS connection, the real DAG files. The stand-in's "short" length
-model is the seed's distribution at 1/40 scale, so cap 100 plays the seed's 4096 and 200 plays 8192.
+model is the reference job's distribution at 1/40 scale, so cap 100 plays the reference job's 4096 and 200 plays 8192.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _has(root: OutputRoot, run_id: str, name: str) -> bool:
 
 @pytest.mark.timeout(600)
 def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri):
-    # 1. The seed's cap: the pilot gate stops the run (gate_mode=stop: an unattended run, nobody to ask).
+    # 1. The reference job's cap: the pilot gate stops the run (gate_mode=stop: an unattended run, nobody to ask).
     # Six chunks of 100: the first three run beside the pilot (and stop with its gate), the other three
     # wait for the gate and never start.
     # measure_tail="never": this test is about the pivot continuing what the pilot cut at 100. Measuring the
