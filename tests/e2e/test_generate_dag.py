@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tracegen.config import SAMPLE_DATASET, RunConfig
+from tracegen.export import export_dataset
 from tracegen.fleet import FleetSpec, status, teardown
 from tracegen.plan import pilot_indices
 from tracegen.status import dataset_status
@@ -149,7 +150,7 @@ def _has(root: OutputRoot, run_id: str, name: str) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri):
+def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri, tmp_path):
     # 1. The reference job's cap: the pilot gate stops the run (gate_mode=stop: an unattended run, nobody to ask).
     # Six chunks of 100: the first three run beside the pilot (and stop with its gate), the other three
     # wait for the gate and never start.
@@ -191,6 +192,15 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
     report = json.loads(root.run_files.get(run2, "report.json"))
     assert report["verdict"]["verdict"] == "pass"
     assert report["audit"]["pivot"]["extended"] == len(truncated) and "pivot:" in report["summary"]
+    # What the servers said about themselves when the fleet came up is kept beside the run, and an export's
+    # manifest names it as the provenance of its tokens.
+    served = json.loads(root.run_files.get(run2, "servers.json"))
+    assert served["agree"] and served["model_path"] and served["sglang_version"] and len(served["servers"]) == 2
+    exported = export_dataset(s3_uri, str(tmp_path / "export"), layout="tokens")
+    provenance = json.loads((tmp_path / "export" / "manifest.json").read_text())["provenance"]
+    assert exported.rows > 0 and provenance["servers_note"] is None
+    assert (provenance["servers"]["model_path"], provenance["servers"]["sglang_version"]) == (
+        served["model_path"], served["sglang_version"])
 
     # 3. Same cap again: nothing left, nothing generated, the run still succeeds.
     before = len(frame)
