@@ -57,7 +57,7 @@ unit: venv
 test: venv system-deps lint
 	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadfile
 
-# The seed's 4096 -> 8192 pivot through the real DAG, on a simulated fleet, in about two minutes.
+# The reference job's 4096 -> 8192 pivot through the real DAG, on a simulated fleet, in about two minutes.
 demo: venv
 	$(PY) -m tracegen.demo
 
@@ -70,7 +70,7 @@ airflow: venv
 clean:
 	rm -rf $(VENV) $(STATE)
 
-# GPU occupancy of a whole run (pilot, gate, chunk fan-out) vs the seed's asyncio script, and in-flight
+# GPU occupancy of a whole run (pilot, gate, chunk fan-out) vs the reference job's asyncio script, and in-flight
 # auto-tuning vs a sweep of fixed limits, on a simulated fleet; a few minutes. See docs/benchmarks.md.
 .PHONY: bench-occupancy
 bench-occupancy: venv
@@ -120,7 +120,7 @@ bench: venv
 soak: venv system-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
-# The seed's 913,786 prompts through the real tracegen_generate DAG on the distributed deployment (PostgreSQL,
+# The reference job's 913,786 prompts through the real tracegen_generate DAG on the distributed deployment (PostgreSQL,
 # CeleryExecutor on Redis, a 7-GPU fleet of stand-ins over SSH), output lengths and caps scaled down 32x: the
 # 4096 pilot stops, the reviewer's 8192 extends, the dataset completes, a Celery worker is SIGKILLed halfway.
 # About 70 minutes on 2 cores (budget: 90); needs the whole machine. Figures in docs/benchmarks.md.

@@ -1,6 +1,6 @@
-"""Benchmark: audit 1,000,000 ledger rows, against the seed's way of reading completion JSONL.
+"""Benchmark: audit 1,000,000 ledger rows, against the reference job's way of reading completion JSONL.
 
-The seed's analysis read every completion (thinking trace and answer included) line by line with
+The reference job's analysis read every completion (thinking trace and answer included) line by line with
 ``json.loads`` and computed the statistics in Python. Here the audit reads only the ledger frame. Both run in
 this process; the baseline runs on ``--baseline-rows`` completions (full text at ~4 characters per token) and
 is extrapolated linearly to ``--rows``, since a million full completions would be ~10 GB of JSONL.
@@ -59,7 +59,7 @@ def synthetic_ledger(n: int, seed: int = 0) -> pd.DataFrame:
 
 
 def write_completions(path: Path, n: int, seed: int = 1) -> None:
-    """Full completion rows as the seed's generator wrote them (text included)."""
+    """Full completion rows as the reference job's generator wrote them (text included)."""
     rng = np.random.default_rng(seed)
     lengths = np.ceil(np.exp(rng.normal(np.log(2300), 0.63, n))).astype(int)
     words = "the function returns none when the list is empty so we check the index first ".split()
@@ -134,9 +134,9 @@ def main() -> None:
     print(f"audit (in-memory frame), best of {args.repeat}: {t_audit:.2f} s  (target < 3 s)")
     print(f"audit incl. reading the ledger from Parquet: {t_read_audit:.2f} s")
     print(f"censored fit + cap table (200 bootstrap replicates): {t_fit:.2f} s")
-    print(f"seed-style JSONL analysis: {t_base:.2f} s for {args.baseline_rows:,} completions "
+    print(f"reference-job-style JSONL analysis: {t_base:.2f} s for {args.baseline_rows:,} completions "
           f"({size / args.baseline_rows / 1024:.1f} KiB each) -> {t_base_full:.1f} s extrapolated to {args.rows:,}")
-    print(f"ratio (seed-style JSONL / ledger audit): {t_base_full / t_audit:.0f}x")
+    print(f"ratio (reference-job-style JSONL / ledger audit): {t_base_full / t_audit:.0f}x")
 
 
 if __name__ == "__main__":

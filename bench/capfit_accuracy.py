@@ -1,4 +1,4 @@
-"""Cap table accuracy: the pilot measured beyond its cap (issue #17) against the log-normal-only extrapolation.
+"""Cap table accuracy: the pilot measured beyond its cap against the log-normal-only extrapolation.
 
 For every stand-in length law (`tracegen.simulator.lengths.LAWS`, except `fixed`, which has no tail), alone and
 with 5% runaway samples (the law's `runaway_rate`), calibrated so 18% of rows pass 4096
@@ -15,7 +15,7 @@ Weibull and Lomax laws from scipy, same calibration, without text and so without
 4. the cap table (`fit_lengths` + `cap_table`), its truncation at 8192 and 16384 against the truth, the law's
    exact survival (`LengthModel.survival`).
 
-The baseline, in the same process, is the method before issue #17 on the same pilot without extension: the
+The baseline, in the same process, is the log-normal-only method on the same pilot without extension: the
 Kaplan-Meier estimate up to 4096, then a log-normal fitted to all rows by censored maximum likelihood and
 scaled to meet it, with its bootstrap interval (copied below from `tracegen.audit.capfit` as it was). The new
 method on the unextended pilot is printed too: what a run with `measure_tail=never` gets.
@@ -49,7 +49,7 @@ RUN_ROWS = 913_786
 SIM_SEED = 11
 
 
-# -- the method before issue #17 (tracegen.audit.capfit at commit aa56f31, condensed) ---------------------------
+# -- the log-normal-only method (tracegen.audit.capfit at commit aa56f31, condensed) ---------------------------
 def _ln_nll(theta, y, wy, lc, wc):
     mu, log_s = theta
     s = math.exp(log_s)

@@ -1,12 +1,12 @@
-"""Peak memory and time of `export` on a synthetic seed-scale output root (913,786 rows), against the old
-path in the same run (docs/benchmarks.md, issue #30).
+"""Peak memory and time of `export` on a synthetic full-scale output root (913,786 rows), against the old
+path in the same run (docs/benchmarks.md).
 
 The root: a dataset of short prompts, one run at 4096 whose rows all finished (short texts, 40 prompt ids
 and 80 response ids each, 500 rows a part: 1,828 parts), folded into a Parquet snapshot as a long run's
 planner leaves it, plus a few hundred loose entries on top of it. Each measurement is a fresh subprocess
 (this file with --child) that exports the root and reports its own peak RSS (VmHWM) and wall time:
 
-- `old`: the export as it was before issue #30: the whole ledger frame (`Snapshots.frame()`: every column of
+- `old`: the export that built the whole ledger frame: the whole ledger frame (`Snapshots.frame()`: every column of
   every ledger row as one pandas frame) chosen from, then the same shards;
 - `messages`, `tokens`: the export now (the ledger read a snapshot batch at a time with the export's
   columns only, strings as codes; a trainer layout's file streamed to disk).
@@ -98,7 +98,7 @@ def child(job: dict) -> None:
     import tracegen.export as export
 
     if job["path"] == "old":
-        # Before #30: the whole ledger frame, every column of every row (Snapshots.frame()), chosen from.
+        # The baseline: the whole ledger frame, every column of every row (Snapshots.frame()), chosen from.
         export.ledger_rows = lambda output_root: output_root.snapshots.frame()
     layout = "messages" if job["path"] in ("old", "messages") else job["path"]
     started = time.monotonic()

@@ -1,11 +1,11 @@
-"""GPU occupancy of a whole tracegen run vs the seed's single asyncio script, on one simulated fleet.
+"""GPU occupancy of a whole tracegen run vs the reference job's single asyncio script, on one simulated fleet.
 
-A fleet of SGLang stand-ins (time-scaled, seed-calibrated lengths) is driven, for each cap, by:
+A fleet of SGLang stand-ins (time-scaled, reference-job-calibrated lengths) is driven, for each cap, by:
 (a) tracegen's real path, as the `tracegen_generate` DAG runs it on LocalExecutor: plan, pilot and gate
     tasks, then one process per mapped chunk task (`pipeline.run_chunk`), at most
     `max_active_tis_per_dagrun` of them at once, with a scheduler delay between a task's end and the
     next task's start;
-(b) the seed's way: one asyncio process with a fixed semaphore over all servers.
+(b) the reference job's way: one asyncio process with a fixed semaphore over all servers.
 Occupancy is busy slot-time / available slot-time from the stand-ins' own accounting over each run's
 whole window; idle slot-time is attributed to what the orchestrator was doing at the time. Then a
 sweep of fixed per-server in-flight limits against the auto-tuner started from a bad default.
@@ -40,8 +40,8 @@ from tracegen import params, plan  # noqa: E402
 from tracegen.fleet.sources import local_sim_fleet  # noqa: E402
 from tracegen.plan import TARGET_CHUNK_ROWS  # noqa: E402
 
-SEED_PROMPTS = 913_786
-SEED_SERVERS = 7
+REFERENCE_PROMPTS = 913_786
+REFERENCE_SERVERS = 7
 TASK = ROOT / "bench" / "occupancy_support" / "task.py"
 BASELINE = ROOT / "bench" / "occupancy_support" / "baseline.py"
 
@@ -209,7 +209,7 @@ def window(samples, fleet: Fleet) -> dict:
             "tokens": tokens, "wall_s": wall, "ideal_s": ideal}  # fmt: skip
 
 
-# ---- (b) the seed's script ------------------------------------------------------------------------
+# ---- (b) the reference job's script ------------------------------------------------------------------------
 
 
 def run_baseline(fleet: Fleet, work: Path, dataset: Path, cap: int, concurrency: int) -> dict:
@@ -292,8 +292,8 @@ def main() -> int:
     p.add_argument(
         "--chunk-size",
         type=int,
-        default=plan.choose_chunk_size(SEED_PROMPTS, TARGET_CHUNK_ROWS),
-        help="rows per chunk task (default: the chunk size tracegen picks at the seed's scale)",
+        default=plan.choose_chunk_size(REFERENCE_PROMPTS, TARGET_CHUNK_ROWS),
+        help="rows per chunk task (default: the chunk size tracegen picks at the reference job's scale)",
     )
     p.add_argument("--pilot", type=int, default=500)
     p.add_argument(
@@ -430,7 +430,7 @@ def sweep(fleet: Fleet, work: Path, args) -> dict:
 
 
 def extrapolate(results: dict, fleet: Fleet, args) -> dict:
-    """Whole-run occupancy at the seed's scale (913,786 prompts, 7 servers) from the measured idle parts.
+    """Whole-run occupancy at the reference job's scale (913,786 prompts, 7 servers) from the measured idle parts.
 
     Idle slot-time is measured per slot and split by kind: start-up before the first request is
     wall-clock time, charged in real seconds; idle while the pilot and the gate run, and the end tail,
@@ -440,11 +440,11 @@ def extrapolate(results: dict, fleet: Fleet, args) -> dict:
     cap = max(results["caps"])
     tg = results["caps"][cap]["tracegen"]
     bl = results["caps"][cap].get("baseline")
-    chunk_size = plan.choose_chunk_size(SEED_PROMPTS, TARGET_CHUNK_ROWS)
-    n_chunks = len(plan.chunks(SEED_PROMPTS, chunk_size))
+    chunk_size = plan.choose_chunk_size(REFERENCE_PROMPTS, TARGET_CHUNK_ROWS)
+    n_chunks = len(plan.chunks(REFERENCE_PROMPTS, chunk_size))
     tokens_per_row = tg["tokens"] / max(tg["rows"], 1)
     per_server = fleet.capacity_tokens_per_wall_s() / fleet.time_scale / len(fleet.urls)
-    run_s = SEED_PROMPTS * tokens_per_row / (per_server * SEED_SERVERS)  # ideal, every slot busy
+    run_s = REFERENCE_PROMPTS * tokens_per_row / (per_server * REFERENCE_SERVERS)  # ideal, every slot busy
     ph, slots = tg["phases"], fleet.slots
     startup = ph.get("start-up (plan task, first tasks)", 0.0) / slots / fleet.time_scale
     tails = (ph.get("pilot + gate (first chunks alongside)", 0.0) + ph.get("run end tail (last chunks)", 0.0))
@@ -455,16 +455,16 @@ def extrapolate(results: dict, fleet: Fleet, args) -> dict:
     out = {"chunk_size": chunk_size, "chunks": n_chunks, "ideal_run_h": run_s / 3600, "idle_s_per_slot": {
         "start-up (wall)": startup, "pilot, gate and end tail": tails,
         "fan-out, per chunk (upper bound)": n_chunks * boundary}, "tracegen_occupancy": occupancy}  # fmt: skip
-    print(f"\n== seed scale: {SEED_PROMPTS:,} prompts, {SEED_SERVERS} servers, cap {cap} ==")
+    print(f"\n== full scale: {REFERENCE_PROMPTS:,} prompts, {REFERENCE_SERVERS} servers, cap {cap} ==")
     print(
         f"  {n_chunks} chunks of {chunk_size:,}; ideal run {run_s / 3600:.1f} h at {tokens_per_row:,.0f} tokens/row"
     )
     for kind, v in out["idle_s_per_slot"].items():
         print(f"  idle per slot, {kind:34s} {v:8,.0f} s  ({pct(v / run_s)} of the run)")
-    print(f"  tracegen whole-run occupancy at the seed's scale: {pct(occupancy)}")
+    print(f"  tracegen whole-run occupancy at the reference job's scale: {pct(occupancy)}")
     if bl is not None:
         # The baseline's idle is partly its end tail (once) and partly round-robin imbalance that recurs
-        # all run long; the two bound its occupancy at the seed's scale.
+        # all run long; the two bound its occupancy at the reference job's scale.
         once = bl["idle"] / slots
         recurring = 1 - bl["from_first_request"]["occupancy"]
         low, high = 1 - recurring, run_s / (run_s + once)

@@ -1,4 +1,4 @@
-"""GPU occupancy of a whole `tracegen_generate` run on a real Airflow, vs the seed's script on the same fleet.
+"""GPU occupancy of a whole `tracegen_generate` run on a real Airflow, vs the reference job's script on the same fleet.
 
 bench/occupancy.py models Airflow (bare task processes, a fixed 1 s scheduler delay). This runs the real
 thing: a distributed Airflow 3 as local processes (tests/e2e/airflow_cluster.py, as `make airflow-up`:
@@ -16,9 +16,9 @@ the run triggered through the REST API.
    first grows; start-up is the wall time from the trigger to that sample. Ideal wall = tokens ÷ fleet
    capacity (every slot decoding, with the step model the servers report). Idle slot-time is attributed to
    the run's phase, and the task instances' timestamps give the latency of every hand-off.
-3. The cluster is stopped (which stops the fleet), the fleet relaunched identically, and the seed's script
+3. The cluster is stopped (which stops the fleet), the fleet relaunched identically, and the reference job's script
    (bench/occupancy_support/baseline.py: one asyncio process, semaphore = every slot of the fleet) runs
-   over the same prompts, sampled the same way, with no Airflow on the machine, as the seed ran.
+   over the same prompts, sampled the same way, with no Airflow on the machine, as the reference job ran.
 
     make bench-occupancy-airflow        # = .venv/bin/python bench/occupancy_airflow.py
     .venv/bin/python bench/occupancy_airflow.py --rows 1500 --time-scale 40    # smoke run, about 2 minutes
@@ -219,7 +219,7 @@ def handoffs(tg: dict) -> list[dict]:
     return rows
 
 
-# ---- the seed's script ------------------------------------------------------------------------------
+# ---- the reference job's script ------------------------------------------------------------------------------
 
 
 def run_baseline(fleet: Fleet, work: Path, dataset: Path, cap: int) -> dict:
@@ -293,7 +293,7 @@ def main() -> int:
         )
         tg = run_tracegen(cluster, fleet, pids, dataset, root / "output", args)
         print(f"tracegen run done: {tg['wall_s']:.0f} s wall", flush=True)
-        # The baseline runs with no Airflow on the machine, as the seed ran. Stopping the cluster also
+        # The baseline runs with no Airflow on the machine, as the reference job ran. Stopping the cluster also
         # stops the fleet (by its pid files); it is relaunched with the same spec, fresh counters.
         cluster.stop()
         if not args.skip_baseline:
@@ -330,7 +330,7 @@ def mm(xs: list[float]) -> str:
 
 
 def report(tg: dict, bl: dict | None) -> None:
-    print(f"\n== {DAG} on Airflow (CeleryExecutor) vs the seed's script ==")
+    print(f"\n== {DAG} on Airflow (CeleryExecutor) vs the reference job's script ==")
     print(
         f"  tracegen run: {tg['rows']:,}/{tg['total']:,} rows done ({tg['truncated']:,} truncated), "
         f"{tg['chunks']} chunks of up to {tg['chunk_rows']:,} rows"

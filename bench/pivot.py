@@ -1,6 +1,6 @@
 """The 4096 -> 8192 pivot: extending truncated rows from their tokens against regenerating them.
 
-On one fleet of SGLang stand-ins (seed-calibrated lengths, a fresh sample per request as SGLang draws
+On one fleet of SGLang stand-ins (reference-job-calibrated lengths, a fresh sample per request as SGLang draws
 one, time-scaled) and one dataset, each arm from a fresh output root, through tracegen's own functions
 (`run.prepare.prepare_run` + `generate.chunk.run_chunk` on the stand-ins' endpoints):
 
@@ -138,7 +138,7 @@ def main() -> int:
         dataset = work / "prompts.jsonl"
         write_dataset(dataset, args.rows)
         print(f"pivot bench: {args.rows:,} prompts, {args.servers} stand-ins (--sim-seed {args.sim_seed}, "
-              f"seed calibration, fresh sample noise per request), time scale {args.time_scale:g}", flush=True)
+              f"reference-job calibration, fresh sample noise per request), time scale {args.time_scale:g}", flush=True)
         started = time.monotonic()
         spent: dict[str, int] = {}
         runs: dict[str, tuple[np.ndarray, float, dict]] = {}

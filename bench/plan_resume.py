@@ -2,7 +2,7 @@
 
 Prints absolute times and ratios against baselines run in the same process:
 - plan: vectorised `done_mask` + `remaining` + `remaining_per_chunk` + `current_rows` vs a plain Python
-  loop that builds a set of done indices and filters the index range (the seed pipeline's approach);
+  loop that builds a set of done indices and filters the index range (the reference job's approach);
 - ledger read: `Snapshots.frame()` from the compaction snapshot vs from the ~2,000 raw entries.
 
     .venv/bin/python bench/plan_resume.py [--rows 1000000] [--segment 500]
@@ -28,7 +28,7 @@ from tracegen.store.storage import LocalStorage
 
 
 def synthetic_columns(n: int, rng: np.random.Generator) -> dict[str, list]:
-    """Seed-like ledger: ~18% truncated at 4096, a few failures, and a 8192 regeneration of some truncations."""
+    """Reference-job-like ledger: ~18% truncated at 4096, a few failures, and a 8192 regeneration of some truncations."""
     status = rng.choice(["ok", "failed", "rejected", "invalid"], size=n, p=[0.96, 0.025, 0.01, 0.005])
     length = rng.random(n) < 0.18
     finish = np.where(status == "ok", np.where(length, "length", "stop"), None)

@@ -1,5 +1,5 @@
-"""Seed-scale dress rehearsal (`make rehearsal`; figures in docs/benchmarks.md): the seed's 913,786 prompts
-through the real `tracegen_generate` DAG on the distributed deployment, following the seed's story.
+"""Full-scale dress rehearsal (`make rehearsal`; figures in docs/benchmarks.md): the reference job's 913,786 prompts
+through the real `tracegen_generate` DAG on the distributed deployment, following the reference job's story.
 
 Everything is real and on loopback, as `make airflow-up` and `make chaos` run it: PostgreSQL metadata DB,
 CeleryExecutor on Redis with two workers, api-server, scheduler, dag-processor, triggerer
@@ -11,14 +11,14 @@ What is scaled, and what is not:
   for them (`chunk_size=0`: 511 mapped chunk tasks of up to 1,785 rows), the fleet's shape (7 servers x 32
   slots), the DAG, the ledger, the audit and the export;
 - **prompts:** the bundled agentic-coding prompts in turn, numbered, each cut to `--prompt-chars` (256);
-- **scaled:** output lengths, by `--length-scale` (32): the stand-ins' seed law is calibrated to truncate
+- **scaled:** output lengths, by `--length-scale` (32): the stand-ins' reference law is calibrated to truncate
   18% of rows at 4096/32 = 128 tokens instead of 4096, and the caps follow, 4096 -> 128 and 8192 -> 256, so
   a 2-core machine can hold the text (86 tokens a row in the recorded run). The cap ladder, the
   tail measurement (to 4x the cap) and the recommendation are relative to the cap, so the story is the
-  seed's scaled; the simulated GPU clock runs `--time-scale` times faster than the wall.
+  reference job's scaled; the simulated GPU clock runs `--time-scale` times faster than the wall.
 
 The story: the pilot at 128 is over the 5% threshold, the tail is measured, the gate asks; this script
-answers the question as a reviewer would (through the REST API, with 256, the seed's 8192); the same run
+answers the question as a reviewer would (through the REST API, with 256, the reference job's 8192); the same run
 then extends the truncated rows from their tokens and generates the rest at 256, and completes. Halfway
 through the fan-out a Celery worker is SIGKILLed (every process of it, its task processes included) and
 restarted a few seconds later; the run recovers by its own task retries.
@@ -66,9 +66,9 @@ from fixtures import sshd as sshd_fixture  # noqa: E402
 from occupancy_support.fleet import Sample, Sampler, running_fleet  # noqa: E402
 
 GENERATE = "tracegen_generate"
-SEED_PROMPTS = 913_786
-PILOT_CAP, DECIDED_CAP = 4096, 8192  # the seed's, before scaling
-SEED_TRUNCATED_SHARE = 0.18  # of rows past 4096 in the seed's pilot: the stand-ins' law, at the scaled cap
+REFERENCE_PROMPTS = 913_786
+PILOT_CAP, DECIDED_CAP = 4096, 8192  # the reference job's, before scaling
+REFERENCE_TRUNCATED_SHARE = 0.18  # of rows past 4096 in the reference job's pilot: the stand-ins' law, at the scaled cap
 CHUNK_TASKS = ("generate_alongside_pilot", "generate_chunk", "generate_at_decided_cap")
 OTHER = "Continue at the cap typed below"
 
@@ -76,7 +76,7 @@ OTHER = "Continue at the cap typed below"
 def write_prompts(path: Path, n: int, chars: int) -> None:
     """`n` distinct prompts: the bundled agentic-coding prompts in turn, each's last message cut to its first
     `chars` characters and numbered (the stand-ins draw a prompt's length from its hash). Cut because every
-    row stores its prompt's token ids: the seed's ~1,400-character prompts would cost this machine more
+    row stores its prompt's token ids: the reference job's ~1,400-character prompts would cost this machine more
     than the completions do."""
     import gzip
 
@@ -193,7 +193,7 @@ class Rehearsal:
             "sglang_flags": {"--reasoning-parser": "qwen3", "--max-running-requests": args.slots,
                              "--context-length": 40960, "--enable-metrics": True,
                              "--sim-time-scale": args.time_scale, "--sim-truncated-at": self.pilot_cap,
-                             "--sim-truncated-share": SEED_TRUNCATED_SHARE,
+                             "--sim-truncated-share": REFERENCE_TRUNCATED_SHARE,
                              "--sim-seed": args.seed, "--log-level": "warning"},
             "work_dir": str(self.fleet_work), "health_timeout_s": 120, "stop_timeout_s": 10,
         }
@@ -356,7 +356,7 @@ class Rehearsal:
                 break
             if time.monotonic() < next_tis:
                 continue
-            # A seed-sized run lists ~1,000 task instances in 10 pages: every 20 s once the question is answered.
+            # A reference-job-sized run lists ~1,000 task instances in 10 pages: every 20 s once the question is answered.
             next_tis = time.monotonic() + (args.poll_s if not self.answered or sampler is None else 20.0)
             tis = self._tis()
             if sampler is None and any(t["task_id"] == "provision_fleet" and t["state"] == "success" for t in tis):
@@ -596,7 +596,7 @@ def summary(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=SEED_PROMPTS, help=f"prompts (default {SEED_PROMPTS:,}, the seed's)")
+    parser.add_argument("--rows", type=int, default=REFERENCE_PROMPTS, help=f"prompts (default {REFERENCE_PROMPTS:,}, the reference job's)")
     parser.add_argument("--gpus", type=int, default=7, help="stand-in servers on the SSH host (default 7)")
     parser.add_argument("--slots", type=int, default=32, help="--max-running-requests of each (default 32)")
     parser.add_argument("--length-scale", type=int, default=32, help="output lengths and caps divided by this")

@@ -1,7 +1,7 @@
 """
 ### tracegen_raise_cap — raise the cap of a running run, without stopping it
 
-The seed's mid-run bump from 4096 to 8192, with nothing to kill. Trigger with the running
+The reference job's mid-run bump from 4096 to 8192, with nothing to kill. Trigger with the running
 `tracegen_generate` run's id and the new `max_tokens`:
 
 - chunk tasks that start from now on generate at the new cap; chunks already running finish at theirs;

@@ -1,4 +1,4 @@
-"""The seed's way, as a baseline: one asyncio script, a fixed semaphore over all servers, round-robin,
+"""The reference job's way, as a baseline: one asyncio script, a fixed semaphore over all servers, round-robin,
 results appended to a JSONL file and the done indices to a text file (no ledger, no parts, no pilot).
 
     python baseline.py DATASET.jsonl OUT_DIR MAX_TOKENS CONCURRENCY URL [URL ...]
@@ -51,7 +51,7 @@ async def main(dataset: str, out_dir: str, max_tokens: int, concurrency: int, ur
                     results.write(json.dumps({"index": i, **body}) + "\n")
                     done.write(f"{i}\n")
 
-            # The seed created every request task up front and let the semaphore meter them.
+            # The reference job created every request task up front and let the semaphore meter them.
             await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
     return {"started": started, "ended": time.time(), "rows": len(rows), "completion_tokens": tokens}
 

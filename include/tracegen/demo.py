@@ -259,8 +259,21 @@ def _tell_where(output: Path, run: Path, logs: Path, demo: Path) -> None:
     _say(f"\nreport:  {run / 'report.html'}")
     _say(f"output:  {output}")
     _say(f"logs:    {logs} (the demo's commands); each task's log is in the Airflow UI (make airflow)")
-    _say(f"export:  .venv/bin/python -m tracegen export {output} {demo / 'export'}")
+    _tell_export(output, demo / "export")
     _say("UI:      make airflow   (then open http://localhost:8080; same state: the run, its question and the answer)")
+
+
+def _tell_export(output: Path, dest: Path) -> None:
+    """Export the dataset as a drafter trainer reads it (the tokens layout), and say whose tokens they are, as
+    the servers reported when the fleet came up."""
+    from tracegen.export import export_dataset
+
+    result = export_dataset(str(output), str(dest), layout="tokens", overwrite=True)
+    servers = json.loads((dest / "manifest.json").read_text())["provenance"].get("servers") or {}
+    _say(f"export:  {result.rows:,} rows for SpecForge and speculators in {result.data_uri}, "
+         f"manifest {dest / 'manifest.json'} (.venv/bin/python -m tracegen export {output} {dest} --layout tokens --overwrite redoes it)")
+    _say(f"         their tokens: {servers.get('model_path') or 'unrecorded model'}, SGLang "
+         f"{servers.get('sglang_version') or '?'}, as the {len(servers.get('servers') or [])} servers reported")
 
 
 KEEP_DEMOS = 3  # demo output roots kept (each a few MB): their runs' reports stay readable in the UI

@@ -101,11 +101,28 @@ def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
                 spec.config.check_context_length(context_lengths[handle.label])
             except ConfigError as exc:
                 raise AirflowFailException(f"{handle.label}: {exc}") from None
+        _record_servers(spec, [h.url for h in handles], connection.headers())
     for handle in handles:
         log.info("%s: %s server pid %d (%s)", handle.label, "reused" if handle.reused else "launched",
                  handle.pid, handle.model)
     return [{"server": h.label, "pid": h.pid, "reused": h.reused, "context_length": context_lengths[h.label]}
             for h in handles]
+
+
+def _record_servers(spec, urls: list[str], headers: dict[str, str]) -> None:
+    """Keep what the servers say about their model, tokenizer, chat template and SGLang version beside the
+    run (`runs/<run>/servers.json`), for the export's provenance. Provenance, not a condition to generate:
+    a server that does not answer is logged, and the export's manifest then says it was not recorded."""
+    from tracegen.export.servers import record
+    from tracegen.store.root import open_root
+
+    try:
+        doc = record(open_root(spec.config.output_uri, spec.config.aws_conn_id), spec.run_id, urls, headers)
+    except Exception as exc:  # noqa: BLE001 - provenance must never stop a run
+        log.warning("could not record what the servers report about themselves (%s: %s); the export's "
+                    "manifest will say so", type(exc).__name__, exc)
+        return
+    log.info("servers: %s", {k: doc.get(k) for k in ("model_path", "sglang_version", "agree")})
 
 
 def run_pilot(run: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ def test_the_occupancy_benchmark_runs_and_prints_every_figure():
     text = out.stdout
     for expected in ("== cap 8192 ==", "tracegen  occupancy", "baseline  occupancy", "tracegen/baseline: wall",
                      "from its first request", "5 chunk tasks", "auto / best fixed",
-                     "tracegen whole-run occupancy at the seed's scale"):
+                     "tracegen whole-run occupancy at the reference job's scale"):
         assert expected in text, f"{expected!r} missing from:\n{text}"
     # 400 rows in chunks of 100 staggered over 3 tasks (plan.chunks): 100, 100, 100 beside the pilot, then
     # 34 and 66 past the gate.

@@ -544,7 +544,7 @@ class AirflowApi:
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         """Every task instance of the run, page by page: the API caps a page at [api] maximum_page_limit
-        (100 by default), and a seed-scale run maps hundreds of chunk tasks."""
+        (100 by default), and a full-scale run maps hundreds of chunk tasks."""
         out: list[dict[str, Any]] = []
         while True:
             body = self._call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",

@@ -3,7 +3,7 @@ REST API and by a click in headless Chromium, refused when the run cannot act on
 
 Every Airflow component runs as a real process (tests/e2e/airflow_cluster.py: PostgreSQL, Celery on
 Redis, api-server, scheduler), with the bundled simulated fleet (SGLang stand-ins) and the bundled
-prompts, whose length law truncates about 18% of rows at the seed's 4096. Each test triggers its own
+prompts, whose length law truncates about 18% of rows at the reference job's 4096. Each test triggers its own
 run into its own output root, named in `tracegen_output_roots` so the review pages serve its reports.
 """
 
@@ -410,7 +410,7 @@ def test_a_failed_first_task_is_the_one_failure_and_the_final_tasks_skip_saying_
 def test_a_cap_the_fleet_cannot_hold_fails_the_first_task_before_any_server_starts(
     cluster: AirflowCluster, api: AirflowApi, dataset: Path
 ) -> None:
-    """Issue #31 finding 3: 10,000,000 typed in the trigger form goes out clamped to the form's maximum,
+    """10,000,000 typed in the trigger form goes out clamped to the form's maximum,
     1,048,576; the run's first task refuses it against the fleet's declared context length, naming the
     bound, and no server is launched for it."""
     run_id, output = _trigger(cluster, api, dataset, "out-clamped", max_tokens=1_048_576)

@@ -2,7 +2,7 @@
 
 Real components: stand-in servers launched over a real OpenSSH sshd (host keys verified), output on an
 S3-compatible server through the real AWS connection, the real DAG files. The stand-in's "short" length
-model is the seed's distribution at 1/40 scale, so cap 100 plays the seed's 4096 and 200 plays 8192.
+model is the reference job's distribution at 1/40 scale, so cap 100 plays the reference job's 4096 and 200 plays 8192.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tracegen.config import SAMPLE_DATASET, RunConfig
+from tracegen.export import export_dataset
 from tracegen.fleet import FleetSpec, status, teardown
 from tracegen.plan import pilot_indices
 from tracegen.status import dataset_status
@@ -149,8 +150,8 @@ def _has(root: OutputRoot, run_id: str, name: str) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri):
-    # 1. The seed's cap: the pilot gate stops the run (gate_mode=stop: an unattended run, nobody to ask).
+def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri, tmp_path):
+    # 1. The reference job's cap: the pilot gate stops the run (gate_mode=stop: an unattended run, nobody to ask).
     # Six chunks of 100: the first three run beside the pilot (and stop with its gate), the other three
     # wait for the gate and never start.
     # measure_tail="never": this test is about the pivot continuing what the pilot cut at 100. Measuring the
@@ -191,6 +192,15 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
     report = json.loads(root.run_files.get(run2, "report.json"))
     assert report["verdict"]["verdict"] == "pass"
     assert report["audit"]["pivot"]["extended"] == len(truncated) and "pivot:" in report["summary"]
+    # What the servers said about themselves when the fleet came up is kept beside the run, and an export's
+    # manifest names it as the provenance of its tokens.
+    served = json.loads(root.run_files.get(run2, "servers.json"))
+    assert served["agree"] and served["model_path"] and served["sglang_version"] and len(served["servers"]) == 2
+    exported = export_dataset(s3_uri, str(tmp_path / "export"), layout="tokens")
+    provenance = json.loads((tmp_path / "export" / "manifest.json").read_text())["provenance"]
+    assert exported.rows > 0 and provenance["servers_note"] is None
+    assert (provenance["servers"]["model_path"], provenance["servers"]["sglang_version"]) == (
+        served["model_path"], served["sglang_version"])
 
     # 3. Same cap again: nothing left, nothing generated, the run still succeeds.
     before = len(frame)

@@ -2,7 +2,7 @@
 
 Every Airflow component runs as a real process (tests/e2e/airflow_cluster.py: PostgreSQL, Celery on
 Redis, api-server, scheduler), with the bundled simulated fleet (SGLang stand-ins) and the bundled
-prompts, whose length law truncates about 18% of rows at the seed's 4096. The run has no pilot and
+prompts, whose length law truncates about 18% of rows at the reference job's 4096. The run has no pilot and
 gate_mode=warn, so its fan-out runs at 4096 until the operator raises the cap through the REST API (the
 same call the trigger form makes).
 """

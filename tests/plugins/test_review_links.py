@@ -1,12 +1,12 @@
 """The review pages inside a real Airflow api-server (the `server` fixture of test_review_page, one per
-module) against an output root holding what someone with write access to it could plant (issue #26, round
-two): links out of the root, a configured root that does not exist, a report.json that is not JSON.
+module) against an output root holding what someone with write access to it could plant:
+links out of the root, a configured root that does not exist, a report.json that is not JSON.
 
-- Finding 1: `runs/evil/report.json -> /proc/self/environ` (the api-server's environment) and
+- `runs/evil/report.json -> /proc/self/environ` (the api-server's environment) and
   `report.html -> a file outside the root` answer 404 saying a link is not followed, never the target's bytes,
   and the run list does not show them.
-- Finding 10: listing a configured root that does not exist creates nothing and says it does not exist.
-- Finding 13: a report.html whose report.json is not JSON answers a 422 page naming the file, escaped.
+- listing a configured root that does not exist creates nothing and says it does not exist.
+- a report.html whose report.json is not JSON answers a 422 page naming the file, escaped.
 """
 
 from __future__ import annotations

@@ -602,7 +602,7 @@ def _ensure_run(server: Server, raw: str, conf: dict) -> None:
 
 
 def test_browser_every_link_in_the_run_tab_lands_on_its_page(server: Server, browser: Browser) -> None:
-    """Issue #31 finding 1: inside the Airflow UI's "tracegen report" tab, each link of the bar opens its
+    """Inside the Airflow UI's "tracegen report" tab, each link of the bar opens its
     page with the reviewer's session (a 200 page, never the login page or "Not authenticated"), and no
     link opens Airflow inside the tab."""
     _ensure_run(server, GATE_STOP_RUN, {"max_tokens": 4096, "gate_mode": "stop", "output_uri": str(server.output),
@@ -760,7 +760,7 @@ QUEUED_ONLY_RUN = "manual__2026-01-02T19:00:00.000000+00:00"  # known to Airflow
 
 
 def test_the_run_list_is_newest_first_lists_every_state_and_each_root_once(server: Server, browser: Browser) -> None:
-    """Issue #31 finding 6: a root named through a symlink is the same root (listed once, its runs once);
+    """A root named through a symlink is the same root (listed once, its runs once);
     a run Airflow knows that wrote nothing yet is listed with its state; one list, newest first."""
     link = server.tmp / "output-link"
     if not link.exists():
@@ -803,7 +803,7 @@ def _decided(server: Server, raw: str, n: int, cap: int | None) -> str:
 
 
 def test_a_decided_run_says_who_decided_and_when(server: Server, browser: Browser) -> None:
-    """Issue #31 finding 5: a reviewer's stop says who and when; a stop answered by continuing is no red pill."""
+    """A reviewer's stop says who and when; a stop answered by continuing is no red pill."""
     stopped = _decided(server, STOPPED_BY_REVIEWER_RUN, 8, None)
     continued = _decided(server, CONTINUED_RUN, 9, 8192)
     _login(browser, server)
@@ -826,7 +826,7 @@ FIGURES_RUN = "manual__2026-01-02T17:00:00.000000+00:00"  # asking, alone in its
 def test_each_truncation_figure_reads_the_same_in_the_report_progress_list_question_and_status(
     server: Server, browser: Browser
 ) -> None:
-    """Issue #31 finding 2: one run, its two truncation figures, each under its one name and with the same
+    """One run, its two truncation figures, each under its one name and with the same
     number in the report, the progress page, the run list, the gate's question and `status`."""
     from tracegen.audit.figures import AT_CAP, STILL, figure, figures_from_report
     from tracegen.audit.review import PILOT, question_from_report

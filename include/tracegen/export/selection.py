@@ -1,6 +1,6 @@
 """The ledger's rows an export chooses from, read in bounded memory.
 
-`Snapshots.frame()` builds every column of every ledger row as one pandas frame: at the seed's 913,786 rows
+`Snapshots.frame()` builds every column of every ledger row as one pandas frame: at the reference job's 913,786 rows
 that alone took most of an export's 1.3 GiB. An export needs a dozen columns, and most of them are a few
 distinct strings (status, finish reason, run, part). Here the newest snapshot is read a Parquet batch at a
 time with only those columns, the entries committed after it a batch of entries at a time (which rows come

@@ -1,6 +1,6 @@
 """One large object written as a stream, in bounded memory: a trainer layout's data file.
 
-`Storage.put` takes the whole object's bytes, which for a seed-scale token file would be gigabytes. The
+`Storage.put` takes the whole object's bytes, which for a full-scale token file would be gigabytes. The
 bytes go to a local temporary file instead, hashed as they are written; `publish` then moves it into place
 (local destination: rename within the destination's own directory, after fsync) or uploads it from disk
 (S3: boto3's managed transfer, multipart for large files). Nothing is visible under the key until the whole

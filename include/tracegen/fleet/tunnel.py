@@ -2,7 +2,7 @@
 
 Why not the SSH provider's own tunnel (`SSHHook.get_tunnel`, `airflow.providers.ssh.tunnel.SSHTunnel`): it
 waits on `select()`, which cannot watch a file descriptor numbered 1024 or above. Its loop then stops for
-good and every connection through it hangs. A chunk task reaching a seed-sized fleet (7 servers x 32-128
+good and every connection through it hangs. A chunk task reaching a reference-job-sized fleet (7 servers x 32-128
 requests in flight, three descriptors per forwarded connection) passes that: at 512 concurrent requests
 through one tunnel every request timed out, and at 7 servers the first requests failed with "Server
 disconnected without sending a response" until the servers were quarantined. It also finds a ready

@@ -51,8 +51,8 @@ _SIM_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     }),
     # The length law.
     ("--sim-length-model", {
-        "default": "seed",
-        "help": "'seed' (default: 18%% truncated at 4096), 'short', 'long', 'lognormal:MEDIAN:SIGMA', 'fixed:N'",
+        "default": "reference",
+        "help": "'reference' (default: the reference job's law, 18%% truncated at 4096), 'short', 'long', 'lognormal:MEDIAN:SIGMA', 'fixed:N'",
     }),
     ("--sim-length-law", {
         "default": None, "choices": [law for law in LAWS if law != "fixed"],

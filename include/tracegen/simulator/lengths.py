@@ -22,8 +22,8 @@ loop in their thinking until the cap, as reasoning models do.
   that sometimes deliberates at length.
 - fixed: every sample is `fixed` tokens (capacity and fault tests).
 
-The default ("seed") is a log-normal with median 2300 and sigma 0.63: at cap 4096 it truncates 18.0%
-(seed run: 269/1500 = 17.9%), the capped mean is ≈2,455 and the capped median ≈2,300 (seed: 2,417 and
+The default ("reference", the reference job's law) is a log-normal with median 2300 and sigma 0.63: at cap 4096 it truncates 18.0%
+(reference job: 269/1500 = 17.9%), the capped mean is ≈2,455 and the capped median ≈2,300 (seed: 2,417 and
 2,326); at 8192, 2.2% remain truncated. `LengthModel.calibrated` re-solves the median of any law so
 that a given share passes a given cap, which is how the launch flags keep 18% at 4096 whatever the law.
 """
@@ -264,20 +264,20 @@ def _normal_sf(y: float, sd: float) -> float:
 # Named calibrations selectable with --sim-length-model, and the cap each one's truncated share refers
 # to (the launch flags keep that share when they change the law).
 CALIBRATIONS: dict[str, LengthModel] = {
-    # The seed run: Qwen3 on agentic-coding prompts, 18% truncated at 4096.
-    "seed": LengthModel(),
+    # The reference job: Qwen3 on agentic-coding prompts, 18% truncated at 4096.
+    "reference": LengthModel(),
     # Same shape, 1/40 the size: fast tests and demos that still see ~18% truncated at cap 100.
     "short": LengthModel(median=56.0, sigma=0.63),
     # A model that thinks longer: ~45% truncated at 4096, ~12% at 8192.
     "long": LengthModel(median=3800.0, sigma=0.7),
 }
-REFERENCE_CAPS: dict[str, int] = {"seed": 4096, "short": 100, "long": 4096}
+REFERENCE_CAPS: dict[str, int] = {"reference": 4096, "short": 100, "long": 4096}
 DEFAULT_REFERENCE_CAP = 4096
-DEFAULT_MODEL = CALIBRATIONS["seed"]
+DEFAULT_MODEL = CALIBRATIONS["reference"]
 
 
 def build_model(
-    spec: str = "seed",
+    spec: str = "reference",
     kind: str | None = None,
     truncated_share: float | None = None,
     truncated_at: int | None = None,

@@ -111,7 +111,7 @@ def test_before_the_verdict_the_chunks_own_rows_close_the_watch_only_on_strong_e
     assert PilotGateWatch(spec, root)(60, 299) is None  # 20% but under the gate's minimum sample
     assert PilotGateWatch(spec, root)(20, 300) is None  # 6.7%: not clearly over 5%
     watch = PilotGateWatch(spec, root)
-    assert "this chunk's own rows close the gate" in watch(54, 300)  # 18%, the seed's rate
+    assert "this chunk's own rows close the gate" in watch(54, 300)  # 18%, the reference job's rate
     warn = make_config(write_dataset(tmp_path / "p.jsonl", 10), tmp_path / "out", gate_mode="warn")
     assert PilotGateWatch(replace(spec, config=warn), root)(300, 300) is None  # gate_mode=warn never stops a chunk
 

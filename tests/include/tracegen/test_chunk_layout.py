@@ -31,7 +31,7 @@ def test_fleet_slots_come_from_the_flags_or_are_unknown() -> None:
 
 def test_chosen_chunks_are_four_fleet_batches_and_the_first_ones_outlast_the_pilot(tmp_path: Path) -> None:
     config = make_config(tmp_path / "d.jsonl", tmp_path / "out", chunk_size=0, pilot_size=500)
-    # The seed's fleet (7 GPUs x 256 slots) over its 913,786 prompts: four batches of 1,792.
+    # The reference job's fleet (7 GPUs x 256 slots) over its 913,786 prompts: four batches of 1,792.
     assert choose_layout(config, 913_786, fleet(256, gpus=7).slots, stagger=3) == ChunkLayout(7168, 3, 7168)
     # The benchmark's fleet (2 x 64): 512 rows, and the first three chunks 1,000 (twice the pilot).
     assert choose_layout(config, 16_000, fleet(64).slots, stagger=3) == ChunkLayout(512, 3, 1000)

@@ -171,7 +171,7 @@ def test_a_missing_part_and_a_missing_dataset_are_one_line_each(root, tmp_path, 
     assert code == 2 and err.startswith("error: dataset ") and "prompts.jsonl" in err and len(err.splitlines()) == 1
 
 
-# ---- a root that is not there: read-only commands create nothing (issue #26, finding 10) ---------------
+# ---- a root that is not there: read-only commands create nothing ---------------
 
 
 @pytest.mark.parametrize("command", ["status", "audit", "verify", "export"])

@@ -61,7 +61,7 @@ def _damage(part: Path, how: str) -> None:
         raise AssertionError(how)
 
 
-# ---- finding 4: status and audit ------------------------------------------------------------------
+# ---- status and audit ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["deleted", "cut short"])
@@ -116,7 +116,7 @@ def test_the_audit_verdict_is_damaged_not_pass_naming_the_part(root, capsys, how
     assert 'class="verdict damaged"' in html and second.part in html
 
 
-# ---- finding 5: export checks every part's sha256 as it reads it ---------------------------------
+# ---- export checks every part's sha256 as it reads it ---------------------------------
 
 
 def _same_size_forgery(part: Path) -> tuple[bytes, str]:

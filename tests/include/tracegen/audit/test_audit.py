@@ -44,7 +44,7 @@ def test_hand_computed_distribution_and_buckets():
     assert r.tokens["mean"] == pytest.approx(all_tokens.mean())
     assert r.tokens["median"] == 2500
     assert r.tokens["max"] == 4096 and r.tokens["min"] == 50
-    assert r.tokens["p90"] == 4096  # the seed's signature: P90 at the cap
+    assert r.tokens["p90"] == 4096  # the reference job's signature: P90 at the cap
     assert r.finish_reasons == {"stop": 7, "length": 2}
     assert r.truncation["truncated"] == 2 and r.truncation["rate"] == pytest.approx(2 / 9)
     assert r.truncation["cut_in_reasoning"] == 1 and r.truncation["cut_in_answer"] == 1

@@ -1,4 +1,4 @@
-"""The reviewer's typed cap (issue #26 findings 6 and 9) through the path an answer takes: the HITL task's
+"""The reviewer's typed cap through the path an answer takes: the HITL task's
 `execute_complete` (what runs when the REST handler or the UI records a response) and the answer parsing
 it calls (`audit.review.decide`). A cap the run cannot act on is refused and the question asked again,
 never a failed run and never a run continuing at it; the refusals are `tracegen.cap_rule`'s, the same
@@ -57,7 +57,7 @@ def _respond(task, cap: Any, option: str) -> tuple[Any, _TI]:
     return task.execute_complete({"ti": ti}, event), ti
 
 
-# ---- finding 6: a typed cap of 10**400 -------------------------------------------------------------
+# ---- a typed cap of 10**400 -------------------------------------------------------------
 
 
 def test_finding_6_a_huge_typed_cap_is_refused_and_asked_again_not_a_failed_run() -> None:
@@ -91,7 +91,7 @@ def test_integral_numbers_of_either_json_kind_are_taken_as_exact_integers() -> N
         assert decision.cap == int(float(typed)) and type(decision.cap) is int
 
 
-# ---- finding 9: a typed cap below the current one ---------------------------------------------------
+# ---- a typed cap below the current one ---------------------------------------------------
 
 
 def test_finding_9_a_typed_cap_below_or_at_the_current_one_is_refused_and_asked_again() -> None:

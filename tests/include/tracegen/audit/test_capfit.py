@@ -4,7 +4,7 @@ Ground truth comes from the stand-in's length model (`tracegen.simulator.lengths
 function of prompt and seed), so the test fits exactly what a pilot against the simulator would see.
 Tolerances: the sample of 1,500 has its own noise (sd of the share at 8192 is about 0.4 points), so the
 prediction must land within 1.2 points of the sample's actual share at 8192 and within 1.0 point of the
-population share (seed calibration, ~2.2%); for the 'long' calibration (~13.5% at 8192) within 3 points.
+population share (reference-job calibration, ~2.2%); for the 'long' calibration (~13.5% at 8192) within 3 points.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def prompts(start: int, n: int) -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": f"fix the failing test in module {i}"}] for i in range(start, start + n)]
 
 
-def natural(start: int, n: int, model: str = "seed") -> np.ndarray:
+def natural(start: int, n: int, model: str = "reference") -> np.ndarray:
     return np.array([natural_length(p, seed=7, model=model) for p in prompts(start, n)])
 
 
@@ -37,7 +37,7 @@ def population() -> np.ndarray:
 def test_predicted_truncation_at_8192_from_a_4096_pilot(sample, population):
     lengths = natural(sample * 1500, 1500)
     observed, censored = np.minimum(lengths, 4096), lengths > 4096
-    assert 0.14 < censored.mean() < 0.22  # the seed's regime: ~18% cut at 4096
+    assert 0.14 < censored.mean() < 0.22  # the reference job's regime: ~18% cut at 4096
     table = cap_table(fit_lengths(observed, censored, seed=sample), 4096)
     row = table.row(8192)
     actual_sample = (lengths > 8192).mean()
@@ -48,7 +48,7 @@ def test_predicted_truncation_at_8192_from_a_4096_pilot(sample, population):
     assert row.basis == "model"
     # Expected output tokens per row at 8192 within 3% of the sample's actual mean of min(L, 8192).
     assert row.expected_tokens_per_row == pytest.approx(np.minimum(lengths, 8192).mean(), rel=0.03)
-    # The seed's decision: 8192 is the smallest candidate that meets 5%.
+    # The reference job's decision: 8192 is the smallest candidate that meets 5%.
     assert table.recommended_cap in (6144, 8192)
 
 
@@ -128,7 +128,7 @@ def test_cap_table_arithmetic_context_and_recommendation():
 def test_naive_quantiles_are_wrong_but_the_fit_is_not():
     lengths = natural(0, 1500)
     observed = np.minimum(lengths, 4096)
-    assert np.percentile(observed, 90) == 4096  # what the seed saw: the cap, not a length
+    assert np.percentile(observed, 90) == 4096  # what the reference job saw: the cap, not a length
     fit = fit_lengths(observed, lengths > 4096, bootstrap=0)
     true_p90 = np.percentile(lengths, 90)
     assert math.exp(fit.mu + 1.2816 * fit.sigma) == pytest.approx(true_p90, rel=0.1)
@@ -152,7 +152,7 @@ def test_bad_input():
         cap_table(fit, 40).row(123)
 
 
-# -- measured tails, the runaway floor, honest intervals (issue #17) -------------------------------------------------
+# -- measured tails, the runaway floor, honest intervals -------------------------------------------------
 # Pilots drawn from the stand-in's laws (`LengthModel.calibrated`: 18% of rows past 4096), one sample per prompt as
 # the server draws it; "extended to M" = the truncated rows continued to cap M, so every row's length is known up
 # to M. Truth: the law's exact survival.
@@ -239,8 +239,8 @@ def test_runaways_are_a_floor_the_recommendation_does_not_chase():
 @pytest.mark.parametrize("kind", ["logt", "bimodal"])
 def test_modelled_interval_covers_the_truth_beyond_the_measured_cap(kind):
     # Measured to 8192, 16384 modelled (fixed seeds, 8 pilots): the envelope of the tail families covers the truth
-    # in at least 7 of 8 (it does in 8 on both laws; a log-normal tail alone covers bimodal in 6, and the method
-    # before #17 covered logt in 1 of 10 and bimodal in 2 of 10 in bench/capfit_accuracy.py), and the point lands
+    # in at least 7 of 8 (it does in 8 on both laws; a log-normal tail alone covers bimodal in 6, and the
+    # log-normal-only method covered logt in 1 of 10 and bimodal in 2 of 10 in bench/capfit_accuracy.py), and the point lands
     # within 2 points.
     covered = 0
     for seed in range(8):

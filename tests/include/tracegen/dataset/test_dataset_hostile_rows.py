@@ -1,4 +1,4 @@
-"""Hostile dataset rows (issue #26, finding 8): one bad row never stops a chunk.
+"""Hostile dataset rows: one bad row never stops a chunk.
 
 A JSONL line of 200 KB of `[` made `json.loads` raise RecursionError, which `parse_row` did not catch: the
 error named no row, every retry of the chunk failed on it and the chunk's later rows were never generated.

@@ -1,4 +1,4 @@
-"""A dataset edited in place after a run indexed it (issue #14, finding 8).
+"""A dataset edited in place after a run indexed it.
 
 Rows are paired with prompts by position. A file edited in place with the same byte size passed the old
 size check, so a later chunk generated for the new prompts under the old fingerprint, and export paired

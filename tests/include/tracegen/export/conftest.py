@@ -1,6 +1,6 @@
 """A `make demo`-sized output root, made once per test session: the bundled 3,000 prompts on two SGLang
 stand-ins launched as the demo's fleet is (Qwen3 model path and served name, the qwen3 reasoning parser,
-40,960 context), generated at the seed's 4096 cap and then pivoted to 8192 (truncated rows extended from
+40,960 context), generated at the reference job's 4096 cap and then pivoted to 8192 (truncated rows extended from
 their token ids), through the chunk engine the DAG's tasks run. Each run records what its servers report
 (`tracegen.export.servers.record`, as the provisioning task should).
 """

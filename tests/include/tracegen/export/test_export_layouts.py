@@ -1,4 +1,4 @@
-"""The trainer layouts on a small root worked out by hand (issue #30), the bounded ledger read against the
+"""The trainer layouts on a small root worked out by hand, the bounded ledger read against the
 whole frame, and a trainer layout's file streamed to S3.
 
 The root: 6 prompts; run A (4096) committed 0-3 `stop` with token ids, 4 `length`, 5 `stop` without ids

@@ -1,4 +1,4 @@
-"""Log redaction of the fleet's secrets (issue #26, finding 14).
+"""Log redaction of the fleet's secrets.
 
 SGLang logs `server_args` as a repr, so an API key `a\\b` appears in its log as `a\\\\b`; the log tail the fleet
 puts into a start-up failure (and so into task logs) replaced only the raw value, and a secret with a backslash

@@ -1,4 +1,4 @@
-"""Fleet secret references (issue #26, finding 12).
+"""Fleet secret references.
 
 (a) A token pasted where the *name* of a Variable or connection goes was accepted and printed by
 `fleet validate`. A reference name now has to look like an Airflow id (a letter, then letters, digits, `_`,

@@ -1,4 +1,4 @@
-"""Secrets in the fleet's `env` (issue #14, finding 9).
+"""Secrets in the fleet's `env`.
 
 An `HF_TOKEN` written into the fleet file went wherever the fleet went. Now the fleet references secrets
 held in Airflow (`{"from_variable": ...}`, `{"from_connection": ..., "field": ...}`), resolved on the worker

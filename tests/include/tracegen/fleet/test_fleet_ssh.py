@@ -303,8 +303,8 @@ def test_a_script_that_times_out_is_stopped_with_its_process_group(sshd, tmp_pat
     assert subprocess.run(["flock", "-w", "2", str(lock), "true"]).returncode == 0
 
 
-def _seed_fleet(conn_id: str, base_port: int, work_dir: str, **over) -> dict:
-    """The seed's kind of fleet: an EAGLE3 draft model, reasoning and tool-call parsers, an API key from a
+def _reference_fleet(conn_id: str, base_port: int, work_dir: str, **over) -> dict:
+    """The reference job's kind of fleet: an EAGLE3 draft model, reasoning and tool-call parsers, an API key from a
     connection, a static memory fraction, a context length and CUDA-graph batch sizes."""
     return {
         "hosts": [{"conn_id": conn_id, "gpus": [0, 1], "base_port": base_port}],
@@ -329,7 +329,7 @@ def _seed_fleet(conn_id: str, base_port: int, work_dir: str, **over) -> dict:
     }
 
 
-def test_the_seed_fleet_validates_launches_over_ssh_and_sglang_starts_with_its_argv(
+def test_the_reference_fleet_validates_launches_over_ssh_and_sglang_starts_with_its_argv(
     sshd, tmp_path, monkeypatch, stray_groups
 ):
     key = "seed-key-7f3a"
@@ -338,9 +338,9 @@ def test_the_seed_fleet_validates_launches_over_ssh_and_sglang_starts_with_its_a
     work_dir = str(tmp_path / "fleet")
 
     # On a GPU host: validates, and SGLang's own parser starts from the exact argv of every server.
-    real = FleetSpec.from_dict(_seed_fleet(sshd.conn_id, base_port, work_dir, python="/opt/sglang/bin/python"))
+    real = FleetSpec.from_dict(_reference_fleet(sshd.conn_id, base_port, work_dir, python="/opt/sglang/bin/python"))
     assert real.launch_module == "sglang.launch_server" and real.max_running_requests == 48
-    assert FleetRef.of(real, "seed.json").slots == 96  # SGLang's speculative cap, per server
+    assert FleetRef.of(real, "reference.json").slots == 96  # SGLang's speculative cap, per server
     monkeypatch.chdir(tmp_path)
     for host, gpu in real.servers():
         argv = launch_argv(real, host, gpu, api_key=key)[3:]
@@ -354,8 +354,8 @@ def test_the_seed_fleet_validates_launches_over_ssh_and_sglang_starts_with_its_a
     # The same fleet on the stand-in, over SSH: it starts with SGLang's argv (plus --sim-* knobs) and reports
     # what SGLang reports.
     sim_flags = {"--sim-time-scale": 1000, "--sim-length-model": "short", "--sim-tool-call-rate": 1.0}
-    seed = _seed_fleet(sshd.conn_id, base_port, work_dir, python=sys.executable, launch_module="tracegen.simulator")
-    spec = FleetSpec.from_dict({**seed, "sglang_flags": {**seed["sglang_flags"], **sim_flags}})
+    reference = _reference_fleet(sshd.conn_id, base_port, work_dir, python=sys.executable, launch_module="tracegen.simulator")
+    spec = FleetSpec.from_dict({**reference, "sglang_flags": {**reference["sglang_flags"], **sim_flags}})
     host = spec.hosts[0]
     stand_in_argv = launch_argv(spec, host, 0, api_key=key)[3:]
     for flag, value in sim_flags.items():

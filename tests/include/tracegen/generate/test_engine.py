@@ -47,7 +47,7 @@ def _messages(i: int):
 
 
 def test_pivot_4096_to_8192_sends_only_truncated_and_unfinished(tmp_path, sim_server):
-    # The seed calibration: ~18% of samples truncate at 4096, ~2% at 8192. Every request draws a fresh
+    # The reference job's calibration: ~18% of samples truncate at 4096, ~2% at 8192. Every request draws a fresh
     # sample, as SGLang does, so nothing below relies on a prompt repeating its length.
     sim = sim_server(sim_time_scale=20000, log_level="warning", enable_metrics=True, max_running_requests=128)
     n_rows, first = 240, 160
@@ -64,7 +64,7 @@ def test_pivot_4096_to_8192_sends_only_truncated_and_unfinished(tmp_path, sim_se
     cut = f4["finish_reason"] == "length"
     truncated = set(f4.loc[cut, "index"].tolist())
     assert (f4.loc[cut, "completion_tokens"] == 4096).all() and (f4.loc[~cut, "completion_tokens"] < 4096).all()
-    assert 10 <= len(truncated) <= 60, "the seed calibration should truncate ~18% at 4096"
+    assert 10 <= len(truncated) <= 60, "the reference job's calibration should truncate ~18% at 4096"
 
     c8 = make_config(dataset, out, max_tokens=8192, truncated_policy="regenerate")
     prepare(c8, "run-8192")
@@ -153,7 +153,7 @@ def test_pivot_with_extend_sends_only_continuations_and_pays_only_the_new_tokens
     output_root = root_of(c4)
     first = _parts_rows(output_root, "run-4096")
     truncated = {i for i, r in first.items() if r.finish_reason == "length"}
-    assert 20 <= len(truncated) <= 80, "the seed calibration should truncate ~18% at 4096"
+    assert 20 <= len(truncated) <= 80, "the reference job's calibration should truncate ~18% at 4096"
     assert all(r.has_token_ids for r in first.values()), "every row keeps what a continuation needs"
 
     c8 = make_config(dataset, out, max_tokens=8192)  # the default policy: extend

@@ -111,7 +111,7 @@ def test_sigkill_soak(tmp_path, sim_server):
 
 
 def test_sigkill_during_extension_loses_and_duplicates_nothing_and_a_resume_extends_again(tmp_path, sim_server):
-    # The "short" model is the seed's at 1/40: cap 100 plays 4096 (18% cut), 200 plays 8192. The first run
+    # The "short" model is the reference job's at 1/40: cap 100 plays 4096 (18% cut), 200 plays 8192. The first run
     # is fast; the pivot runs slowly on a second stand-in with the same seed and length flags, which
     # finishes the samples the first one started (the ids name their sample), so kills land mid-extension.
     fast = sim_server(sim_time_scale=2000, sim_length_model="short", max_running_requests=128, log_level="warning",

@@ -3,7 +3,7 @@ the exact ids with the remaining budget and the row's sampling params, /detokeni
 server's own parsers on the whole raw text), the row it builds, the fallback for a row stored without token
 ids, and for a server without /detokenize.
 
-Then the pivot against the stand-in (issue #29): prompts rich in non-ASCII, many rows cut at 4096 inside a
+Then the pivot against the stand-in: prompts rich in non-ASCII, many rows cut at 4096 inside a
 character, and 4096 -> 8192 with `extend` equal to one uninterrupted 8192 run byte for byte, in the parts and
 in the export; joining the two texts instead (a server without /detokenize) leaves U+FFFD at those seams.
 """
@@ -235,7 +235,7 @@ def test_raw_text_rebuilds_what_the_parser_split() -> None:
     assert raw_text(truncated(reasoning_content=None, content="plain")) == "plain"
 
 
-# ---- the pivot on the stand-in, prompts rich in non-ASCII (issue #29) -----------------------------------------
+# ---- the pivot on the stand-in, prompts rich in non-ASCII -----------------------------------------
 RICH_SIM = dict(sim_time_scale=20000, log_level="warning", max_running_requests=128, reasoning_parser="qwen3",
                 enable_deterministic_inference=True, sim_truncated_share=0.5)
 RICH_ROWS = 420

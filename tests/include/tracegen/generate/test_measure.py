@@ -76,7 +76,7 @@ def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new
     root = root_of(config)
     first = _rows(root, PILOT_CHUNK)
     truncated = {i for i, r in first.items() if r.finish_reason == "length"}
-    assert 10 <= len(truncated) <= 60, "the seed calibration truncates ~18% at 4096"
+    assert 10 <= len(truncated) <= 60, "the reference job's calibration truncates ~18% at 4096"
     gate_before = gate_counts(root.snapshots.frame(), 4096)
 
     sent, tokens = metric(sim.url, REQS), metric(sim.url, GEN_TOKENS)

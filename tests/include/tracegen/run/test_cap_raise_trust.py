@@ -1,4 +1,4 @@
-"""Whether a raise Variable is the run's decision (issue #26 finding 7), through the task callables that
+"""Whether a raise Variable is the run's decision, through the task callables that
 read it: a chunk task (`steps._at_raised_cap`), the question task (`steps.ask_about_cap`) and the raise
 task itself (`steps.raise_cap`), on a stand-in for the Airflow task API (Variables, XComs, task states:
 what `airflow.sdk` gives a running task). A Variable is taken only when the tracegen_raise_cap run it

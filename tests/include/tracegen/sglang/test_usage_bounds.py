@@ -1,4 +1,4 @@
-"""A server's token counts are bounded (issue #26 finding 11): usage must agree with the token ids the same
+"""A server's token counts are bounded: usage must agree with the token ids the same
 response returns and stay within the request's cap. Otherwise the response is a server fault of its own
 kind (`InconsistentUsage`, a `MalformedResponse`): retried like any bad body, never committed as a row.
 
@@ -87,7 +87,7 @@ def continue_row(replies: list[dict[str, Any]], *, max_new_tokens: int = 8, atte
     return asyncio.run(main()), seen
 
 
-# ---- finding 11, through the client -----------------------------------------------------------------
+# ---- through the client -----------------------------------------------------------------
 
 
 def test_finding_11_counts_beyond_the_cap_or_the_ids_are_retried_and_the_honest_answer_is_kept() -> None:

@@ -1,4 +1,4 @@
-"""The length model: a fresh sample per request around a per-prompt difficulty, calibrated to the seed run.
+"""The length model: a fresh sample per request around a per-prompt difficulty, calibrated to the reference job.
 
 Statistical claims are checked on fixed seeds with tolerances of about 4 standard errors of the
 sample size used, so a correct model fails them with probability well under 1e-4.
@@ -73,7 +73,7 @@ def test_sim_seed_changes_the_prompts_difficulty():
 
 
 def test_default_law_matches_the_seed_run_over_fresh_draws():
-    """Seed run: 17.9% truncated at 4096, capped mean 2,417 (n = 1,500: its own SE of the mean is ~29)."""
+    """The reference job: 17.9% truncated at 4096, capped mean 2,417 (n = 1,500: its own SE of the mean is ~29)."""
     n = 4000
     lengths = fresh_lengths(DEFAULT_MODEL, n, rng_seed=11)
     share, capped = (lengths > 4096).mean(), np.minimum(lengths, 4096)
@@ -130,7 +130,7 @@ LAW_CASES = {
 
 @pytest.mark.parametrize("case", LAW_CASES)
 def test_each_law_keeps_18_percent_past_4096_and_samples_its_own_survival(case):
-    model = build_model("seed", **LAW_CASES[case])
+    model = build_model("reference", **LAW_CASES[case])
     assert abs(model.survival(4096) - DEFAULT_MODEL.survival(4096)) < 1e-6
     n = 4000
     lengths = fresh_lengths(model, n, rng_seed=17)
@@ -142,9 +142,9 @@ def test_each_law_keeps_18_percent_past_4096_and_samples_its_own_survival(case):
 
 def test_heavy_tail_and_runaway_laws_leave_more_past_8192():
     base = DEFAULT_MODEL.survival(8192)
-    assert build_model("seed", kind="logt").survival(8192) > 1.8 * base
-    assert build_model("seed", kind="logt").survival(32768) > 5 * DEFAULT_MODEL.survival(32768)
-    assert build_model("seed", runaway_rate=0.03).survival(1e5) == pytest.approx(0.03)
+    assert build_model("reference", kind="logt").survival(8192) > 1.8 * base
+    assert build_model("reference", kind="logt").survival(32768) > 5 * DEFAULT_MODEL.survival(32768)
+    assert build_model("reference", runaway_rate=0.03).survival(1e5) == pytest.approx(0.03)
 
 
 def log_density_peaks(model: LengthModel) -> list[float]:
@@ -162,7 +162,7 @@ def log_density_peaks(model: LengthModel) -> list[float]:
 
 
 def test_bimodal_law_has_two_modes():
-    assert len(log_density_peaks(build_model("seed", kind="bimodal"))) == 2
+    assert len(log_density_peaks(build_model("reference", kind="bimodal"))) == 2
     assert len(log_density_peaks(DEFAULT_MODEL)) == 1
     # Sampled: well-separated modes show a clear dip between them.
     model = build_model("lognormal:1000:0.4", kind="bimodal", long_ratio=10.0, long_share=0.4)
@@ -177,7 +177,7 @@ def test_bimodal_law_has_two_modes():
 
 
 def test_runaways_never_stop_and_their_tail_repeats():
-    model = build_model("seed", runaway_rate=0.05)
+    model = build_model("reference", runaway_rate=0.05)
     rng = random.Random(29)
     runaway_tails, normal_tails = [], []
     for i in range(600):
@@ -220,26 +220,26 @@ def test_reasoning_split_is_per_sample_and_leaves_an_answer():
 
 
 def test_parse_and_build_models():
-    assert LengthModel.parse("seed") is CALIBRATIONS["seed"]
-    assert build_model("seed") is CALIBRATIONS["seed"]
+    assert LengthModel.parse("reference") is CALIBRATIONS["reference"]
+    assert build_model("reference") is CALIBRATIONS["reference"]
     assert LengthModel.parse("fixed:42") == LengthModel(kind="fixed", fixed=42)
     assert natural_length([{"role": "user", "content": "x"}], 0, "fixed:42") == 42
     assert LengthModel.parse("lognormal:100:0.5").median == 100
     assert build_model("short", kind="logt").survival(100) == pytest.approx(
         CALIBRATIONS["short"].survival(100)
     )
-    assert build_model("seed", truncated_share=0.3).survival(4096) == pytest.approx(0.3)
-    assert build_model("seed", truncated_share=0.05, truncated_at=8192).survival(8192) == pytest.approx(0.05)
+    assert build_model("reference", truncated_share=0.3).survival(4096) == pytest.approx(0.3)
+    assert build_model("reference", truncated_share=0.05, truncated_at=8192).survival(8192) == pytest.approx(0.05)
     assert build_model("fixed:7", runaway_rate=0.5).runaway_rate == 0.5
     for bad in ("nope", "fixed:x", "fixed:0", "lognormal:1", "lognormal:-3:1"):
         with pytest.raises(ValueError, match="length model|fixed length|log-normal"):
             LengthModel.parse(bad)
     with pytest.raises(ValueError, match="runaways alone"):
-        build_model("seed", runaway_rate=0.2)
+        build_model("reference", runaway_rate=0.2)
     with pytest.raises(ValueError, match="no median"):
         build_model("fixed:10", kind="logt")
     with pytest.raises(ValueError, match="bimodal"):
-        build_model("seed", kind="bimodal", long_ratio=0.5)
+        build_model("reference", kind="bimodal", long_ratio=0.5)
 
 
 def test_prompt_token_counts_are_the_lengths_of_the_prompt_ids():

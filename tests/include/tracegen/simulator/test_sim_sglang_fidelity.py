@@ -28,7 +28,7 @@ def user(text: str = "question") -> list[dict]:
 
 @pytest.fixture(scope="module")
 def seedlike(tmp_path_factory):
-    """A server launched with the seed fleet's parsers and an API key."""
+    """A server launched with the reference job's fleet's parsers and an API key."""
     server = start_sim_server(
         tmp_path_factory.mktemp("fidelity"), api_key=KEY, reasoning_parser="qwen3", tool_call_parser="qwen25",
         enable_metrics=True, sim_length_model="short", sim_tool_call_rate=0.5, model_path="Qwen/Qwen3-8B",
@@ -290,7 +290,7 @@ def test_priority_scheduling_metrics_and_the_autotuner_reads_the_totals(sim_serv
     assert (metrics["sglang:num_running_reqs"], metrics["sglang:num_queue_reqs"]) == (2, 3)
 
 
-# ---- the tokenizer routes (issue #29) -------------------------------------------------------------------
+# ---- the tokenizer routes -------------------------------------------------------------------
 
 TOKENIZE = [
     ({"prompt": "fix the failing test → 修复 🙂"}, True),

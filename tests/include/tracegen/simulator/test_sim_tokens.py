@@ -1,4 +1,4 @@
-"""The stand-in's tokenizer and token streams (issue #29): a real byte-level BPE, streams that are the
+"""The stand-in's tokenizer and token streams: a real byte-level BPE, streams that are the
 tokenization of the stand-in's text, cuts inside characters at the documented rates, and SGLang's
 detokenization of a continuation."""
 

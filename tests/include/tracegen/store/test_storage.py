@@ -122,7 +122,7 @@ def test_s3_put_survives_an_outage(s3, s3_uri: str, caplog: pytest.LogCaptureFix
     store = open_storage(s3_uri, retry_deadline_s=30, backoff_initial_s=0.1, backoff_max_s=0.5)
     store.put("warm", b"1")  # open a pooled connection first: the outage must cut it too
     restored = s3.proxy.outage_for(2.0)
-    with caplog.at_level(logging.WARNING, logger="tracegen.store.storage"):
+    with caplog.at_level(logging.WARNING, logger="tracegen.store.s3_storage"):
         store.put("during/outage", b"payload")
     restored.join()
     assert any("transient error" in r.getMessage() for r in caplog.records)  # the outage really bit
@@ -140,7 +140,7 @@ def test_s3_gives_up_with_a_clear_error(s3, s3_uri: str) -> None:
 
 def test_s3_permanent_error_is_not_retried(s3, caplog: pytest.LogCaptureFixture) -> None:
     store = open_storage(f"s3://no-such-bucket-{os.getpid()}/x", retry_deadline_s=30)
-    with caplog.at_level(logging.WARNING, logger="tracegen.store.storage"), pytest.raises(StorageError) as info:
+    with caplog.at_level(logging.WARNING, logger="tracegen.store.s3_storage"), pytest.raises(StorageError) as info:
         store.put("k", b"x")
     assert "no-such-bucket" in str(info.value) and "NoSuchBucket" in str(info.value)
     assert not [r for r in caplog.records if "transient error" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""The output root is data (issue #26, round two): local storage never follows a link out of the root, and
+"""The output root is data: local storage never follows a link out of the root, and
 opening a root to read it creates nothing.
 
 Links planted inside the root (a report pointing at /proc/self/environ, a run directory pointing at /etc)

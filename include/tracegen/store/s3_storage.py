@@ -1,0 +1,239 @@
+"""An S3 prefix as an output root, through Airflow's S3Hook: every call retried with backoff on transient
+errors, exclusive create by a conditional PUT."""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tracegen.store.storage_base import (
+    Storage,
+    StorageError,
+    StorageKeyError,
+    _check_prefix,
+    _check_range,
+    check_key,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# S3 error codes worth retrying: throttling and server-side trouble. Everything else (403, 404, bad
+# request) is permanent and retrying would only delay a clear error.
+_RETRYABLE_CODES = {
+    "Throttling",
+    "ThrottlingException",
+    "SlowDown",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+# What S3 answers a conditional write whose condition failed (another writer's object is there).
+CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def _is_transient(exc: BaseException) -> bool:
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(exc, EndpointConnectionError | ConnectionClosedError | ConnectTimeoutError | ReadTimeoutError):
+        return True
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        return code in _RETRYABLE_CODES or status >= 500 or status == 429
+    # urllib3/socket level errors that botocore did not wrap.
+    return isinstance(exc, ConnectionError | TimeoutError)
+
+
+def _error_code(exc: BaseException) -> str:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+class S3Storage(Storage):
+    """An S3 prefix reached through Airflow's S3Hook (so endpoint and credentials come from the connection).
+
+    Each call is retried with exponential backoff and jitter on transient errors for up to
+    `retry_deadline_s`, so a commit rides out an S3 blip; then it fails naming the object.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        aws_conn_id: str = "aws_default",
+        *,
+        retry_deadline_s: float = 120.0,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 10.0,
+        client: Any = None,
+    ) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+            raise ValueError(f"invalid S3 bucket name {bucket!r}")
+        if retry_deadline_s < 0 or backoff_initial_s <= 0 or backoff_max_s < backoff_initial_s:
+            raise ValueError(
+                f"bad retry settings: deadline={retry_deadline_s} initial={backoff_initial_s} max={backoff_max_s}"
+            )
+        prefix = prefix.strip("/")
+        if prefix:
+            check_key(prefix)
+        self.bucket = bucket
+        self.prefix = prefix + "/" if prefix else ""
+        self.aws_conn_id = aws_conn_id
+        self.uri = f"s3://{bucket}/{self.prefix}"
+        self.retry_deadline_s = retry_deadline_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._client = client
+
+    @property
+    def client(self) -> Any:
+        # Created lazily: building the hook reads the Airflow connection, which a constructor should not do.
+        if self._client is None:
+            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+            self._client = S3Hook(aws_conn_id=self.aws_conn_id).get_conn()
+        return self._client
+
+    def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.retry_deadline_s
+        delay = self.backoff_initial_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except Exception as exc:
+                if _error_code(exc) in _MISSING_CODES:
+                    raise StorageKeyError(self.uri + key) from None
+                if not _is_transient(exc):
+                    raise StorageError(f"S3 {what} {self.uri + key} failed: {exc}") from exc
+                now = time.monotonic()
+                if now >= deadline:
+                    raise StorageError(
+                        f"S3 {what} {self.uri + key} failed after {attempt} attempts over "
+                        f"{self.retry_deadline_s:.0f}s (bucket {self.bucket!r}): {exc}"
+                    ) from exc
+                sleep = min(delay * (0.5 + random.random()), deadline - now)
+                log.warning("S3 %s %s: transient error (%s); retry %d in %.2fs", what, key, exc, attempt, sleep)
+                time.sleep(max(sleep, 0.0))
+                delay = min(delay * 2, self.backoff_max_s)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        # One PutObject is atomic on S3: readers see the previous object or this one.
+        self._call("put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
+
+    def create(self, key: str, data: bytes) -> bool:
+        def put() -> None:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+
+        try:
+            self._call("create", key, put)
+        except StorageError as exc:
+            code = _error_code(exc.__cause__) if exc.__cause__ is not None else ""
+            if code not in CONFLICT_CODES:
+                raise
+            # Someone's object is there: ours, if an earlier attempt of this call went through unanswered.
+            try:
+                return self.get(key) == data
+            except StorageKeyError:
+                return False
+        return True
+
+    def modified(self, key: str) -> float:
+        return self._head(key)["LastModified"].timestamp()
+
+    def get(self, key: str) -> bytes:
+        def fetch() -> bytes:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+
+        return self._call("get", key, fetch)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        _check_range(start, length)
+        if length == 0:
+            self.size(key)  # still raise for a missing key
+            return b""
+
+        def fetch() -> bytes:
+            from botocore.exceptions import ClientError
+
+            try:
+                resp = self.client.get_object(
+                    Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
+                )
+            except ClientError as exc:
+                if _error_code(exc) == "InvalidRange":  # start is past the end: same as a local read
+                    return b""
+                raise
+            return resp["Body"].read()
+
+        return self._call("get_range", key, fetch)
+
+    def _head(self, key: str) -> dict[str, Any]:
+        return self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key)))
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._head(key)
+        except StorageKeyError:
+            return False
+        return True
+
+    def size(self, key: str) -> int:
+        return int(self._head(key)["ContentLength"])
+
+    def list(self, prefix: str = "") -> list[str]:
+        _check_prefix(prefix)
+        full = self.prefix + prefix
+
+        def fetch() -> list[str]:
+            keys: list[str] = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
+            return keys
+
+        return sorted(self._call("list", prefix, fetch))
+
+    def sizes(self, prefix: str = "") -> dict[str, int]:
+        # The listing already carries each object's size: one LIST per 1000 keys instead of a HEAD per key.
+        _check_prefix(prefix)
+        full = self.prefix + prefix
+
+        def fetch() -> dict[str, int]:
+            out: dict[str, int] = {}
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                out.update((obj["Key"][len(self.prefix) :], int(obj["Size"])) for obj in page.get("Contents", []))
+            return out
+
+        return dict(sorted(self._call("list", prefix, fetch).items()))
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)))
+
+    def uri_for(self, key: str) -> str:
+        return self.uri + check_key(key)
+
+
