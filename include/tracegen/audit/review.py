@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tracegen.audit.formats import duration_fine, gpu_hours, num, pct
-from tracegen.cap_rule import CapRefused, lowest_cap, shown, whole_number
-from tracegen.cap_rule import check_cap as _check_cap
+from tracegen.cap_rule import CapRefused, check_cap, lowest_cap, shown, whole_number
 
 RECOMMENDED, OTHER, CURRENT, STOP = "recommended", "other", "current", "stop"
 OPTION_KINDS = (RECOMMENDED, OTHER, CURRENT, STOP)
@@ -290,7 +289,7 @@ def decide(
         if typed is None:
             raise AnswerRefused(f"'{option.label}' needs a cap in the form's '{CAP_FIELD}' field "
                                 f"({question.min_cap:,} to {question.max_cap:,})")
-        cap = check_cap(typed, question)
+        cap = answered_cap(typed, question)
     else:
         if typed is not None:
             other = next((o.label for o in question.options if o.kind == OTHER), None)
@@ -298,7 +297,7 @@ def decide(
             raise AnswerRefused(f"a cap ({shown(typed)}) was typed but '{option.label}' was chosen; {instead}")
         # The recommended cap goes through the same rule as a typed one (the question is data from an
         # XCom); the current cap and stop are not new caps.
-        cap = check_cap(option.cap, question) if option.kind == RECOMMENDED else option.cap
+        cap = answered_cap(option.cap, question) if option.kind == RECOMMENDED else option.cap
     when = responded_at.isoformat() if isinstance(responded_at, dt.datetime) else str(responded_at)
     return CapDecision(
         trigger=question.trigger, option=option.label, kind=option.kind, from_cap=question.current_cap, cap=cap,
@@ -307,13 +306,13 @@ def decide(
     )
 
 
-def check_cap(value: Any, question: CapQuestion) -> int:
+def answered_cap(value: Any, question: CapQuestion) -> int:
     """A typed cap as the integer the run continues at, by `cap_rule`'s one check: above the current cap
     and within the servers' context; anything else is refused, saying what fits and what else to choose."""
     try:
         cap = whole_number(value, name="cap")
         current = question.option_label(CURRENT)
-        return _check_cap(cap, name="cap", current=question.current_cap, context_length=question.context_length,
+        return check_cap(cap, name="cap", current=question.current_cap, context_length=question.context_length,
                           hint=f"to go on at {question.current_cap:,}, choose '{current}', or choose "
                                f"'{question.option_label(STOP)}'")
     except CapRefused as exc:
