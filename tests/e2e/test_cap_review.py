@@ -241,6 +241,7 @@ def test_chromium_shows_the_required_action_with_the_cap_table_and_a_click_resum
         browser.goto(cluster.api_url + browser.eval("document.querySelector('iframe[sandbox]').getAttribute('src')"))
         browser.wait_for("document.body.innerText.includes('DECISION')", 30)
         assert "answered by admin" in browser.text()
+        journey_shot(browser, "5-final-report")
     finally:
         browser.close()
     decision = _check_completed_at(output, run_id, cap)
