@@ -235,8 +235,9 @@ class RunConfig:
         GATE_MODES, title="Gate mode",
         description="When truncation is over the threshold (at the pilot, or drifting there mid-run): 'ask' "
         "pauses the run at a question in Required Actions (continue at the recommended cap, at another cap, "
-        "at this cap accepting the truncation, or stop) and the same run goes on as answered; 'stop' fails "
-        "the run; 'warn' logs and goes on. 'stop' and 'warn' are for runs nobody watches."),
+        "at this cap accepting the truncation, or stop) and the same run goes on as answered; 'stop' stops "
+        "the run there (it ends 'stopped by the gate', every committed row kept, no task failed); 'warn' logs "
+        "and goes on. 'stop' and 'warn' are for runs nobody watches."),
         "ask")
     gate_question_timeout_minutes: float = _rule(Float(
         0.1, 30 * 24 * 60.0, title="Gate question timeout (minutes)",

@@ -13,8 +13,8 @@ from tracegen.store.root import OutputRoot
 
 # Rows the continuous gate judges: enough for a tight interval, few enough to read in any chunk task.
 CONTINUOUS_GATE_SAMPLE = 20_000
-# The modes in which a closed gate holds chunks back: 'stop' fails them, 'ask' leaves their rows for the
-# reviewer's question after the fan-out.
+# The modes in which a closed gate holds chunks back: 'stop' skips them (the run ends stopped by the gate),
+# 'ask' leaves their rows for the reviewer's question after the fan-out.
 HOLDING_MODES = ("stop", "ask")
 
 
