@@ -53,6 +53,15 @@ def state_dir() -> Path:
 # ---- rules: one definition per param, for validation and for the trigger form ---------------------
 
 
+def bounded(kind: str, bounds: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """A number field's JSON schema with its bounds inside `allOf`. Airflow checks them when a run is
+    triggered: a value outside is refused, naming the bound, and no run is created. The trigger form's number
+    input reads only a top-level minimum and maximum, and clamps what was typed to them when it loses focus
+    (0 became 1, 10,000,000 the maximum, and the run started at that); it sees none here, so it sends what the
+    person typed, and the refusal is Airflow's, shown in the dialog."""
+    return {"type": kind, "allOf": [bounds], **more}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Rule:
     """How a field is checked and, when it has a `title`, shown on the trigger form."""
@@ -85,9 +94,9 @@ class Int(Rule):
 
     def schema(self) -> dict[str, Any]:
         if self.zero_ok:
-            return {"type": "integer", "minimum": 0, "maximum": self.high,
-                    "anyOf": [{"enum": [0]}, {"minimum": self.low}]}
-        return {"type": "integer", "minimum": self.low, "maximum": self.high}
+            return bounded("integer", {"minimum": 0, "maximum": self.high},
+                           anyOf=[{"enum": [0]}, {"minimum": self.low}])
+        return bounded("integer", {"minimum": self.low, "maximum": self.high})
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ class Cap(Rule):
             raise ConfigError(str(exc)) from None
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST}
+        return bounded("integer", {"minimum": LOWEST, "maximum": HIGHEST})
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,7 @@ class Float(Rule):
 
     def schema(self) -> dict[str, Any]:
         low = {"exclusiveMinimum": self.low} if self.low_open else {"minimum": self.low}
-        return {"type": "number", **low, "maximum": self.high}
+        return bounded("number", {**low, "maximum": self.high})
 
 
 @dataclass(frozen=True)
@@ -192,8 +201,9 @@ class RunConfig:
     max_tokens: int = _rule(Cap(
         title="Max tokens (completion cap)",
         description="Cap on completion tokens (thinking + answer). Rows that hit it finish with 'length' and "
-        "are truncated; the pilot gate stops the run when too many do. Must be below the model's context "
-        "length."), 4096)
+        "are truncated; the pilot gate stops the run when too many do. A whole number from 1 to 1,048,576, "
+        "below the model's context length (the run's first task checks it against the servers' before any "
+        "starts)."), 4096)
     dataset_uri: str = _rule(Uri(
         title="Dataset", what="a JSONL, JSONL.gz or Parquet file, local or s3://",
         description="Prompts: JSONL, JSONL.gz or Parquet with OpenAI-style 'messages'; an absolute local path, "
@@ -225,8 +235,9 @@ class RunConfig:
         GATE_MODES, title="Gate mode",
         description="When truncation is over the threshold (at the pilot, or drifting there mid-run): 'ask' "
         "pauses the run at a question in Required Actions (continue at the recommended cap, at another cap, "
-        "at this cap accepting the truncation, or stop) and the same run goes on as answered; 'stop' fails "
-        "the run; 'warn' logs and goes on. 'stop' and 'warn' are for runs nobody watches."),
+        "at this cap accepting the truncation, or stop) and the same run goes on as answered; 'stop' stops "
+        "the run there (it ends 'stopped by the gate', every committed row kept, no task failed); 'warn' logs "
+        "and goes on. 'stop' and 'warn' are for runs nobody watches."),
         "ask")
     gate_question_timeout_minutes: float = _rule(Float(
         0.1, 30 * 24 * 60.0, title="Gate question timeout (minutes)",

@@ -97,7 +97,7 @@ def run_progress(root: OutputRoot, record: Any, now: float | None = None) -> dic
     ok = mine[(mine["status"] == OK) & (mine["max_tokens"] == cap)] if len(mine) else mine
     cut = int((ok["finish_reason"] == "length").sum()) if len(ok) else 0
     low, high = wilson_interval(cut, len(ok)) if len(ok) else (None, None)
-    rows_s, tokens_s = _recent_rates(mine, now)
+    rows_s, tokens_s = _recent_rates(mine, now, _generating_since(record, now))
     left = n_rows - done
     return {
         "run_id": record.run_id, "max_tokens": cap, "truncated_policy": policy, "total": n_rows, "done": done,
@@ -109,16 +109,33 @@ def run_progress(root: OutputRoot, record: Any, now: float | None = None) -> dic
     }
 
 
-def _recent_rates(mine: pd.DataFrame, now: float) -> tuple[float | None, float | None]:
-    """(rows/s, completion tokens/s) committed by one run's rows over the last RATE_WINDOW_S."""
+def _generating_since(record: Any, now: float) -> float:
+    """Where the rate window starts: RATE_WINDOW_S ago, or at the run's last decision when it is more recent.
+    Until a reviewer answers, the run's chunks wait; counting that wait as generating time would make the
+    rate after the answer look slow and the ETA long."""
+    since = now - RATE_WINDOW_S
+    for decision in getattr(record, "decisions", None) or []:
+        try:
+            answered = pd.Timestamp(decision.responded_at)
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if answered.tzinfo is not None:
+            since = max(since, answered.timestamp())
+    return since
+
+
+def _recent_rates(mine: pd.DataFrame, now: float, since: float) -> tuple[float | None, float | None]:
+    """(rows/s, completion tokens/s) committed by one run's rows since `since`: over the time from the
+    window's first commit, or from `since` itself when a decision started the generation it measures."""
     if not len(mine) or "committed_at" not in mine.columns:
         return None, None
     stamps = pd.to_datetime(mine["committed_at"], utc=True, errors="coerce")
     seconds = ((stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy()
-    recent = seconds >= now - RATE_WINDOW_S  # NaT compares False
+    recent = seconds >= since  # NaT compares False
     if not recent.any():
         return None, None
-    span = max(now - float(np.nanmin(seconds[recent])), 1.0)
+    start = since if since > now - RATE_WINDOW_S else float(np.nanmin(seconds[recent]))
+    span = max(now - start, 1.0)
     tokens = float(mine["completion_tokens"].to_numpy()[recent].sum())
     return float(recent.sum()) / span, tokens / span
 

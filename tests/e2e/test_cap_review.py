@@ -411,9 +411,9 @@ def test_a_failed_first_task_is_the_one_failure_and_the_final_tasks_skip_saying_
 def test_a_cap_the_fleet_cannot_hold_fails_the_first_task_before_any_server_starts(
     cluster: AirflowCluster, api: AirflowApi, dataset: Path
 ) -> None:
-    """10,000,000 typed in the trigger form goes out clamped to the form's maximum,
-    1,048,576; the run's first task refuses it against the fleet's declared context length, naming the
-    bound, and no server is launched for it."""
+    """1,048,576, the largest cap the form takes, is more than the fleet's servers can hold: the run's first
+    task refuses it against the fleet's declared context length, naming the bound, and no server is launched
+    for it. (Beyond 1,048,576 the form itself refuses: tests/plugins/test_review_page.py.)"""
     run_id, output = _trigger(cluster, api, dataset, "out-clamped", max_tokens=1_048_576)
     assert api.wait_run(GENERATE, run_id, 240) == "failed", api.describe(GENERATE, run_id)
     states = _states(api, run_id)

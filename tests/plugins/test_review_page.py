@@ -453,16 +453,23 @@ def test_browser_trigger_form_refuses_invalid_max_tokens_and_sends_a_typed_valid
     browser.screenshot(SCREENSHOT_DIR / "trigger-form-required.png")
     browser.click(TRIGGER_BUTTON)  # a disabled button: nothing may be sent
 
-    # 0 (below the schema's minimum 1): the field takes the keystroke, and leaving it clamps it to 1 (Chakra's
-    # NumberInput clamps to the schema's min/max on blur). So 0 is never sent — but it is not refused either:
-    # clicking Trigger with 0 typed blurs the field first and triggers a run with max_tokens=1.
-    browser.type_into(MAX_TOKENS_FIELD, "0")
-    browser.wait_for(f"{value} === '0'", 5)
-    browser.key("Tab", "Tab", 9)
-    browser.wait_for(f"{value} === '1'")
-    assert browser.eval(TRIGGER_BUTTON_STATE) == "enabled"
+    # Out of range: 0, -5 and 10,000,000 stay as typed (the bounds are not where the number input clamps), and
+    # Airflow refuses each when Trigger is clicked, naming the bound, in the dialog: no run is created.
+    for typed, says in (("0", "0 is less than the minimum of 1"), ("-5", "-5 is less than the minimum of 1"),
+                        ("10000000", "10000000 is greater than the maximum of 1048576")):
+        browser.type_into(MAX_TOKENS_FIELD, typed)
+        browser.wait_for(f"{value} === {json.dumps(typed)}", 5)
+        browser.key("Tab", "Tab", 9)
+        time.sleep(0.3)
+        assert browser.eval(value) == typed, f"the form changed {typed} to {browser.eval(value)}"
+        assert browser.eval(TRIGGER_BUTTON_STATE) == "enabled"
+        browser.click(TRIGGER_BUTTON)
+        error = browser.wait_for(f"(t => t.includes({json.dumps(says)}) && t)({DIALOG_TEXT})")
+        assert "Invalid input for param max_tokens" in error, error
+    browser.center_of(MAX_TOKENS_FIELD)
+    browser.screenshot(SCREENSHOT_DIR / "trigger-form-out-of-range.png")
 
-    # 1.5 is in range, so the form keeps it; the REST call it makes is refused and the error is shown.
+    # 1.5 is not an integer: the REST call the form makes is refused and the error is shown.
     browser.type_into(MAX_TOKENS_FIELD, "1.5")
     browser.wait_for(f"{value} === '1.5'", 5)
     assert browser.eval(TRIGGER_BUTTON_STATE) == "enabled"

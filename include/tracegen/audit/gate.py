@@ -106,6 +106,7 @@ def decide(
     suggested_cap: int | None = None,
     suggested_truncation: float | None = None,
     suggestion_basis: str | None = None,
+    caps_weighed: bool = True,
     damage: Sequence[Any] = (),
 ) -> GateDecision:
     """Judge ``truncated`` of ``total`` rows against ``threshold`` (a share in [0, 1]); see the module rule.
@@ -115,6 +116,8 @@ def decide(
     ``suggested_cap``/``suggested_truncation`` (from the cap table) are only quoted in the reason and action;
     ``suggestion_basis`` says where the suggestion comes from when it was measured rather than predicted
     ("measured: 3.1% of 500 pilot rows run past 8192 ..."), and is quoted instead of the prediction.
+    ``caps_weighed=False``: the caller judged counts without a cap table (the running gates); then no cap is
+    suggested and the reason says where the caps are weighed, instead of that none meets the threshold.
     """
     _check_count("truncated", truncated)
     _check_count("total", total)
@@ -123,7 +126,7 @@ def decide(
         raise ValueError(f"truncated ({truncated}) cannot exceed total ({total})")
     decision = _judge_truncation(truncated, total, threshold, confidence, min_sample, max_tokens=max_tokens,
                                  suggested_cap=suggested_cap, suggested_truncation=suggested_truncation,
-                                 suggestion_basis=suggestion_basis)
+                                 suggestion_basis=suggestion_basis, caps_weighed=caps_weighed)
     if not damage:
         return decision
     damage = list(damage)
@@ -152,6 +155,7 @@ def _judge_truncation(
     suggested_cap: int | None,
     suggested_truncation: float | None,
     suggestion_basis: str | None,
+    caps_weighed: bool,
 ) -> GateDecision:
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
         raise ValueError(f"threshold must be a share within [0, 1] (0.05 = 5%), got {threshold!r}")
@@ -168,6 +172,9 @@ def _judge_truncation(
             pred = f" ({suggestion_basis})"
         suggestion = f"smallest cap meeting {_pct(threshold)}: {suggested_cap}{pred}"
         fix = f"trigger again with max_tokens={suggested_cap}{pred}"
+    elif not caps_weighed:
+        suggestion = "no cap weighed in this check: the run's report has the cap table"
+        fix = "choose a cap from the cap table in the run's report"
     else:
         suggestion = f"no candidate cap is predicted to meet {_pct(threshold)}"
         fix = "raise max_tokens as far as the context allows, or accept a higher truncation threshold"

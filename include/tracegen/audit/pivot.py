@@ -30,6 +30,8 @@ def pivot_summary(frame: pd.DataFrame, *, run_id: str | None = None) -> dict[str
         ok &= Coded(frame["run_id"]).eq(run_id)
     finished = ~Coded(frame["finish_reason"]).eq("length") if n else np.zeros(0, dtype=bool)
     ext, regen, fallback = ok & pivot.eq(EXTENDED), ok & pivot.eq(REGENERATED), ok & pivot.eq(FALLBACK_REGENERATED)
+    joined = (frame["text_joined"].fillna(False).to_numpy(dtype=bool) if "text_joined" in frame.columns
+              else np.zeros(n, dtype=bool))
     new = int((tokens - prefix)[ext].sum())
     again = int(tokens[regen | fallback].sum())
     # Rows extended by the pilot's tail measurement (`generate.measure`), before any cap was chosen: the
@@ -45,6 +47,9 @@ def pivot_summary(frame: pd.DataFrame, *, run_id: str | None = None) -> dict[str
         "regenerated_tokens": again,
         "tokens_spent": new + again,
         "tokens_saved": int(prefix[ext].sum()),
+        # Extended rows whose text joins two decodings (the server had no /detokenize): where the cut fell
+        # inside a character, their seam holds U+FFFD.
+        "joined_seams": int((ext & joined).sum()),
     }
 
 

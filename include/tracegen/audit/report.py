@@ -126,25 +126,6 @@ def _normalise_examples(examples: Iterable[Mapping[str, Any]] | Mapping[str, Ite
     return out
 
 
-def joined_seams(root: Any, frame: Any) -> int:
-    """Current extended rows whose text was joined from two decodings (the server had no /detokenize:
-    provenance `text: joined`): where the cut fell inside a character their seam holds U+FFFD. Reads the
-    parts that hold current extended rows (the ledger does not record how a text was made)."""
-    from tracegen.store.current import current_mask
-    from tracegen.store.records import EXTENDED
-
-    if len(frame) == 0 or "pivot" not in frame.columns:
-        return 0
-    rows = frame.loc[current_mask(frame) & (frame["pivot"] == EXTENDED).to_numpy(bool)]
-    count = 0
-    for part, group in rows.groupby("part", sort=True):
-        wanted = {(int(i), int(c)) for i, c in zip(group["index"], group["max_tokens"], strict=True)}
-        for row in root.commits.read_part(str(part)):
-            if (row.index, row.max_tokens) in wanted and (row.provenance or {}).get("text") == "joined":
-                count += 1
-    return count
-
-
 def _jsonable(value: Any) -> Any:
     """Run metadata as plain JSON values (anything else becomes its string form)."""
     if isinstance(value, Mapping):
@@ -201,16 +182,12 @@ def render_report(
     *,
     decisions: Iterable[Mapping[str, Any]] = (),
     measurement: Mapping[str, Any] | None = None,
-    seams: int | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Build (report.json as a dict, report.html as a string) from an AuditResult, CapTable, GateDecision,
-    and the reviewer's decisions (`CapDecision.to_json()` dicts) when the run asked. `seams`: the extended
-    rows whose text was joined (`joined_seams`), reported under `audit.pivot.joined_seams`."""
+    and the reviewer's decisions (`CapDecision.to_json()` dicts) when the run asked."""
     if run_meta is not None and not isinstance(run_meta, Mapping):
         raise ValueError(f"run_meta must be a dict, got {type(run_meta).__name__}")
     a = audit.to_json()
-    if seams is not None:
-        a["pivot"] = {**(a.get("pivot") or {}), "joined_seams": int(seams)}
     cap_json = capfit.to_json() if capfit is not None else None
     gate_json = gate.to_json() if gate is not None else None
     ex = _normalise_examples(examples)

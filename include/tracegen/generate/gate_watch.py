@@ -13,8 +13,8 @@ from tracegen.store.root import OutputRoot
 
 # Rows the continuous gate judges: enough for a tight interval, few enough to read in any chunk task.
 CONTINUOUS_GATE_SAMPLE = 20_000
-# The modes in which a closed gate holds chunks back: 'stop' fails them, 'ask' leaves their rows for the
-# reviewer's question after the fan-out.
+# The modes in which a closed gate holds chunks back: 'stop' skips them (the run ends stopped by the gate),
+# 'ask' leaves their rows for the reviewer's question after the fan-out.
 HOLDING_MODES = ("stop", "ask")
 
 
@@ -35,7 +35,8 @@ def continuous_gate(spec: RunSpec, root: OutputRoot) -> str | None:
     if config.gate_mode not in HOLDING_MODES:
         return None
     truncated, judged = gate_counts(root.snapshots.plan_frame(continuous_sample(spec)), config.max_tokens)
-    decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens)
+    decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens,
+                           caps_weighed=False)
     return decision.reason if decision.verdict == gate.STOP else None
 
 
@@ -70,7 +71,7 @@ class PilotGateWatch:
             return None
         config = self.spec.config
         own = gate.decide(truncated, judged, config.truncation_threshold, confidence=0.99,
-                          max_tokens=config.max_tokens)
+                          max_tokens=config.max_tokens, caps_weighed=False)
         if own.verdict == gate.STOP:
             self._settled = True
             self.closed = f"this chunk's own rows close the gate before the pilot's verdict: {own.reason}"

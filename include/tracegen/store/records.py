@@ -54,10 +54,13 @@ LEDGER_COLUMNS = (
     "error",  # str | None: last error message for failed/rejected/invalid rows
     "pivot",  # str | None: one of PIVOT_ACTIONS when the row replaced a row truncated under a lower cap; RESAMPLED
     "prefix_tokens",  # int: tokens reused from the truncated row it extends (0 unless `extended`)
+    "text_joined",  # bool: an extended row whose text joins two decodings (the server had no /detokenize)
 )
 # Columns added after the first ledger entries were written, with the value those older entries (and
 # snapshots) mean: they hold no pivot rows.
-LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0}
+LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0, "text_joined": False}
+# Columns of booleans.
+BOOL_COLS = ("cut_in_reasoning", "text_joined")
 # The columns "done" is decided from (tracegen.plan), read without the rest by planning and resume.
 PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")
 
@@ -137,6 +140,12 @@ class GeneratedRow:
         return int(self.provenance.get("tokens_before", 0)) if self.pivot == EXTENDED else 0
 
     @property
+    def text_joined(self) -> bool:
+        """An extended row whose text was joined from two decodings, not decoded whole: where the cut fell
+        inside a character, its seam holds U+FFFD (`generate.extend`)."""
+        return bool(self.provenance) and self.provenance.get("text") == "joined"
+
+    @property
     def new_tokens(self) -> int:
         """Completion tokens this row's own requests generated."""
         return self.completion_tokens - self.prefix_tokens
@@ -165,6 +174,7 @@ class GeneratedRow:
             "error": self.error,
             "pivot": self.pivot,
             "prefix_tokens": self.prefix_tokens,
+            "text_joined": self.text_joined,
         }
 
     def to_json(self) -> dict[str, Any]:

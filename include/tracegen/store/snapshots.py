@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from tracegen.store.commits import Commits
 from tracegen.store.entries import INT_COLS, SCHEMA, LedgerError, now, part_for_entry
-from tracegen.store.records import LEDGER_COLUMNS, LEDGER_DEFAULTS, PLAN_COLUMNS, GeneratedRow
+from tracegen.store.records import BOOL_COLS, LEDGER_COLUMNS, LEDGER_DEFAULTS, PLAN_COLUMNS, GeneratedRow
 from tracegen.store.storage import StorageKeyError
 
 FRAME_COLUMNS = (*LEDGER_COLUMNS, "part", "committed_at")
@@ -43,7 +43,7 @@ def _frame_from_columns(cols: dict[str, list[Any]]) -> pd.DataFrame:
         v = cols[c]
         if c in INT_COLS:
             data[c] = np.asarray(v, dtype=np.int64)
-        elif c == "cut_in_reasoning":
+        elif c in BOOL_COLS:
             data[c] = np.asarray(v, dtype=bool)
         elif c == "latency_s":
             data[c] = np.asarray(v, dtype=np.float64)
@@ -63,7 +63,7 @@ def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
         s = frame[c]
         if c in INT_COLS:
             out[c] = s.astype(np.int64)
-        elif c == "cut_in_reasoning":
+        elif c in BOOL_COLS:
             out[c] = s.astype(bool)
         elif c == "latency_s":
             out[c] = s.astype(np.float64)

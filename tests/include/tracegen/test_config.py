@@ -87,7 +87,7 @@ def test_the_trigger_forms_cap_fields_are_the_one_cap_rules():
     from tracegen.config import rule_of
     from tracegen.params import raise_cap_params, trigger_params
 
-    schema = {"type": "integer", "minimum": LOWEST, "maximum": HIGHEST}
+    schema = {"type": "integer", "allOf": [{"minimum": LOWEST, "maximum": HIGHEST}]}
     assert rule_of("max_tokens").schema() == schema
     for form in (trigger_params(), raise_cap_params()):
         assert {k: form["max_tokens"].schema[k] for k in schema} == schema

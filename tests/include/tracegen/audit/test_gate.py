@@ -95,3 +95,12 @@ def test_a_stop_carries_the_cap_that_would_fix_it():
     d = decide(269, 1500, 0.05, max_tokens=4096, suggested_cap=8192, suggested_truncation=0.02)
     assert (d.truncated, d.total, d.suggested_cap) == (269, 1500, 8192)
     assert d.to_json()["blocks"] is True
+
+
+def test_a_running_gate_without_a_cap_table_says_where_the_caps_are_weighed() -> None:
+    # The gates that judge counts while chunks run weigh no caps: saying "no candidate cap is predicted to meet
+    # 5%" there contradicted the report's recommendation of 8192.
+    d = decide(60, 300, 0.05, max_tokens=4096, caps_weighed=False)
+    assert d.verdict == STOP and "no candidate cap" not in d.reason + d.action
+    assert "the run's report has the cap table" in d.reason and "cap table" in d.action
+    assert "no candidate cap is predicted to meet 5.0%" in decide(60, 300, 0.05, max_tokens=4096).reason
