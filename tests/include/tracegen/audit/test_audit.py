@@ -16,14 +16,14 @@ from tracegen.store.records import LEDGER_COLUMNS, GeneratedRow
 
 def row(index, status="ok", finish="stop", tokens=100, cap=4096, *, reasoning=None, cut=False, run="r1", chunk=0,
         server="http://127.0.0.1:30000", latency=1.0, category=None, error=None, prompt=500, at="2026-05-01T00:00:00",
-        pivot=None, prefix=0):
+        pivot=None, prefix=0, joined=False):
     values = {
         "index": index, "status": status, "finish_reason": finish if status == "ok" else None,
         "prompt_tokens": prompt, "completion_tokens": tokens if status == "ok" else 0,
         "reasoning_tokens": (tokens // 2 if reasoning is None else reasoning) if status == "ok" else 0,
         "cut_in_reasoning": cut, "max_tokens": cap, "run_id": run, "chunk": chunk, "attempt": 1,
         "server": server, "latency_s": latency, "category": category, "error": error,
-        "pivot": pivot, "prefix_tokens": prefix,
+        "pivot": pivot, "prefix_tokens": prefix, "text_joined": joined,
     }
     assert set(values) == set(LEDGER_COLUMNS)
     return values | {"part": f"parts/{run}/c{chunk:05d}", "committed_at": at}
@@ -181,7 +181,8 @@ def test_pivot_figures_count_new_tokens_and_the_prefixes_not_paid_again():
         row(0, finish="length", tokens=4096, cap=4096, run="r1"),
         row(0, finish="stop", tokens=6000, cap=8192, run="r2", pivot="extended", prefix=4096),
         row(1, finish="length", tokens=4096, cap=4096, run="r1"),
-        row(1, finish="length", tokens=8192, cap=8192, run="r2", pivot="extended", prefix=4096),
+        # Extended by a server without /detokenize: its text joins two decodings.
+        row(1, finish="length", tokens=8192, cap=8192, run="r2", pivot="extended", prefix=4096, joined=True),
         row(2, finish="length", tokens=4096, cap=4096, run="r1"),
         row(2, finish="stop", tokens=3000, cap=8192, run="r2", pivot="fallback-regenerated"),
         row(3, finish="length", tokens=4096, cap=4096, run="r1"),
@@ -191,7 +192,7 @@ def test_pivot_figures_count_new_tokens_and_the_prefixes_not_paid_again():
     p = pivot_summary(frame(rows))
     assert p == {"extended": 2, "extended_measuring": 0, "extended_finished": 1, "extended_new_tokens": (6000 - 4096) + (8192 - 4096),
                  "regenerated": 0, "fallback_regenerated": 1, "regenerated_tokens": 3000,
-                 "tokens_spent": 1904 + 4096 + 3000, "tokens_saved": 2 * 4096}
+                 "tokens_spent": 1904 + 4096 + 3000, "tokens_saved": 2 * 4096, "joined_seams": 1}
     assert pivot_summary(frame(rows), run_id="r1")["extended"] == 0
     r = audit(frame(rows), 8192, run_id="r2")
     assert r.pivot == p
