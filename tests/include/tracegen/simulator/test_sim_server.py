@@ -571,8 +571,10 @@ def test_metrics_absent_without_flag(sim_server):
 
 
 def test_occupancy_near_full_under_saturation(sim_server):
-    # 8 slots, 32 clients keeping them full: busy slot-time / available slot-time close to 1.
-    sim = sim_server(sim_time_scale=2000, max_running_requests=8, sim_length_model="fixed:2000")
+    # 8 slots, 32 clients keeping them full: busy slot-time / available slot-time close to 1. Time scale 200:
+    # a request lasts about 0.2 s of wall time, long beside a client's turnaround even on a loaded machine
+    # (at 2000, 20 ms, and parallel test workers left slots idle between requests: 0.39 of the slot-time).
+    sim = sim_server(sim_time_scale=200, max_running_requests=8, sim_length_model="fixed:2000")
 
     async def scenario():
         async with httpx.AsyncClient(base_url=sim.url, timeout=60) as c:
