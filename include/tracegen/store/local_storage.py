@@ -177,10 +177,7 @@ class LocalStorage(Storage):
                 # Replaces a link planted at `key` itself, never writes through it.
                 os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except FileNotFoundError:
-                    pass
+                _discard(tmp, dfd)
                 raise
             # The rename is durable only once the directory entry is on disk.
             os.fsync(dfd)
@@ -196,10 +193,7 @@ class LocalStorage(Storage):
                 except FileExistsError:
                     return False
             finally:
-                try:
-                    os.unlink(tmp, dir_fd=dfd)
-                except FileNotFoundError:
-                    pass
+                _discard(tmp, dfd)
             os.fsync(dfd)
             return True
 
@@ -302,12 +296,17 @@ def _write_temp(dfd: int, data: bytes) -> str:
             f.flush()
             os.fsync(f.fileno())
     except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
+        _discard(tmp, dfd)
         raise
     return tmp
+
+
+def _discard(tmp: str, dfd: int) -> None:
+    """Remove a temp file of the directory `dfd`: one a failed write left, or the name a link made redundant."""
+    try:
+        os.unlink(tmp, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
