@@ -1,5 +1,5 @@
-"""Peak memory and time of `export` on a synthetic full-scale output root (913,786 rows), against the old
-path in the same run (docs/benchmarks.md).
+"""Peak memory and time of `export` and `status` on a synthetic full-scale output root (913,786 rows), against
+the old paths in the same run (docs/benchmarks.md).
 
 The root: a dataset of short prompts, one run at 4096 whose rows all finished (short texts, 40 prompt ids
 and 80 response ids each, 500 rows a part: 1,828 parts), folded into a Parquet snapshot as a long run's
@@ -9,7 +9,9 @@ planner leaves it, plus a few hundred loose entries on top of it. Each measureme
 - `old`: the export that built the whole ledger frame: the whole ledger frame (`Snapshots.frame()`: every column of
   every ledger row as one pandas frame) chosen from, then the same shards;
 - `messages`, `tokens`: the export now (the ledger read a snapshot batch at a time with the export's
-  columns only, strings as codes; a trainer layout's file streamed to disk).
+  columns only, strings as codes; a trainer layout's file streamed to disk);
+- `status-old`, `status`: `tracegen status` of the root, reading the whole ledger frame, and now (the same
+  bounded reader as the export).
 
     .venv/bin/python bench/export_memory.py [--rows 913786] [--work DIR] [--keep]
 """
@@ -94,7 +96,21 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def status_child(job: dict) -> None:
+    """`status` of the root: through the bounded reader, or (`status-old`) the whole ledger frame as it read it."""
+    import tracegen.status as status
+
+    if job["path"] == "status-old":
+        status.ledger_rows = lambda output_root: output_root.snapshots.frame()
+    started = time.monotonic()
+    doc = status.dataset_status(job["root"])
+    print(json.dumps({"path": job["path"], "rows": doc["ledger_rows"], "seconds": round(time.monotonic() - started, 1),
+                      "peak_rss_mib": round(peak_rss_mib(), 1)}))
+
+
 def child(job: dict) -> None:
+    if job["path"].startswith("status"):
+        return status_child(job)
     import tracegen.export as export
 
     if job["path"] == "old":
@@ -122,7 +138,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=913_786)
     ap.add_argument("--work", help="reuse (or keep) the root here")
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--paths", default="old,messages,tokens", help="which exports to measure, in order")
+    ap.add_argument("--paths", default="old,messages,tokens,status-old,status",
+                    help="what to measure, in order: exports (old, messages, tokens) and status (status-old, status)")
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
@@ -142,10 +159,12 @@ def main() -> None:
             results.append(r)
             print(f"{path:9s} {r['rows']:>9,} rows  {r['seconds']:7.1f} s  peak {r['peak_rss_mib']:7.1f} MiB", flush=True)
             shutil.rmtree(work / f"export-{path}", ignore_errors=True)
-        old = results[0]
-        for r in results[1:] if old["path"] == "old" else []:
-            print(f"{r['path']}: {r['peak_rss_mib'] / old['peak_rss_mib']:.2f}x the old path's peak, "
-                  f"{r['seconds'] / old['seconds']:.2f}x its time")
+        by_path = {r["path"]: r for r in results}
+        for new, old in (("messages", "old"), ("tokens", "old"), ("status", "status-old")):
+            if new in by_path and old in by_path:
+                n, o = by_path[new], by_path[old]
+                print(f"{new}: {n['peak_rss_mib'] / o['peak_rss_mib']:.2f}x the {old} path's peak, "
+                      f"{n['seconds'] / max(o['seconds'], 0.1):.2f}x its time")
         print(json.dumps(results))
     finally:
         if not args.keep and not args.work:
