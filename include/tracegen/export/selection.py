@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 
 from tracegen.store.root import OutputRoot
 
-# What an export reads of each ledger row.
-INT_COLUMNS = ("index", "max_tokens", "prompt_tokens", "completion_tokens", "chunk", "prefix_tokens")
+# What an export and `status` read of each ledger row.
+# `text_joined` (a bool in the ledger) is kept as 0/1, so the pivot's count of joined seams reads right here too.
+INT_COLUMNS = ("index", "max_tokens", "prompt_tokens", "completion_tokens", "chunk", "prefix_tokens", "text_joined")
 STR_COLUMNS = ("status", "finish_reason", "run_id", "pivot", "part")
 COLUMNS = (*INT_COLUMNS, *STR_COLUMNS, "committed_at")
 # Loose entries parsed at a time: their rows are Python objects until encoded (32 x 500 rows: a few MiB).

@@ -39,6 +39,7 @@ from tracegen.generate.extend import Extension, Superseded, extend_row, not_exte
 from tracegen.sglang.client import ClientConfig, Outcome, Sampling, ServerEndpoint, SGLangClient
 from tracegen.simulator.reasoning import separate_reasoning
 from tracegen.simulator.tokens import tokenizer
+from tracegen.status import dataset_status
 from tracegen.store.records import (
     EXTENDED,
     FAILED,
@@ -366,5 +367,7 @@ def test_joined_texts_leave_u_fffd_at_the_seams_the_decoding_does_not(rich_runs,
     decoded = root_of(pivot).snapshots.frame()
     assert audit(decoded, 8192, run_id="run-pivot").pivot["joined_seams"] == 0 and not decoded["text_joined"].any()
     report_json, html = report.render_report(audit(frame, 8192, run_id="run-join"))
+    # status reads the ledger through the bounded reader, which keeps the column too.
+    assert dataset_status(str(root))["pivot"]["joined_seams"] == len(joined)
     assert report_json["audit"]["pivot"]["joined_seams"] == len(joined)
     assert "joined from two decodings" in html and "seams may hold U+FFFD" in report_json["summary"]
