@@ -89,7 +89,7 @@ def tracegen_generate():
     # reviewer is asked when a gate held the run back; both tasks are skipped when none did. The answer
     # is applied in place: the same run, its record at the chosen cap, a second fan-out over what is left.
     question = task(steps.ask_about_cap, trigger_rule=TriggerRule.NONE_FAILED, retries=0)(run, pilot, servers)
-    answer = CapReviewOperator(task_id="review_cap", question=question, retries=0)
+    answer = CapReviewOperator(task_id=dag_ids.REVIEW_TASK, question=question, retries=0)
     decided = task(steps.apply_decision, retries=0)(run, answer.output)
     at_decided_cap = (
         task(steps.generate_chunk, task_id="generate_at_decided_cap", **chunk_task)

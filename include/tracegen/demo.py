@@ -23,6 +23,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from tracegen import dag_ids
 from tracegen.config import PROJECT_DIR, state_dir
 
 DEMO_PILOT = 500  # of the bundled 3,000 prompts
@@ -60,7 +61,7 @@ def _wait_for_question(env: dict[str, str], run: subprocess.Popen) -> dict | Non
     from tracegen.review_gate import awaiting_answers
 
     while run.poll() is None:
-        pending = awaiting_answers("tracegen_generate")
+        pending = awaiting_answers(dag_ids.GENERATE)
         if pending:
             return pending[0]
         time.sleep(1)
@@ -180,7 +181,7 @@ def _run_until_question(env: dict[str, str], output: Path, log: Path) -> tuple[s
     conf = {"max_tokens": 4096, "pilot_size": DEMO_PILOT, "teardown": True, "output_uri": str(output)}
     with log.open("w") as out:
         dags_test = subprocess.Popen(
-            [sys.executable, "-m", "airflow", "dags", "test", "tracegen_generate", "--conf", json.dumps(conf)],
+            [sys.executable, "-m", "airflow", "dags", "test", dag_ids.GENERATE, "--conf", json.dumps(conf)],
             env=env, stdout=out, stderr=subprocess.STDOUT)
     return dags_test, _wait_for_question(env, dags_test)
 
@@ -225,7 +226,7 @@ def _answer(question: dict, run1: Path, dags_test: subprocess.Popen, log: Path) 
     _say("  answering for them, through the REST API's handler (PATCH .../hitlDetails), as user 'demo' ...")
     from tracegen.review_gate import answer_in_process
 
-    answer_in_process("tracegen_generate", question["run_id"], question["task_id"], option, {"cap": typed},
+    answer_in_process(dag_ids.GENERATE, question["run_id"], question["task_id"], option, {"cap": typed},
                       user="demo", map_index=question["map_index"])
     rc = dags_test.wait()
     _write_task_logs(log, question["run_id"])
@@ -315,7 +316,7 @@ def _forget_runs(env: dict[str, str], roots: list[Path]) -> int:
 
     names = {str(r) for r in roots}
     with create_session() as session:
-        gone = [r for r in session.scalars(select(DagRun).where(DagRun.dag_id == "tracegen_generate"))
+        gone = [r for r in session.scalars(select(DagRun).where(DagRun.dag_id == dag_ids.GENERATE))
                 if isinstance(r.conf, dict) and r.conf.get("output_uri") in names]
         for run in gone:
             session.delete(run)
@@ -352,7 +353,7 @@ def task_log_path(base: Path, template: str, dag_id: str, run_id: str, task_id: 
     return base / jinja2.Template(template).render(ti=ti, try_number=try_number)
 
 
-def _write_task_logs(run_log: Path, run_id: str | None = None, dag_id: str = "tracegen_generate") -> int:
+def _write_task_logs(run_log: Path, run_id: str | None = None, dag_id: str = dag_ids.GENERATE) -> int:
     """`airflow dags test` writes no task log files (it runs tasks in-process, to stdout): split its output
     into one file per task where the UI of `make airflow` (same AIRFLOW_HOME) reads them."""
     from airflow.configuration import conf

@@ -21,8 +21,7 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 
 from tracegen.audit.review import CAP_FIELD, STOP_LABEL
 from tracegen.cap_rule import HIGHEST, LOWEST
-
-REFUSED_KEY = "refused_answer"
+from tracegen.dag_ids import REFUSED_ANSWER_KEY as REFUSED_KEY
 
 
 def _cap_param(min_cap: int, max_cap: int) -> Any:

@@ -119,7 +119,7 @@ def _generating_since(record: Any, now: float) -> float:
     Until a reviewer answers, the run's chunks wait; counting that wait as generating time would make the
     rate after the answer look slow and the ETA long."""
     since = now - RATE_WINDOW_S
-    for decision in getattr(record, "decisions", None) or []:
+    for decision in record.decisions:
         try:
             answered = pd.Timestamp(decision.responded_at)
         except (TypeError, ValueError, AttributeError):

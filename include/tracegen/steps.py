@@ -203,9 +203,9 @@ def audit_and_gate(
 
 
 def _context_length(servers: list[dict[str, Any]] | None) -> int | None:
-    """The servers' context length as `provision_fleet` read it (the smallest, should they differ)."""
-    lengths = [int(s.get("context_length") or 0) for s in servers or []]
-    return min((n for n in lengths if n > 0), default=None)
+    from tracegen.run.cap_raise import served_context
+
+    return served_context(servers)
 
 
 def _tokens_per_s_per_gpu(summary: dict[str, Any], n_gpus: int) -> float | None:

@@ -16,10 +16,12 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from tracegen import dag_ids
 from tracegen.config import ConfigError
 
-GENERATE_DAG = "tracegen_generate"  # the DAG whose runs write runs/<run_id>/: access to a report is read access to it
-RAISE_CAP_DAG = "tracegen_raise_cap"
+# The DAG whose runs write runs/<run_id>/: access to a report is read access to it.
+GENERATE_DAG = dag_ids.GENERATE
+RAISE_CAP_DAG = dag_ids.RAISE_CAP
 MAX_CONF_RUNS = 500  # newest DAG runs whose conf is read for output roots (one indexed query)
 
 _bearer = HTTPBearer(auto_error=False)
@@ -89,7 +91,7 @@ def airflow_runs(run_id: str | None = None, limit: int = MAX_CONF_RUNS) -> list[
     with create_session() as session:
         rows = session.execute(query.limit(limit)).all()
         prepared = set(session.scalars(select(TaskInstance.run_id).where(
-            TaskInstance.dag_id == GENERATE_DAG, TaskInstance.task_id == "prepare_run",
+            TaskInstance.dag_id == GENERATE_DAG, TaskInstance.task_id == dag_ids.PREPARE_RUN,
             TaskInstance.state == "success", TaskInstance.run_id.in_([r.run_id for r in rows]))))
     out = []
     for r in rows:
@@ -110,7 +112,8 @@ def refused_answer(airflow_run_id: str) -> dict[str, Any] | None:
     from sqlalchemy import select
 
     query = (select(XComModel).where(XComModel.dag_id == GENERATE_DAG, XComModel.run_id == airflow_run_id,
-                                     XComModel.task_id == "review_cap", XComModel.key == "refused_answer")
+                                     XComModel.task_id == dag_ids.REVIEW_TASK,
+                                     XComModel.key == dag_ids.REFUSED_ANSWER_KEY)
              .order_by(XComModel.timestamp.desc()).limit(1))
     with create_session() as session:
         row = session.scalars(query).first()
