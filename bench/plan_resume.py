@@ -60,6 +60,7 @@ def synthetic_columns(n: int, rng: np.random.Generator) -> dict[str, list]:
         "error": [None] * n,
         "pivot": [None] * (n - k) + ["regenerated"] * k,
         "prefix_tokens": [0] * n,
+        "text_joined": [False] * n,
     }
 
 
