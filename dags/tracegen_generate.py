@@ -18,7 +18,10 @@ Trigger with a `max_tokens` cap. The run:
    the report says which cap would fix it and what that costs. With `gate_mode=ask` (the default) the run
    **asks** (`review_cap`, under Browse → Required Actions): continue at the recommended cap, at another
    cap, at this cap accepting the truncation, or stop; the same run then goes on at the chosen cap
-   (`generate_at_decided_cap`). The continuous gate, which watches the running truncation rate, asks the
+   (`generate_at_decided_cap`). While the question waits the fleet does not: within a budget
+   (`while_asking_budget_pct`) it goes on at the cap the question recommends (`generate_while_asking`;
+   `while_asking=current` at the run's cap, `idle` not at all), and the answer decides what that work
+   becomes (kept, extended, counted as truncated; a stop keeps it committed). The continuous gate, which watches the running truncation rate, asks the
    same way when it holds chunks back mid-run. Unanswered within the question's timeout, the run stops;
    `gate_mode=stop` stops without asking, `warn` only logs;
 5. **fans out** one mapped task per index chunk, each resuming from what is committed. The first few
@@ -40,7 +43,7 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import TriggerRule, dag, task
+from airflow.sdk import TriggerRule, XComArg, dag, task
 
 from tracegen import dag_ids, params, steps
 from tracegen.review_gate import CapReviewOperator
@@ -89,8 +92,14 @@ def tracegen_generate():
     # reviewer is asked when a gate held the run back; both tasks are skipped when none did. The answer
     # is applied in place: the same run, its record at the chosen cap, a second fan-out over what is left.
     question = task(steps.ask_about_cap, trigger_rule=TriggerRule.NONE_FAILED, retries=0)(run, pilot, servers)
-    answer = CapReviewOperator(task_id=dag_ids.REVIEW_TASK, question=question, retries=0)
-    decided = task(steps.apply_decision, retries=0)(run, answer.output)
+    answer = CapReviewOperator(task_id=dag_ids.REVIEW_TASK, question=XComArg(question.operator, key=dag_ids.QUESTION_KEY),
+                               retries=0)
+    # The fleet does not wait for the answer: the question task chose the chunks to generate meanwhile (within
+    # the run's budget, at the cap it recommends: while_asking), and each takes the answer once there is one.
+    while_asking = task(steps.generate_while_asking, **chunk_task).partial(run=run).expand(chunk=question)
+    # Once the answer is in and the work done while asking is over (either may be skipped, not both).
+    decided = task(steps.apply_decision, retries=0, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)(
+        run, answer.output)
     at_decided_cap = (
         task(steps.generate_chunk, task_id="generate_at_decided_cap", **chunk_task)
         .partial(run=decided[steps.DECIDED_RUN_KEY])
@@ -110,11 +119,13 @@ def tracegen_generate():
     # The report reads only the ledger: stopping the servers need not wait for it, nor it for them.
     [alongside, generated] >> question
     # While the question waits, the servers stay up for the answer's chunks.
-    [alongside, generated, at_decided_cap] >> resampled >> [report, stop]
+    while_asking >> decided
+    [alongside, generated, while_asking, at_decided_cap] >> resampled >> [report, stop]
     # The report and teardown are leaves: their own failure fails the run. The watcher is there for the
     # failures their ALL_DONE rule would hide (a gate's stop is not one: it skips), so it
     # waits only for those tasks, and is skipped while the report runs instead of a scheduler loop after it.
-    [measured, past_gate, alongside, generated, question, answer, decided, at_decided_cap, resampled] >> watcher
+    [measured, past_gate, alongside, generated, question, answer, while_asking, decided, at_decided_cap,
+     resampled] >> watcher
 
 
 tracegen_generate()

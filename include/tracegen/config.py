@@ -21,6 +21,7 @@ GATE_MODES = ("ask", "stop", "warn")
 INVALID_ROW_POLICIES = ("record", "fail")
 MEASURE_MODES = ("auto", "always", "never")
 RUNAWAY_POLICIES = ("drop", "resample", "keep")
+WHILE_ASKING_MODES = ("recommended", "current", "idle")
 
 # Airflow run ids contain ':' and '+'; storage keys and spool dirs want a tamer alphabet. A safe run id
 # matches RUN_ID_PATTERN; the review pages accept nothing else.
@@ -243,6 +244,19 @@ class RunConfig:
         0.1, 30 * 24 * 60.0, title="Gate question timeout (minutes)",
         description="With gate_mode=ask: how long the question waits for an answer. Unanswered, the run "
         "stops, as if 'stop' had been chosen (the servers stay up while it waits)."), 24 * 60.0)
+    while_asking: str = _rule(Choice(
+        WHILE_ASKING_MODES, title="While the question waits",
+        description="With gate_mode=ask: what the fleet does while the gate's question waits for an answer. "
+        "'recommended': it goes on generating at the cap the question recommends (the likeliest answer; with "
+        "none, the highest cap of the table the servers can take), within the budget below; 'current': the "
+        "same at the run's own cap; 'idle': nothing runs until the answer. Nothing generated while asking is "
+        "lost: a higher answer extends what was cut, a lower one keeps what finished, and a 'stop' leaves "
+        "every committed row in the output root for the next run."), "recommended")
+    while_asking_budget_pct: float = _rule(Float(
+        0.0, 100.0, title="Work while asking (% of the dataset's rows)",
+        description="The most rows generated while the question waits, as a share of the dataset's rows "
+        "(25 = a quarter): what an unanswered question can cost. The question states it in rows and, from "
+        "the pilot's throughput, in GPU-hours. 0 is the same as while_asking=idle."), 25.0)
     truncated_policy: str = _rule(Choice(
         TRUNCATED_POLICIES, title="Rows truncated under a lower cap",
         description="'extend': rows that hit a lower cap in an earlier run are continued from their exact "

@@ -16,6 +16,7 @@ EXPORT_ALIAS = "tracegen_export"
 PREPARE_RUN = "prepare_run"  # its `run` XCom: the run as first described
 PROVISION_FLEET = "provision_fleet"  # its result: the servers, with their context length
 DECIDING_TASK = "ask_about_cap"  # decides the run's cap; reads a raise once, when it starts
+QUESTION_KEY = "question"  # its XCom: the question asked, or {"decided": ...} for a raise taken instead
 APPLY_DECISION = "apply_decision"  # its `run` XCom: the run as decided
 REVIEW_TASK = "review_cap"  # the reviewer's question (human in the loop)
 REFUSED_ANSWER_KEY = "refused_answer"  # review_cap's XCom: the last answer it refused, and why

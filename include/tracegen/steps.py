@@ -252,10 +252,13 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
         raise AirflowSkipException(f"{STOPPED_BY_GATE}: {exc}") from None
 
 
-def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[str, Any]]) -> dict[str, Any] | None:
+def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """After the first fan-out, under gate_mode=ask: the question for the reviewer when a gate held the
-    run back (the pilot gate's stop verdict, or rows the continuous gate kept from being generated);
-    otherwise skipped, and the question, the answer and the second fan-out with it."""
+    run back (the pilot gate's stop verdict, or rows the continuous gate kept from being generated), as
+    XCom `question`; otherwise skipped, and the question, the answer and the second fan-out with it.
+
+    Returns the chunks to generate while the question waits (`run.while_asking`; none under
+    while_asking=idle), which `generate_while_asking` maps over: a mapped task maps only over a return value."""
     from tracegen.generate.gate_watch import continuous_sample
     from tracegen.run.cap_raise import as_decision
     from tracegen.run.decision import ask
@@ -267,7 +270,8 @@ def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict
         decision = as_decision(spec, raised)
         log.warning("%s: no question; the rows left at max_tokens=%d are generated next", raised.summary(),
                     raised.cap)
-        return {"decided": decision.to_json()}
+        _context()["ti"].xcom_push(key=QUESTION_KEY, value={"decided": decision.to_json()})
+        return []
     question = ask(spec, context_length=_context_length(servers), drift_sample=continuous_sample(spec),
                    tokens_per_s_per_gpu=_tokens_per_s_per_gpu(pilot or {}, spec.fleet.gpus),
                    report_url=lambda name: _review_page(spec, name))
@@ -279,7 +283,55 @@ def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict
 
         raise AirflowSkipException(f"nothing to ask (gate_mode={spec.config.gate_mode}): no gate held this run back")
     log.warning("asking the reviewer (Required Actions): %s\n%s", question.subject, question.body)
-    return question.to_json()
+    _context()["ti"].xcom_push(key=QUESTION_KEY, value=question.to_json())
+    return (question.while_asking or {}).get("chunks") or []
+
+
+QUESTION_KEY = dag_ids.QUESTION_KEY
+
+
+def generate_while_asking(run: dict[str, Any], chunk: dict[str, Any]) -> dict[str, Any]:
+    """One chunk generated while the gate's question waits (`run.while_asking`). Which cap it runs at is
+    Airflow's to say, when it starts: the answer's, once there is one (a 'stop' skips it, "stopped by the
+    gate"), else the provisional cap the question task chose. While it runs at that cap its rows are marked
+    in the ledger, and an answer to stop (or the question's timeout) stops it after committing what finished."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from tracegen.audit.review import CapDecision
+    from tracegen.generate.chunk import GateClosed, generate_chunk_work
+    from tracegen.plan import ChunkWork
+    from tracegen.run.while_asking import provisional
+
+    ctx = _context()
+    work = ChunkWork.from_json(chunk)
+    ctx["chunk_label"] = work.label
+    spec = _spec(run)
+    ti = ctx["ti"]
+
+    def answer() -> CapDecision | None:
+        doc = ti.xcom_pull(task_ids=dag_ids.REVIEW_TASK)
+        return CapDecision.from_json(doc) if doc else None
+
+    def stopped(truncated: int = 0, judged: int = 0) -> str | None:
+        decision = answer()
+        return decision.summary() if decision is not None and not decision.continues else None
+
+    decided = answer()
+    if decided is not None and not decided.continues:
+        raise AirflowSkipException(f"{STOPPED_BY_GATE}: {decided.summary()}")
+    if decided is not None:
+        at, asking, check = spec.decided(decided), False, None
+        log.info("%s: %s: generating at max_tokens=%d", work.label, decided.summary(), at.config.max_tokens)
+    else:
+        question = ti.xcom_pull(task_ids=dag_ids.DECIDING_TASK, key=QUESTION_KEY)
+        at, asking, check = provisional(spec, int(question["while_asking"]["cap"])), True, stopped
+        log.info("%s: generating at max_tokens=%d while the question waits", work.label, at.config.max_tokens)
+    try:
+        return generate_chunk_work(at, work, fleet=_fleet(at), while_asking=asking, stop_check=check).to_json()
+    except GateClosed as exc:
+        # The answer was 'stop' (or nobody answered in time), or the decided cap's own gate closed: what this
+        # chunk committed stays, the rest is not generated.
+        raise AirflowSkipException(f"{STOPPED_BY_GATE}: {exc}") from None
 
 
 def _cap_raise(spec):
@@ -498,7 +550,8 @@ class _AirflowRaiseView:
         return str(state).removeprefix("TaskInstanceState.").lower() if state is not None else "none"
 
     def decided(self, run_id: str) -> Any:
-        return self.ti.xcom_pull(task_ids=dag_ids.DECIDING_TASK, dag_id=GENERATE_DAG, run_id=run_id)
+        return self.ti.xcom_pull(task_ids=dag_ids.DECIDING_TASK, dag_id=GENERATE_DAG, run_id=run_id,
+                                 key=dag_ids.QUESTION_KEY)
 
     def facts(self, raised, *, run_cap: int, context_length: int | None):
         from tracegen.run.cap_raise import raise_facts

@@ -71,7 +71,8 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
     assert "measure_tail" in dag.get_task("audit_and_gate").upstream_task_ids
     # The runaway rows' fresh samples (runaway_policy=resample) come once every fan-out is over.
     assert dag.get_task("resample_runaways").upstream_task_ids == {"prepare_run", "generate_alongside_pilot",
-                                                                    "generate_chunk", "generate_at_decided_cap"}
+                                                                    "generate_chunk", "generate_while_asking",
+                                                                    "generate_at_decided_cap"}
     assert dag.get_task("final_report").upstream_task_ids == {"prepare_run", "resample_runaways"}
     # Teardown waits for the generation, the second fan-out after the reviewer's answer and the resampling
     # included (the servers stay up while the question waits), not for the report (which reads only the ledger).
@@ -80,16 +81,17 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
     # leaves, so their own failure fails the run, and the watcher need not wait for them.
     assert dag.get_task("watcher").upstream_task_ids == {"generate_alongside_pilot", "generate_chunk",
                                                          "measure_tail", "audit_and_gate", "ask_about_cap",
-                                                         "review_cap", "resample_runaways",
-                                                         "apply_decision", "generate_at_decided_cap"}
+                                                         "review_cap", "generate_while_asking",
+                                                         "resample_runaways", "apply_decision",
+                                                         "generate_at_decided_cap"}
     assert {t.task_id for t in dag.tasks if not t.downstream_task_ids} == {"final_report", "teardown_fleet",
                                                                              "watcher"}
 
 
 def test_the_gate_asks_after_the_first_fan_out_and_the_answer_feeds_a_second(dagbag):
     """gate_mode=ask: the question waits for every chunk of the first fan-out (held ones are skipped, so
-    it runs unless one failed), the reviewer's task follows it, and the chunks at the decided cap map over
-    what applying the answer returns."""
+    it runs unless one failed), the reviewer's task and the work done while asking follow it, and the chunks
+    at the decided cap map over what applying the answer returns."""
     from airflow.sdk import TriggerRule
 
     from tracegen.review_gate import CapReviewOperator
@@ -101,7 +103,14 @@ def test_the_gate_asks_after_the_first_fan_out_and_the_answer_feeds_a_second(dag
     review = dag.get_task("review_cap")
     assert isinstance(review, CapReviewOperator) and review.upstream_task_ids == {"ask_about_cap"}
     assert list(review.params.keys()) == ["cap"]  # the reviewer's form, not the trigger form
-    assert dag.get_task("apply_decision").upstream_task_ids == {"prepare_run", "review_cap"}
+    # While the question waits, the fleet generates the chunks the question task chose; the answer is
+    # applied once both are over, and only when something was asked (all upstream skipped: skipped too).
+    while_asking = dag.get_task("generate_while_asking")
+    assert while_asking.upstream_task_ids == {"prepare_run", "ask_about_cap"}
+    assert while_asking.max_active_tis_per_dagrun == dag.get_task("generate_chunk").max_active_tis_per_dagrun
+    decide = dag.get_task("apply_decision")
+    assert decide.upstream_task_ids == {"prepare_run", "review_cap", "generate_while_asking"}
+    assert decide.trigger_rule == TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS
     assert dag.get_task("generate_at_decided_cap").upstream_task_ids == {"apply_decision"}
 
 
@@ -140,6 +149,8 @@ def test_the_trigger_form_accepts_exactly_what_the_run_config_accepts(dagbag):
         "measure_tail": ["auto", "always", "never", "", "AUTO"],
         "measure_budget_tokens": [-1, 0, 1, 999, 1_000, 100_000_000_000, 100_000_000_001, 1.5],
         "runaway_policy": ["drop", "resample", "keep", "ignore"],
+        "while_asking": ["recommended", "current", "idle", "", "wait"],
+        "while_asking_budget_pct": [-0.1, 0, 25, 100, 100.5, "25"],
         "dataset_uri": ["", "relative/prompts.jsonl", "/abs/prompts.jsonl", "file:///abs/p.jsonl", "s3://bucket/k",
                         "s3://bucket/", "s3://", "http://host/prompts.jsonl", "file://host/p.jsonl"],
         "output_uri": ["", "relative/out", "/abs/out", "file:///abs/out", "s3://bucket/prefix", "s3://bucket",

@@ -52,7 +52,8 @@ def render_html(report: dict[str, Any], example_outcomes: tuple[str, ...]) -> st
         finish_bars=charts.finish_bars(sorted(a["finish_reasons"].items(), key=lambda kv: -kv[1])),
         cells=_list_cells(a),
         examples=[(o, [x for x in report["examples"] if x["outcome"] == o]) for o in example_outcomes],
-        run_rows=[(k, _run_value(k, v, report["decisions"])) for k, v in run.items()],
+        while_asking=(run.get("while_asking") or {}).get("text"),
+        run_rows=[(k, _run_value(k, v, report["decisions"])) for k, v in run.items() if k != "while_asking"],
     )
 
 

@@ -64,6 +64,9 @@ class CapQuestion:
     report_url: str | None  # the review page showing it, when the Airflow deployment has one
     timeout_minutes: float
     options: tuple[CapOption, ...] = field(default=())
+    # What the fleet generates while the question waits (`run.while_asking.WhileAsking.to_json()`, with its
+    # `statement` for the reviewer); None: nothing runs until the answer.
+    while_asking: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.options:
@@ -123,6 +126,9 @@ class CapDecision:
     verdict: dict[str, Any]
     cap_rows: list[dict[str, Any]]
     report_uri: str
+    # What was generated while the question waited and what this answer makes of it, from the ledger when
+    # the answer was applied (`run.while_asking.account`); None when nothing was.
+    while_asking: dict[str, Any] | None = None
 
     @property
     def continues(self) -> bool:
@@ -257,7 +263,10 @@ def question_body(q: CapQuestion) -> str:
                   "or a cap typed with another option) is refused: the question opens again, and the task's log and "
                   "its XCom `refused_answer` say why."]
     lines += ["", f"Continuing, the same run goes on: finished rows are kept, rows truncated at "
-                  f"{q.current_cap:,} are {redo}, and the chunks not generated yet run at the chosen cap.", ""]
+                  f"{q.current_cap:,} are {redo}, and the chunks not generated yet run at the chosen cap.",]
+    if q.while_asking:
+        lines += ["", _md(q.while_asking["statement"])]
+    lines.append("")
     report = f"[Open the report]({q.report_url})" if q.report_url else "The report"
     lines.append(f"{report} (stored at `{q.report_uri}`).")
     return "\n".join(lines)

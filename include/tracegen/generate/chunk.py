@@ -66,13 +66,15 @@ def run_chunk(
     stop_check: Callable[[int, int], str | None] | None = None,
     writer: str | None = None,
     lease_wait_s: float | None = None,
+    while_asking: bool = False,
 ) -> ChunkSummary:
     """Generate and commit every row of `indices` not done yet for this run's cap, on `endpoints` or on
     the servers of `fleet`.
 
     `stop_check` (polled while generating) may stop the chunk early; it then raises `ChunkInterrupted`
     after committing what finished. `writer` and `lease_wait_s`: who holds the root's lease while this
-    runs (the run's own tasks by default) and how long to wait for another writer's (`ChunkEngine`)."""
+    runs (the run's own tasks by default) and how long to wait for another writer's (`ChunkEngine`).
+    `while_asking`: the rows are generated while the gate's question waits, and marked so in the ledger."""
     config = spec.config
     index = load_index(root)
 
@@ -80,7 +82,7 @@ def run_chunk(
         engine = ChunkEngine(
             config=config, run_id=spec.run_id, chunk=chunk, label=label, root=root, dataset=index,
             servers=servers, model=spec.fleet.model, spool_dir=spool_dir, stop_check=stop_check,
-            writer=writer, lease_wait_s=lease_wait_s,
+            writer=writer, lease_wait_s=lease_wait_s, while_asking=while_asking,
         )
         return engine.run(np.asarray(indices, dtype=np.int64))
 
@@ -126,13 +128,17 @@ def generate_chunk_work(
     writer: str | None = None,
     lease_wait_s: float | None = None,
     root: OutputRoot | None = None,
+    while_asking: bool = False,
+    stop_check: Callable[[int, int], str | None] | None = None,
 ) -> ChunkSummary:
     """One mapped generation task: what is left of `work`, unless a gate is closed.
 
     `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
     leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes. The scheduled
     rerun comes through here too, as its own `writer`, so it applies the run's gates as its chunks do.
-    `root`: the run's output root, when the task has opened it already.
+    `root`: the run's output root, when the task has opened it already. `while_asking`: generated while the
+    gate's question waits (`run.while_asking`), marked so in the ledger; `stop_check`, when given, stops the
+    chunk (`GateClosed`, after committing what finished) once it returns a reason: the answer 'stop'.
     """
     config = spec.config
     root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
@@ -150,11 +156,21 @@ def generate_chunk_work(
             # The pilot task generates these at the same time; both would otherwise send them.
             pilot = plan.pilot_indices(config, spec.dataset.n_rows)
             indices = np.setdiff1d(indices, pilot, assume_unique=True)
+    checks = [c for c in (watch, stop_check) if c is not None]
+    closed: list[str] = []
+
+    def check(truncated: int, judged: int) -> str | None:
+        for c in checks:
+            if (reason := c(truncated, judged)) is not None:
+                closed.append(reason)
+                return reason
+        return None
+
     try:
         return run_chunk(spec, root=root, chunk=work.chunk, label=work.label, indices=indices,
-                         fleet=fleet, endpoints=endpoints, stop_check=watch, writer=writer,
-                         lease_wait_s=lease_wait_s)
+                         fleet=fleet, endpoints=endpoints, stop_check=check if checks else None, writer=writer,
+                         lease_wait_s=lease_wait_s, while_asking=while_asking)
     except ChunkInterrupted as exc:
-        if watch is not None and watch.closed == exc.reason:
+        if exc.reason in closed:
             raise GateClosed(str(exc)) from None
         raise

@@ -172,6 +172,7 @@ class ChunkEngine:
         stop_check_interval_s: float = 5.0,
         writer: str | None = None,
         lease_wait_s: float | None = None,
+        while_asking: bool = False,
     ) -> None:
         self.config, self.run_id, self.chunk, self.label = config, run_id, chunk, label
         self.root, self.dataset, self.servers, self.model = root, dataset, list(servers), model
@@ -188,6 +189,9 @@ class ChunkEngine:
         # Who generates into the root (`store.lease`): the run's tasks share it, any other writer yields.
         self.writer = writer or run_writer(run_id)
         self.lease_wait_s = lease_wait_s
+        # Rows generated while the gate's question waits are marked so in the ledger: the run's account of
+        # what that work became after the answer reads them (`tracegen.run.while_asking`).
+        self.while_asking = while_asking
         self.lease: RootLease | None = None
         self.stop_requested: str | None = None
         self.summary = ChunkSummary(run_id=run_id, chunk=chunk)
@@ -390,6 +394,7 @@ class ChunkEngine:
         await self._maybe_commit()
 
     def _append(self, row: GeneratedRow, progress: Progress) -> None:
+        row.while_asking = self.while_asking
         self.spool.append(row)  # fsynced: from here a SIGKILL cannot lose this row
         self._pending_rows += 1
         progress.add(row)

@@ -2,7 +2,8 @@
 
 After the first fan-out (the chunks past a passing pilot gate, or none when the pilot gate closed) the
 run asks when a gate held it back: the pilot gate's stop verdict, or rows the continuous gate kept from
-being generated. The question (`tracegen.audit.review`) is built from the report JSON the audit wrote and
+being generated. While the question waits the fleet goes on within a budget (`run.while_asking`): the
+question says what runs meanwhile, and the decision records what that work became. The question (`tracegen.audit.review`) is built from the report JSON the audit wrote and
 stored as `runs/<run_id>/question.json`; the answer's `CapDecision` goes into the run's record
 (`run.json`), whose config then carries the chosen cap, and the chunks with work left at that cap (the
 pilot's truncated rows among them) are the second fan-out's.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -21,7 +23,7 @@ from tracegen import plan
 from tracegen.audit import gate
 from tracegen.audit.review import DRIFT, PILOT, CapDecision, CapQuestion, question_from_report
 from tracegen.cap_rule import highest_cap
-from tracegen.run import QUESTION_FILE
+from tracegen.run import QUESTION_FILE, while_asking
 from tracegen.run.records import gate_verdict, pilot_report, write_run_record
 from tracegen.run.report import audit_and_report
 from tracegen.run.spec import RunSpec
@@ -71,10 +73,11 @@ def ask(
     root = open_root(config.output_uri, config.aws_conn_id)
     report = pilot_report(root, spec.run_id)
     verdict, _ = gate_verdict(report)
+    frame = root.snapshots.frame(compact_over=COMPACT_OVER)
     if report is not None and verdict == gate.STOP:
         trigger, name = PILOT, "pilot-report"
     else:
-        held = rows_held(spec, root.snapshots.frame(compact_over=COMPACT_OVER))
+        held = rows_held(spec, frame)
         if not held:
             return None
         # The continuous gate closed mid-run: audit what it judged, for the table the reviewer decides on.
@@ -90,6 +93,9 @@ def ask(
         report_url=report_url(f"{name}.html") if report_url else None,
         timeout_minutes=config.gate_question_timeout_minutes,
     )
+    work = while_asking.plan_work(spec, question, frame)
+    if work is not None:
+        question = replace(question, while_asking={**work.to_json(), "statement": work.statement()})
     root.run_files.put(spec.run_id, QUESTION_FILE, json.dumps(question.to_json(), indent=2).encode())
     return question
 
@@ -100,13 +106,18 @@ def apply(spec: RunSpec, decision: CapDecision) -> tuple[RunSpec, list[plan.Chun
     below the new cap, the pilot's among them (the run's truncated_policy says how they are redone)."""
     config = spec.config
     root = open_root(config.output_uri, config.aws_conn_id)
+    frame = root.snapshots.frame(compact_over=COMPACT_OVER)
+    # Applied once the work done while asking is over: its account goes into the record with the answer.
+    account = while_asking.account(frame, spec.run_id, decision.cap)
+    if account is not None:
+        decision = replace(decision, while_asking=account)
+        log.info("%s", while_asking.account_text(account))
     decided = spec.decided(decision)
     write_run_record(root, decided)
     log.info("decision recorded in %s: %s", root.storage.uri_for(f"runs/{spec.run_id}/run.json"),
              decision.summary())
     if not decision.continues:
         return decided, []
-    frame = root.snapshots.frame(compact_over=COMPACT_OVER)
     work = plan.chunks_with_work(frame, decided.dataset.n_rows, decided.layout, decided.config)
     log.info("%d chunks with %d rows left at max_tokens=%d", len(work), sum(w.remaining for w in work),
              decided.config.max_tokens)

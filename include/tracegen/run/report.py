@@ -14,8 +14,10 @@ import pandas as pd
 
 from tracegen import plan
 from tracegen.audit import capfit, gate, length_fit, measure_report, report
+from tracegen.audit.review import RAISE
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
 from tracegen.audit.stats import audit, censoring_arrays, gate_counts
+from tracegen.run import while_asking
 from tracegen.run.spec import RunSpec
 from tracegen.store.current import current_mask
 from tracegen.store.layout import RESAMPLE_CHUNK
@@ -109,6 +111,8 @@ def audit_and_report(
         root, frame[~frame["part"].isin([d.part for d in damaged])].reset_index(drop=True) if damaged else frame)
     meta = {"run_id": spec.run_id, "report": name, "config": config.to_json(),
             "scope_rows": int(frame["index"].nunique()) if len(frame) else 0}
+    if indices is None and (asked := _while_asking(spec, full)) is not None:
+        meta["while_asking"] = asked
     report_json, html = report.render_report(result, table, decision, meta, examples,
                                              decisions=[d.to_json() for d in spec.decisions], measurement=measured)
     json_uri = root.run_files.put(spec.run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())
@@ -204,3 +208,12 @@ def _resampled(frame: pd.DataFrame) -> int:
     if frame.empty:
         return 0
     return int(((frame["chunk"] == RESAMPLE_CHUNK) & (frame["status"] != FAILED)).sum())
+
+
+def _while_asking(spec: RunSpec, frame: pd.DataFrame) -> dict[str, Any] | None:
+    """What the run generated while its question waited and what the answer made of it, from the ledger as
+    it is now (`run.while_asking.account`), with the sentence the report shows; None when nothing was."""
+    answers = [d for d in spec.decisions if d.trigger != RAISE]
+    answer = answers[-1] if answers else None
+    doc = while_asking.account(frame, spec.run_id, answer.cap if answer else None, answered=answer is not None)
+    return None if doc is None else {**doc, "text": while_asking.account_text(doc)}

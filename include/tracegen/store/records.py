@@ -55,12 +55,13 @@ LEDGER_COLUMNS = (
     "pivot",  # str | None: one of PIVOT_ACTIONS when the row replaced a row truncated under a lower cap; RESAMPLED
     "prefix_tokens",  # int: tokens reused from the truncated row it extends (0 unless `extended`)
     "text_joined",  # bool: an extended row whose text joins two decodings (the server had no /detokenize)
+    "while_asking",  # bool: generated while the gate's question waited, at the cap it recommended (`run.while_asking`)
 )
 # Columns added after the first ledger entries were written, with the value those older entries (and
 # snapshots) mean: they hold no pivot rows.
-LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0, "text_joined": False}
+LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0, "text_joined": False, "while_asking": False}
 # Columns of booleans.
-BOOL_COLS = ("cut_in_reasoning", "text_joined")
+BOOL_COLS = ("cut_in_reasoning", "text_joined", "while_asking")
 # The columns "done" is decided from (tracegen.plan), read without the rest by planning and resume.
 PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")
 
@@ -117,6 +118,8 @@ class GeneratedRow:
     prompt_token_ids: str | None = None
     response_token_ids: str | None = None
     provenance: dict[str, Any] | None = None
+    # Generated while the gate's question waited for its answer (`tracegen.run.while_asking`).
+    while_asking: bool = False
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -175,6 +178,7 @@ class GeneratedRow:
             "pivot": self.pivot,
             "prefix_tokens": self.prefix_tokens,
             "text_joined": self.text_joined,
+            "while_asking": self.while_asking,
         }
 
     def to_json(self) -> dict[str, Any]:

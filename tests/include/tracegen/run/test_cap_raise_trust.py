@@ -40,6 +40,7 @@ class Airflow:
         self.servers = [{"server": "gpu0", "context_length": CONTEXT}, {"server": "gpu1", "context_length": CONTEXT}]
         self.raise_runs: dict[str, tuple[str, Any]] = {}  # run id -> (raise_cap's state, its return value)
         self.context: dict[str, Any] = {}
+        self.pushed: dict[str, Any] = {}  # what the task pushed as XComs, by key
 
     # -- airflow.sdk.Variable
     def variable(self) -> type:
@@ -84,7 +85,7 @@ class Airflow:
         return "running"
 
     def xcom_push(self, key: str, value: Any) -> None:
-        pass
+        self.pushed[key] = value
 
     # -- running a task
     def in_generate_task(self) -> None:
@@ -129,7 +130,9 @@ def _what_the_run_does(af: Airflow, spec) -> tuple[int, dict[str, Any] | None]:
     af.in_generate_task()
     cap = steps._at_raised_cap(spec).config.max_tokens
     try:
-        decided = steps.ask_about_cap(spec.to_json(), {}, af.servers)["decided"]
+        af.pushed = {}
+        assert steps.ask_about_cap(spec.to_json(), {}, af.servers) == []  # nothing to generate while asking
+        decided = af.pushed[steps.QUESTION_KEY]["decided"]
     except AirflowSkipException:
         decided = None
     return cap, decided

@@ -26,12 +26,13 @@ from tracegen.audit.review import (
 )
 from tracegen.config import RunConfig
 from tracegen.generate.gate_watch import continuous_sample
-from tracegen.plan import pilot_indices
+from tracegen.plan import chunks_with_work, pilot_indices
 from tracegen.run import QUESTION_FILE, RUN_FILE
 from tracegen.run.decision import GATE_REPORT, apply, ask, rows_held
 from tracegen.run.records import read_run_record, stopped_at_gate
 from tracegen.run.report import audit_and_report
 from tracegen.run.spec import RunSpec
+from tracegen.run.while_asking import WhileAsking, account_text, provisional, provisional_cap
 from tracegen.store.records import FAILED, OK, GeneratedRow
 from tracegen.store.storage import StorageKeyError
 
@@ -267,3 +268,113 @@ def test_the_record_carries_the_decisions_and_older_records_still_read(tmp_path)
 def test_ask_is_the_default_and_the_question_times_out_after_a_day() -> None:
     config = RunConfig(dataset_uri="/d.jsonl", output_uri="/out")
     assert config.gate_mode == "ask" and config.gate_question_timeout_minutes == 24 * 60
+
+
+# ---- generating while the question waits (run.while_asking) -------------------------------------------
+
+
+def asking_rows(cap: int, indices, **kw) -> list[GeneratedRow]:
+    """Rows a while-asking chunk commits: generated at `cap`, marked so."""
+    out = rows("run-1", cap, indices, **kw)
+    for r in out:
+        r.while_asking = True
+    return out
+
+
+def test_the_question_plans_work_at_the_recommended_cap_within_the_budget(tmp_path) -> None:
+    spec = pilot_stopped_run(tmp_path)
+    question = ask_pilot(spec)
+    plan = WhileAsking.from_json(question.while_asking)
+    assert plan.mode == RECOMMENDED and plan.cap == question.recommended_cap
+    # The budget is a share of the dataset's rows (25% of 400); the chunks are the first ones that fit in it.
+    assert plan.budget_rows == 100 and 0 < plan.rows_planned <= 100
+    assert plan.rows_planned == sum(c.remaining for c in plan.chunks) and plan.rows_left > plan.rows_planned
+    frame = root_of(spec.config).snapshots.frame()
+    left = chunks_with_work(frame, N_ROWS, spec.layout, provisional(spec, plan.cap).config)
+    assert list(plan.chunks) == left[:len(plan.chunks)]
+    assert plan.rows_planned + left[len(plan.chunks)].remaining > plan.budget_rows
+    # The reviewer is told what runs meanwhile, and what it costs at the pilot's throughput.
+    assert plan.gpu_hours is not None and plan.gpu_hours > 0
+    assert (f"While you decide, the fleet goes on at max\\_tokens={plan.cap:,} (the recommended cap): "
+            f"{plan.rows_planned} rows in {len(plan.chunks)} chunks, at most 100 rows") in question.body
+    assert CapQuestion.from_json(question.to_json()) == question
+
+
+@pytest.mark.parametrize(("params", "cap"), [({"while_asking": "current"}, 4096), ({"while_asking": "idle"}, None),
+                                             ({"while_asking_budget_pct": 0.0}, None)])
+def test_the_run_s_own_cap_or_no_work_while_asking(tmp_path, params, cap) -> None:
+    spec = pilot_stopped_run(tmp_path)
+    spec = replace(spec, config=replace(spec.config, **params))
+    question = ask_pilot(spec)
+    assert (question.while_asking or {}).get("cap") == cap
+    assert ("While you decide" in question.body) == (cap is not None)
+
+
+def test_without_a_recommended_cap_the_highest_cap_of_the_table_the_servers_take(tmp_path) -> None:
+    question = ask_pilot(pilot_stopped_run(tmp_path))
+    bare = replace(question, recommended_cap=None, options=())
+    assert RECOMMENDED not in [o.kind for o in bare.options]
+    fitting = [int(r["cap"]) for r in bare.cap_rows if int(r["cap"]) <= bare.max_cap]
+    assert provisional_cap(bare, RECOMMENDED) == max(fitting) > 4096
+    narrow = replace(bare, max_cap=max(fitting) - 1, options=())
+    assert provisional_cap(narrow, RECOMMENDED) == max(c for c in fitting if c < max(fitting))
+    assert provisional_cap(bare, "current") == 4096 and provisional_cap(bare, "idle") is None
+
+
+def test_the_record_and_the_report_say_what_the_answer_made_of_the_work_done_while_asking(tmp_path) -> None:
+    spec = pilot_stopped_run(tmp_path)
+    question = ask_pilot(spec)
+    root = root_of(spec.config)
+    at = question.while_asking["cap"]
+    chunk = question.while_asking["chunks"][0]
+    done = set(root.snapshots.frame()["index"].tolist())
+    generated = [i for i in range(chunk["start"], chunk["stop"]) if i not in done]
+    root.commits.commit(asking_rows(at, generated), "run-1", 1, "asking")
+    finished = sum(natural_length(i) <= at for i in generated)
+    cut = [i for i in generated if natural_length(i) > at]
+    assert cut and finished  # the law truncates some rows even at the recommended cap
+
+    higher = answer(question, OTHER, at * 2)
+    decided, work = apply(spec, higher)
+    account = decided.decisions[-1].while_asking
+    assert account["rows"] == len(generated) and account["caps"] == [at]
+    assert (account["finished"], account["truncated"], account["kept"]) == (finished, len(cut), finished)
+    # Applied before the second fan-out: the cut rows are still to extend, and that fan-out has them.
+    assert (account["extended"], account["to_extend"], account["truncated_at_answer"]) == (0, len(cut), 0)
+    assert read_run_record(root, "run-1").decisions[-1].while_asking == account
+    assert set(cut) <= {i for w in work for i in range(w.start, w.stop)}
+
+    # Extended at the answer's cap: the final report counts them from the ledger.
+    extended = rows("run-1", at * 2, cut)
+    for r in extended:
+        r.provenance = {"action": "extended", "tokens_before": at}
+    root.commits.commit(extended, "run-1", 1, "decided")
+    audit_and_report(read_run_record(root, "run-1"), name="report")
+    doc = json.loads(root.run_files.get("run-1", "report.json"))["run"]["while_asking"]
+    assert (doc["extended"], doc["to_extend"], doc["kept"]) == (len(cut), 0, finished)
+    assert doc["text"].startswith(f"while the question waited, {len(generated)} rows (")
+    assert f"{len(cut)} extended to {at * 2:,}" in doc["text"]
+    assert doc["text"] in (tmp_path / "out" / "runs" / "run-1" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("kind", [CURRENT, STOP])
+def test_a_lower_answer_counts_the_cut_rows_as_truncated_and_a_stop_leaves_them_committed(tmp_path, kind) -> None:
+    spec = pilot_stopped_run(tmp_path)
+    question = ask_pilot(spec)
+    root = root_of(spec.config)
+    at, chunk = question.while_asking["cap"], question.while_asking["chunks"][0]
+    done = set(root.snapshots.frame()["index"].tolist())
+    generated = [i for i in range(chunk["start"], chunk["stop"]) if i not in done]
+    root.commits.commit(asking_rows(at, generated), "run-1", 1, "asking")
+    cut = sum(natural_length(i) > at for i in generated)
+
+    decided, work = apply(spec, answer(question, kind))
+    account = decided.decisions[-1].while_asking
+    if kind == STOP:
+        assert work == [] and account["answer_cap"] is None and "kept" not in account
+        assert "the run stopped, and every one of them stays committed" in account_text(account)
+    else:
+        # Truncated at the recommended cap, above the answer's 4,096: truncated at it, nothing to extend.
+        assert (account["truncated_at_answer"], account["to_extend"], account["kept"]) == (cut, 0, len(generated) - cut)
+        assert not {i for w in work for i in range(w.start, w.stop)} & set(generated)
+    assert len(root.snapshots.frame().query("while_asking")) == len(generated)  # every row stays committed

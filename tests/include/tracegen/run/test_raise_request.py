@@ -21,7 +21,7 @@ class View:
         self.spec, self.state = spec, state
         self.deciding = deciding or ["none"]  # successive answers; the last one repeats
         self.variables: dict[str, str] = {}
-        self.decision: dict[str, Any] | None = None  # what ask_about_cap returned once finished
+        self.decision: dict[str, Any] | None = None  # what ask_about_cap pushed as its question once finished
         self.withdrawn: list[str] = []
 
     def run_state(self, run_id: str) -> str | None:
@@ -113,7 +113,7 @@ def test_a_raise_read_too_late_is_withdrawn_and_refused(spec) -> None:
 def test_a_raise_the_deciding_task_took_stays(spec) -> None:
     view = View(spec, deciding=["none", "running", "success"])
 
-    def took_it(run_id: str) -> dict:  # what ask_about_cap returns when it read the raise just written
+    def took_it(run_id: str) -> dict:  # what ask_about_cap pushes when it read the raise just written
         stored = parse(view.variables[variable_key("run-1")], "run-1")
         return {"decided": {"cap": stored.cap, "responded_at": stored.requested_at}}
 
