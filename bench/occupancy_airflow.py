@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
@@ -111,11 +112,18 @@ def run_tracegen(cluster: AirflowCluster, fleet: Fleet, pids: list[int], dataset
             "pilot_size": args.pilot, "fleet": LOCAL_SIM}  # fmt: skip
     if args.chunk_size:
         conf["chunk_size"] = args.chunk_size
+    if args.ask_late is not None:
+        # The ask path: the pilot gate stops 4096 and asks; the fleet works at the recommended cap while the
+        # question waits (the whole dataset may be done meanwhile), and the answer comes ask_late seconds late.
+        conf.update(max_tokens=ASK_CAP, while_asking_budget_pct=100.0)
     sampler = Sampler(fleet.urls)
     sampler.start()  # its first sample is read before the trigger: the window starts at the trigger
     triggered = time.time()
     run_id = api.trigger(DAG, conf)
+    answer = None
     try:
+        if args.ask_late is not None:
+            answer = answer_late(api, run_id, args.ask_late)
         state = api.wait_run(DAG, run_id, args.timeout)
     finally:
         samples = sampler.stop()
@@ -140,9 +148,34 @@ def run_tracegen(cluster: AirflowCluster, fleet: Fleet, pids: list[int], dataset
         "rows": status["done"], "total": status["total"], "truncated": status["truncated"],
         "chunks": len(chunks), "chunk_rows": max((c["stop"] - c["start"] for c in chunks), default=0),
         "upstream": upstream_of(api), "queued_at": epoch(run["queued_at"]), "started": epoch(run["start_date"]),
+        "answer": answer, "fleet": fleet,
     })  # fmt: skip
     result["phases"] = attribute(samples, tis, result["first_request_t"])
     return result
+
+
+ASK_CAP = 4096  # the ask path's cap: the reference job's, which the bundled prompts' pilot stops at
+
+
+def answer_late(api: AirflowApi, run_id: str, late_s: float) -> dict:
+    """Wait for the run's question, answer it `late_s` seconds after it was posed with the recommended cap
+    (through the REST API, as the UI does), and say when and what."""
+    path = f"/dags/{DAG}/dagRuns/{urllib.parse.quote(run_id, safe='')}/taskInstances/review_cap/-1/hitlDetails"
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        states = {t["task_id"]: t["state"] for t in api.task_instances(DAG, run_id) if t["map_index"] == -1}
+        if states.get("review_cap") == "awaiting_input":
+            break
+        if api.run(DAG, run_id)["state"] not in ("queued", "running"):
+            raise SystemExit(f"the run ended without asking: {api.describe(DAG, run_id)}")
+        time.sleep(0.5)
+    asked = time.time()
+    detail = api._call("GET", path)
+    time.sleep(max(0.0, late_s - (time.time() - asked)))
+    option = detail["options"][0]
+    api._call("PATCH", path, json={"chosen_options": [option], "params_input": {"cap": None}})
+    print(f"asked at +{asked:.0f}, answered {time.time() - asked:.0f} s later: {option}", flush=True)
+    return {"asked": asked, "answered": time.time(), "option": option}
 
 
 def upstream_of(api: AirflowApi) -> dict[str, set[str]]:
@@ -249,6 +282,9 @@ def main() -> int:
     # the first chunks past the gate at once (2 x 3), so 2 x 3 slots never hold a chunk task back.
     p.add_argument("--worker-concurrency", type=int, default=3, help="Celery slots per worker")
     p.add_argument("--timeout", type=float, default=3600, help="wall seconds the run may take")
+    p.add_argument("--ask-late", type=float, default=None, metavar="S",
+                   help="the ask path: trigger at 4096 so the pilot gate asks, answer S seconds late with the "
+                        "recommended cap (the baseline runs at --max-tokens, the cap the answer chooses)")
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, output)")
     args = p.parse_args()
@@ -306,7 +342,7 @@ def main() -> int:
             f"  cluster start-up {cluster_s:.0f} s and warm-up run {warmup_s:.0f} s: outside the run's window"
         )
         if args.keep:
-            results = {"tracegen": {k: v for k, v in tg.items() if k != "samples"}, "baseline": bl}
+            results = {"tracegen": {k: v for k, v in tg.items() if k not in ("samples", "fleet")}, "baseline": bl}
             (root / "results.json").write_text(json.dumps(results, indent=2, default=str))
             # The fleet's counters over the run, for looking at where idle slot-time falls.
             (root / "samples.json").write_text(json.dumps([vars(s) for s in tg["samples"]]))
@@ -358,6 +394,13 @@ def report(tg: dict, bl: dict | None) -> None:
             f"  tracegen/baseline from the first request: wall {a['wall_s'] / b['wall_s']:.3f}, occupancy "
             f"{a['occupancy'] / b['occupancy']:.3f}"
         )
+    if tg.get("answer"):
+        a = tg["answer"]
+        during = [s for s in tg["samples"] if a["asked"] <= s.t <= a["answered"]]
+        after = [s for s in tg["samples"] if s.t >= a["answered"]]
+        print(f"  the question waited {a['answered'] - a['asked']:.0f} s ('{a['option']}'): occupancy while it waited "
+              f"{pct(window(during, tg['fleet'])['occupancy'])}, after the answer "
+              f"{pct(window(after, tg['fleet'])['occupancy']) if len(after) > 1 else 'n/a (nothing left)'}")
     print("  tracegen idle slot-time (simulated slot-s, % of available) by phase:")
     for phase, idle in sorted(tg["phases"].items(), key=lambda kv: -kv[1]):
         idle = max(idle, 0.0)  # sampling jitter makes an all-busy phase a hair negative

@@ -108,7 +108,8 @@ def tracegen_generate():
     # runaway_policy=resample (skipped otherwise): one fresh sample per looping row, once generation is over,
     # before the report and teardown; not after a failure (NONE_FAILED), nor after a stop at the gate (a
     # skip, which the task checks in the run's record).
-    resampled = task(steps.resample_runaways, trigger_rule=TriggerRule.NONE_FAILED)(run)
+    resampled = task(steps.resample_runaways, task_id=dag_ids.RESAMPLE_RUNAWAYS,
+                     trigger_rule=TriggerRule.NONE_FAILED)(run)
     report = task(steps.final_report, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
     stop = task(steps.teardown_fleet, trigger_rule=TriggerRule.ALL_DONE, retries=0)(run)
     watcher = task(steps.watcher, trigger_rule=TriggerRule.ONE_FAILED, retries=0)()
@@ -120,7 +121,12 @@ def tracegen_generate():
     [alongside, generated] >> question
     # While the question waits, the servers stay up for the answer's chunks.
     while_asking >> decided
-    [alongside, generated, while_asking, at_decided_cap] >> resampled >> [report, stop]
+    # The report and teardown wait for every chunk task themselves: the resample is skipped from the start
+    # unless runaway_policy=resample, and they must not start before the generation is over.
+    generation = [alongside, generated, while_asking, at_decided_cap]
+    generation >> resampled
+    [*generation, resampled] >> report
+    [*generation, resampled] >> stop
     # The report and teardown are leaves: their own failure fails the run. The watcher is there for the
     # failures their ALL_DONE rule would hide (a gate's stop is not one: it skips), so it
     # waits only for those tasks, and is skipped while the report runs instead of a scheduler loop after it.

@@ -19,6 +19,7 @@ DECIDING_TASK = "ask_about_cap"  # decides the run's cap; reads a raise once, wh
 QUESTION_KEY = "question"  # its XCom: the question asked, or {"decided": ...} for a raise taken instead
 APPLY_DECISION = "apply_decision"  # its `run` XCom: the run as decided
 REVIEW_TASK = "review_cap"  # the reviewer's question (human in the loop)
+RESAMPLE_RUNAWAYS = "resample_runaways"  # skipped by prepare_run unless runaway_policy=resample
 REFUSED_ANSWER_KEY = "refused_answer"  # review_cap's XCom: the last answer it refused, and why
 
 # The task of tracegen_raise_cap that makes a raise; its result is what a reader checks the raise against.

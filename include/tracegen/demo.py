@@ -146,6 +146,7 @@ def main() -> int:
         _explain_failure(log1)
         return 1
     _tell_pilot(gate, run1, output, question)
+    _tell_work_while_asking(run1, output, dags_test)
     rc, decision = _answer(question, run1, dags_test, log1)
     run2 = run1  # answered in place: the same run goes on
     cap = decision.get("cap") or 0
@@ -155,6 +156,9 @@ def main() -> int:
         _explain_failure(log1)
         return 1
     _tell_outcome(run2, decision, cap)
+    asked = json.loads((run2 / "report.json").read_text())["run"].get("while_asking")
+    if asked:
+        _say(f"  {asked['text']}")
 
     _say("\n[4/4] status, from the ledger alone (python -m tracegen status):\n")
     _tell_where(output, run2, logs, demo)
@@ -212,6 +216,25 @@ def _tell_pilot(gate: dict, run1: Path, output: Path, question: dict) -> None:
              "found the gate closed")
     _say(f"  pilot report: {run1 / 'pilot-report.html'}")
     _show_question(question)
+
+
+def _tell_work_while_asking(run1: Path, output: Path, dags_test: subprocess.Popen, wait_s: float = 60.0) -> None:
+    """The fleet does not wait for the answer: what the question says it generates meanwhile, and the rows it
+    has committed so far, waited for (a few seconds, as a reviewer takes longer) before the demo answers."""
+    plan = json.loads((run1 / "question.json").read_text()).get("while_asking")
+    if not plan:
+        _say("  while the question waits, nothing is generated (while_asking=idle, or no budget)")
+        return
+    _say(f"  while the question waits, the fleet goes on at max_tokens={plan['cap']:,} (the recommended cap): "
+         f"{plan['rows_planned']:,} rows in {len(plan['chunks'])} chunks, within the budget of "
+         f"{plan['budget_rows']:,} rows")
+    deadline, rows = time.monotonic() + wait_s, 0
+    while time.monotonic() < deadline and dags_test.poll() is None:
+        rows = _rows_of_run(output, run1.name, while_asking=True)
+        if rows >= min(plan["rows_planned"], 200):
+            break
+        time.sleep(1)
+    _say(f"  {rows:,} of them committed before anyone answered (marked in the ledger: while_asking)")
 
 
 def _answer(question: dict, run1: Path, dags_test: subprocess.Popen, log: Path) -> tuple[int, dict]:
@@ -381,11 +404,13 @@ def _write_task_logs(run_log: Path, run_id: str | None = None, dag_id: str = dag
     return written
 
 
-def _rows_of_run(output: Path, run_id: str) -> int:
+def _rows_of_run(output: Path, run_id: str, *, while_asking: bool = False) -> int:
+    """Ledger rows of `run_id` (only those generated while its question waited, with `while_asking`)."""
     from tracegen.store.root import open_root
 
     frame = open_root(str(output)).snapshots.frame()
-    return int((frame["run_id"] == run_id).sum())
+    mine = frame["run_id"] == run_id
+    return int((mine & frame["while_asking"]).sum() if while_asking else mine.sum())
 
 
 if __name__ == "__main__":

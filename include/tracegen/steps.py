@@ -76,7 +76,20 @@ def prepare_run(lead: int) -> dict[str, Any]:
              config.dataset_uri, config.output_uri, len(fleet.servers()))
     spec, work = prepare(config, run_id, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
                          airflow_run_id=ctx["run_id"])
+    if config.runaway_policy != "resample":
+        # Skipped now, not by a process started after the last chunk only to skip itself: the report and
+        # teardown then follow the last chunk in the scheduler's next loop (docs/benchmarks.md).
+        _skip_tasks(dag_ids.RESAMPLE_RUNAWAYS)
     return {"run": spec.to_json(), "chunks": [w.to_json() for w in work]}
+
+
+def _skip_tasks(*task_ids: str) -> None:
+    """Mark tasks of this run skipped before they start, as a branch skips the paths it does not take: the
+    Execution API's skip (it leaves a task already running or finished alone)."""
+    from airflow.sdk.execution_time.comms import SkipDownstreamTasks
+    from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
+
+    SUPERVISOR_COMMS.send(SkipDownstreamTasks(tasks=[(t, -1) for t in task_ids]))
 
 
 def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -241,7 +254,9 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
     _context()["chunk_label"] = work.label
     spec = _at_raised_cap(_spec(run))
     try:
-        return generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec)).to_json()
+        summary = generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec))
+        _settle_the_question_when_last(_spec(run))
+        return summary.to_json()
     except GateClosed as exc:
         if spec.config.gate_mode == "ask":
             # Held, not failed: what this chunk leaves is the reviewer's to decide on (`ask_about_cap`),
@@ -250,6 +265,39 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
         # gate_mode=stop: the gate stopped the run, so the chunk stops with it, skipped, keeping what it
         # committed; the run's tab and the gate's task say "stopped by the gate" (not a failed chunk).
         raise AirflowSkipException(f"{STOPPED_BY_GATE}: {exc}") from None
+
+
+FIRST_FAN_OUT = ("generate_alongside_pilot", "generate_chunk")  # the chunk tasks the question waits for
+
+
+def _settle_the_question_when_last(spec) -> None:
+    """The last chunk of the first fan-out to finish decides whether the run has a question: when it has
+    none (no gate held the run back, no raise to take), the question task is skipped now, and with it the
+    answer and the second fan-out, instead of starting a process after this chunk only to skip itself.
+    Two chunks ending at once may each see the other running: then neither skips, and the question task
+    decides, as it always can. A raise arriving after this check is refused by the raise task, since the
+    question task will not read it (`run.raise_request`)."""
+    from tracegen.run.decision import held_by
+    from tracegen.store.root import open_root
+
+    ctx = _context()
+    ti = ctx["ti"]
+    if ti.task_id not in FIRST_FAN_OUT:
+        return  # a chunk at the decided cap: the question was asked already
+    states = (ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[ctx["run_id"]], task_ids=list(FIRST_FAN_OUT))
+              or {}).get(ctx["run_id"]) or {}
+    others = [str(v).removeprefix("TaskInstanceState.").lower() for k, v in states.items()
+              if k != f"{ti.task_id}_{ti.map_index}"]
+    if not others or any(state not in ("success", "skipped") for state in others):
+        return  # not the last (or a sibling failed: the question task is not run then anyway)
+    if _cap_raise(spec) is not None:
+        return  # the question task turns the raise into the run's decision
+    root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
+    if held_by(spec, root, root.snapshots.frame()) is not None:
+        return
+    log.info("the last chunk of the fan-out: no gate held the run back, nothing to ask; %s is skipped",
+             dag_ids.DECIDING_TASK)
+    _skip_tasks(dag_ids.DECIDING_TASK)
 
 
 def ask_about_cap(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[str, Any]]) -> list[dict[str, Any]]:

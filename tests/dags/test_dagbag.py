@@ -73,10 +73,13 @@ def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag
     assert dag.get_task("resample_runaways").upstream_task_ids == {"prepare_run", "generate_alongside_pilot",
                                                                     "generate_chunk", "generate_while_asking",
                                                                     "generate_at_decided_cap"}
-    assert dag.get_task("final_report").upstream_task_ids == {"prepare_run", "resample_runaways"}
+    # The report and teardown wait for the generation themselves: the resample is skipped from the start unless
+    # runaway_policy=resample.
+    generation = {"generate_alongside_pilot", "generate_chunk", "generate_while_asking", "generate_at_decided_cap"}
+    assert dag.get_task("final_report").upstream_task_ids == {"prepare_run", "resample_runaways", *generation}
     # Teardown waits for the generation, the second fan-out after the reviewer's answer and the resampling
     # included (the servers stay up while the question waits), not for the report (which reads only the ledger).
-    assert dag.get_task("teardown_fleet").upstream_task_ids == {"prepare_run", "resample_runaways"}
+    assert dag.get_task("teardown_fleet").upstream_task_ids == {"prepare_run", "resample_runaways", *generation}
     # The watcher fails the run on a failure the ALL_DONE report and teardown would hide; those two are
     # leaves, so their own failure fails the run, and the watcher need not wait for them.
     assert dag.get_task("watcher").upstream_task_ids == {"generate_alongside_pilot", "generate_chunk",

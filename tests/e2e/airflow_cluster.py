@@ -23,6 +23,7 @@ import argparse
 import gzip
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -57,11 +58,14 @@ class ClusterError(RuntimeError):
 
 
 def free_port(count: int = 1) -> int:
-    """A free loopback port; with count > 1, the first of `count` consecutive free ports."""
+    """A free loopback port; with count > 1, the first of `count` consecutive free ports.
+
+    Chosen below the kernel's ephemeral range (32768 and up on Linux), where no client connection takes it
+    as its source port between this check and the server's bind: a port the kernel hands out itself was
+    taken that way once, and the stand-in server then failed with "address already in use"."""
+    rng = random.Random()
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
+        base = rng.randrange(20_000, 32_000 - count)
         if base + count > 65535:
             continue
         socks = []

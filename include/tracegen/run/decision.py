@@ -28,7 +28,7 @@ from tracegen.run.records import gate_verdict, pilot_report, write_run_record
 from tracegen.run.report import audit_and_report
 from tracegen.run.spec import RunSpec
 from tracegen.store.records import FAILED
-from tracegen.store.root import open_root
+from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.snapshots import COMPACT_OVER
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,18 @@ def rows_held(spec: RunSpec, frame: pd.DataFrame) -> int:
         failed = frame["index"].to_numpy(np.int64)[(frame["status"] == FAILED).to_numpy(bool)]
         held[failed] = False
     return int(held.sum())
+
+
+def held_by(spec: RunSpec, root: OutputRoot, frame: pd.DataFrame) -> str | None:
+    """Which gate held the run back, so that its reviewer is to be asked now: PILOT (the pilot report's
+    verdict is stop), DRIFT (the continuous gate kept rows from being generated), or None (nothing to ask,
+    and always under a gate_mode other than 'ask'). `frame`: the ledger as `root` holds it."""
+    if spec.config.gate_mode != "ask":
+        return None
+    report = pilot_report(root, spec.run_id)
+    if report is not None and gate_verdict(report)[0] == gate.STOP:
+        return PILOT
+    return DRIFT if rows_held(spec, frame) else None
 
 
 def max_cap(context_length: int | None) -> int:
@@ -68,21 +80,17 @@ def ask(
     audited for the question when that gate held rows back. `report_url(file name)`: the review page
     showing one of the run's report files, when there is one."""
     config = spec.config
-    if config.gate_mode != "ask":
-        return None
     root = open_root(config.output_uri, config.aws_conn_id)
-    report = pilot_report(root, spec.run_id)
-    verdict, _ = gate_verdict(report)
     frame = root.snapshots.frame(compact_over=COMPACT_OVER)
-    if report is not None and verdict == gate.STOP:
-        trigger, name = PILOT, "pilot-report"
+    trigger = held_by(spec, root, frame)
+    if trigger is None:
+        return None
+    if trigger == PILOT:
+        name, report = "pilot-report", pilot_report(root, spec.run_id)
     else:
-        held = rows_held(spec, frame)
-        if not held:
-            return None
         # The continuous gate closed mid-run: audit what it judged, for the table the reviewer decides on.
-        trigger, name = DRIFT, GATE_REPORT
-        log.info("the continuous gate held back %d rows; auditing its sample for the question", held)
+        name = GATE_REPORT
+        log.info("the continuous gate held back %d rows; auditing its sample for the question", rows_held(spec, frame))
         audit_and_report(spec, name=name, indices=np.asarray(drift_sample, dtype=np.int64),
                          tokens_per_s_per_gpu=tokens_per_s_per_gpu, context_length=context_length, root=root)
         report = json.loads(root.run_files.get(spec.run_id, f"{name}.json"))

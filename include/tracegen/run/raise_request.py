@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tracegen.dag_ids import DECIDING_TASK, GENERATE
+from tracegen.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
 from tracegen.run.cap_raise import (
     CapRaise,
     RaiseFacts,
@@ -91,8 +91,10 @@ def request_raise(view: RaiseView, target: str, cap: Any, *, requested_by: str |
     # The cap first: a cap no run could take is refused as such, whatever moment it arrives at.
     from_cap, new_cap = check_raise(spec, cap, context_length=context_length, earlier=earlier)
     if view.deciding_state(target) not in NOT_STARTED:
-        raise RaiseRefused(f"run {target!r} has already decided its cap ({DECIDING_TASK} has started): start a "
-                           "new run at the new cap; it resumes from the ledger and extends the truncated rows")
+        raise RaiseRefused(f"run {target!r} has already decided its cap ({DECIDING_TASK} has started): if its "
+                           f"question waits in Required Actions ({REVIEW_TASK}), answer it there with 'Continue at the "
+                           "cap typed below' and this cap; otherwise start a new run at the new cap, which resumes "
+                           "from the ledger and extends the truncated rows")
     raised = CapRaise(run_id=spec.run_id, cap=new_cap, from_cap=from_cap, requested_by=requested_by,
                       requested_at=now_iso(), raised_in=raised_in)
     view.store(key, encode(raised), f"tracegen: raise of run {target}'s max_tokens")

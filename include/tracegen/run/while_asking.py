@@ -10,7 +10,7 @@ Only a 'stop' makes that work moot, and even then its rows stay committed for th
 So while the question waits, the chunks with work left run at a provisional cap: the one the question
 recommends (`recommended`: the likeliest answer, and the cheapest mistake either way), or the run's own
 (`current`). A budget, a share of the dataset's rows, bounds what an unanswered question can cost: the
-chunks generated while asking are the first ones whose rows fit in it. Their rows are marked in the ledger
+chunks generated while asking are those whose rows fit in it, in dataset order. Their rows are marked in the ledger
 (`while_asking`), and `account` says from the ledger what the answer made of them.
 
 Which cap a task generates at is decided from Airflow's metadata (the question task's XComs, the answer),
@@ -67,7 +67,7 @@ class WhileAsking:
                     f"than any chunk with work left at max_tokens={self.cap:,}.")
         cost = f", about {gpu_hours(self.gpu_hours)} of GPU time at the pilot's throughput" if self.gpu_hours else ""
         return (f"While you decide, the fleet goes on at max_tokens={self.cap:,} ({which}): {num(self.rows_planned)} "
-                f"rows in {len(self.chunks)} chunks, at most {num(self.budget_rows)} rows (the run's "
+                f"rows in {len(self.chunks)} chunk{'' if len(self.chunks) == 1 else 's'}, at most {num(self.budget_rows)} rows (the run's "
                 f"while_asking_budget_pct){cost}. Nothing of it is lost: a higher answer extends what it cut, a "
                 "lower one keeps what finished, and 'stop' leaves its rows committed for the next run.")
 
@@ -102,11 +102,10 @@ def plan_work(spec: RunSpec, question: CapQuestion, frame: pd.DataFrame) -> Whil
     work = plan.chunks_with_work(frame, spec.dataset.n_rows, spec.layout, at.config)
     budget = math.floor(spec.dataset.n_rows * config.while_asking_budget_pct / 100.0)
     chosen, planned = [], 0
-    for w in work:
-        if planned + w.remaining > budget:
-            break
-        chosen.append(w)
-        planned += w.remaining
+    for w in work:  # in dataset order, every chunk that still fits: a large first chunk does not use it all up
+        if planned + w.remaining <= budget:
+            chosen.append(w)
+            planned += w.remaining
     return WhileAsking(mode=config.while_asking, cap=cap, budget_rows=budget, chunks=tuple(chosen),
                        rows_planned=planned, rows_left=sum(w.remaining for w in work),
                        gpu_hours=_gpu_hours(question, cap, planned))
