@@ -10,6 +10,8 @@ not above the current one or not within the servers' context length: `tracegen.c
 the reason goes to the task log and to the XCom `refused_answer`, which the run's "tracegen report" tab
 shows above the report, and the same question is asked again. (Airflow keeps a question's text as it was
 first posed: asking again cannot rewrite it, so the question says where a refusal's reason appears.)
+Who is told that a question waits (e-mail, webhook) and who may answer are the operator's settings:
+`tracegen.review.notify`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from tracegen.audit.review import CAP_FIELD, STOP_LABEL
 from tracegen.cap_rule import HIGHEST, LOWEST
 from tracegen.dag_ids import REFUSED_ANSWER_KEY as REFUSED_KEY
+from tracegen.review.notify import assigned_users, question_notifiers
 
 
 def _cap_param(min_cap: int, max_cap: int) -> Any:
@@ -45,6 +48,10 @@ class CapReviewOperator(HITLOperator):
     def __init__(self, *, question: Any, **kwargs: Any) -> None:
         # The DAG's trigger-form params are not this form's: the reviewer's form has the cap field only.
         kwargs.pop("params", None)
+        # Who is told the question waits, and who may answer: the operator's settings, read at parse time
+        # (`tracegen.review.notify`); a DAG passing its own keeps them.
+        kwargs.setdefault("notifiers", question_notifiers())
+        kwargs.setdefault("assigned_users", assigned_users())
         # Parse-time placeholders: every run's question brings its own options (see `_pose`).
         super().__init__(subject="tracegen: the truncation gate's question", options=[STOP_LABEL],
                          defaults=[STOP_LABEL], params={CAP_FIELD: _cap_param(LOWEST, HIGHEST)},
@@ -104,7 +111,9 @@ class CapReviewOperator(HITLOperator):
                 "responded_by": who, "responded_at": str(event.get("responded_at") or ""),
                 "chosen_options": event["chosen_options"], "params_input": event.get("params_input"),
                 "refused": str(exc)})
-            # Writing the request again clears the refused response; the task waits for a new one.
+            # Writing the request again clears the refused response; the task waits for a new one. Nobody is
+            # told again: whoever answered is at the question, and the first notice still points to it.
+            self.notifiers = []
             return self.execute(context)
         # The provider's own checks, on the answer as it is acted on (the cap as the integer decided).
         typed = decision.cap if decision.kind == OTHER else None

@@ -5,6 +5,9 @@ Every Airflow component runs as a real process (tests/e2e/airflow_cluster.py: Po
 Redis, api-server, scheduler), with the bundled simulated fleet (SGLang stand-ins) and the bundled
 prompts, whose length law truncates about 18% of rows at the reference job's 4096. Each test triggers its own
 run into its own output root, named in `tracegen_output_roots` so the review pages serve its reports.
+The cluster is configured as an operator would to be told of questions (tracegen.review.notify): an e-mail
+connection and a webhook connection, pointing at an SMTP server and an HTTP receiver this module runs on
+loopback, and `admin` as the one user who may answer.
 """
 
 from __future__ import annotations
@@ -19,6 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e.airflow_cluster import AirflowApi, AirflowCluster, running_cluster, sample_prompts
+from fixtures.notify_receivers import (
+    MailReceiver,
+    WebhookReceiver,
+    mail_connection,
+    notification_receivers,
+    webhook_connection,
+)
 from plugins.cdp_browser import Browser, journey_shot
 
 from tracegen.config import safe_run_id
@@ -37,10 +47,25 @@ STOP = "Stop the run"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
+def receivers():
+    with notification_receivers() as both:
+        yield both
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, receivers: tuple[MailReceiver, WebhookReceiver]):
     root = tmp_path_factory.mktemp("review-cluster")
-    # A faster stand-in clock: the runs are about the question, not about generation speed.
-    with running_cluster(root, workers=1, worker_concurrency=4, extra_env={"TRACEGEN_SIM_TIME_SCALE": "200"}) as cluster:
+    mail, hook = receivers
+    env = {
+        # A faster stand-in clock: the runs are about the question, not about generation speed.
+        "TRACEGEN_SIM_TIME_SCALE": "200",
+        # Every component gets these, the Celery worker that runs review_cap among them.
+        "AIRFLOW_CONN_TRACEGEN_QUESTION_MAIL": mail_connection(mail),
+        "AIRFLOW_CONN_TRACEGEN_QUESTION_HOOK": webhook_connection(hook),
+        "TRACEGEN_QUESTION_NOTIFY": "tracegen_question_mail,tracegen_question_hook",
+        "TRACEGEN_QUESTION_ASSIGNED_USERS": "admin",
+    }
+    with running_cluster(root, workers=1, worker_concurrency=4, extra_env=env) as cluster:
         yield cluster
 
 
@@ -81,6 +106,38 @@ def _question(cluster: AirflowCluster, api: AirflowApi, run_id: str, timeout: fl
             f"the run ended without asking: {api.describe(GENERATE, run_id)}\n{cluster.logs_summary()}")
         time.sleep(1)
     raise AssertionError(f"no question within {timeout:.0f} s: {api.describe(GENERATE, run_id)}")
+
+
+def _question_link(cluster: AirflowCluster, run_id: str) -> str:
+    """The Required Actions page of the run's review_cap in the Airflow UI."""
+    return (f"{cluster.api_url}/dags/{GENERATE}/runs/{urllib.parse.quote(run_id, safe='')}/tasks/review_cap/"
+            "required_actions")
+
+
+def _notified(cluster: AirflowCluster, receivers: tuple[MailReceiver, WebhookReceiver], run_id: str,
+              output: Path, detail: dict) -> tuple[str, str]:
+    """The e-mail and the webhook POST about the run's question, each with the question's verdict figure and
+    reason, its recommended cap and the two links; returns (question link, report link) as they carry them."""
+    mail, hook = receivers
+    question_link = _question_link(cluster, run_id)
+    message, rcpt, _ = mail.wait_for(lambda m: question_link in m.get_content())
+    post = hook.wait_for(lambda body: body["tracegen"]["run_id"] == run_id)
+    assert message["Subject"] == f"tracegen question: {detail['subject']}" and rcpt == ["reviewer@example.test"]
+    assert post["headers"]["X-Tracegen-Token"] == "hook-test-token"
+    # The figure the question's body shows in bold, and the reason the pilot's gate gave.
+    shown = re.search(r"truncated at the cap: \*\*(.+?)\*\*", detail["body"]).group(1)
+    reason = json.loads((output / "runs" / safe_run_id(run_id) / "pilot-report.json").read_text())["verdict"]["reason"]
+    recommended = detail["options"][0].split()[2]  # "Continue at 9,216 tokens (recommended)"
+    report_link = detail["body"].split("[Open the report](", 1)[1].split(")", 1)[0]
+    for text in (message.get_content().replace("\r\n", "\n"), post["body"]["text"]):
+        lines = text.splitlines()
+        assert f"truncated at the cap: {shown}. {reason}" in lines, text
+        assert f"Recommended cap: max_tokens={recommended} (from max_tokens=4,096)." in lines, text
+        assert f"Answer the question: {question_link}" in lines and f"Report: {report_link}" in lines, text
+    fields = post["body"]["tracegen"]
+    assert (fields["question_url"], fields["report_link"]) == (question_link, report_link)
+    assert fields["recommended_cap"] == int(recommended.replace(",", ""))
+    return question_link, report_link
 
 
 def _answer(api: AirflowApi, run_id: str, option: str, cap=None) -> dict:
@@ -140,10 +197,15 @@ def _check_completed_at(output: Path, run_id: str, cap: int) -> dict:
 
 @pytest.mark.timeout(600)
 def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_the_new_cap(
-    cluster: AirflowCluster, api: AirflowApi, dataset: Path
+    cluster: AirflowCluster, api: AirflowApi, dataset: Path, receivers: tuple[MailReceiver, WebhookReceiver]
 ) -> None:
     run_id, output = _trigger(cluster, api, dataset, "out-rest")
     detail = _question(cluster, api, run_id)
+    # The reviewer was told, by e-mail and by webhook, and only the operator's assigned user may answer.
+    _notified(cluster, receivers, run_id, output, detail)
+    assert detail["assigned_users"] == [{"id": "admin", "name": "admin"}]
+    assert "question notification via connection 'tracegen_question_mail' sent through SMTP 127.0.0.1:" in (
+        _task_log(api, run_id, "review_cap"))
     options = detail["options"]
     assert options[0].endswith("(recommended)") and options[1:] == [
         OTHER, "Continue at 4,096 tokens, accepting the truncation", STOP]
@@ -190,10 +252,12 @@ def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_
 
 @pytest.mark.timeout(600)
 def test_chromium_shows_the_required_action_with_the_cap_table_and_a_click_resumes_the_run(
-    cluster: AirflowCluster, api: AirflowApi, dataset: Path
+    cluster: AirflowCluster, api: AirflowApi, dataset: Path, receivers: tuple[MailReceiver, WebhookReceiver]
 ) -> None:
     run_id, output = _trigger(cluster, api, dataset, "out-ui")
     detail = _question(cluster, api, run_id)
+    # The reviewer follows the links the notification brought: the report, then the question.
+    page, report_link = _notified(cluster, receivers, run_id, output, detail)
     recommended = detail["options"][0]
     cap = int(recommended.split()[2].replace(",", ""))
     token = httpx.post(f"{cluster.api_url}/auth/token", json={"username": "admin", "password": cluster.password},
@@ -201,8 +265,12 @@ def test_chromium_shows_the_required_action_with_the_cap_table_and_a_click_resum
     browser = Browser()
     try:
         browser.set_cookie(cluster.api_url + "/", "_token", token)
-        page = (f"{cluster.api_url}/dags/{GENERATE}/runs/{urllib.parse.quote(run_id, safe='')}/tasks/review_cap/"
-                "required_actions")
+        browser.goto(report_link)
+        browser.wait_for("!!document.querySelector('iframe[sandbox]')", 30)
+        assert browser.eval("document.querySelector('iframe[sandbox]').title").startswith("pilot-report.html of run")
+        # The stored report the page frames, opened at its own URL (the frame's origin is opaque).
+        browser.goto(cluster.api_url + browser.eval("document.querySelector('iframe[sandbox]').getAttribute('src')"))
+        browser.wait_for("document.body.innerText.includes('Cap table')", 30)
         browser.goto(page)
         button = f'[data-testid="hitl-option-{recommended}"]'
         browser.wait_for(f"!!document.querySelector({json.dumps(button)})", 60)

@@ -1,0 +1,348 @@
+"""Telling the reviewer that the gate's question waits (gate_mode=ask): e-mail and webhook notifiers.
+
+`review_cap` (`tracegen.review_gate.CapReviewOperator`) poses the question in Airflow's Required Actions;
+Airflow's HITL operator calls each of its `notifiers` right after the question is written, and only then.
+One `QuestionNotifier` per Airflow connection the operator names in TRACEGEN_QUESTION_NOTIFY (comma-
+separated connection ids, read when the DAG is parsed). Each connection's conn_type picks the channel:
+
+- `smtp` / `email`: an e-mail through that SMTP server (host, port, login, password; extra `from`, `to`,
+  `starttls`, `ssl`);
+- `http` / `https`: a JSON POST to a webhook (the URL in host, or host, port and extra `path`; extra
+  `headers`). The body's `text` is what Slack's and Teams' incoming webhooks show; `tracegen` holds the
+  same facts as fields, for anything else that reads it.
+
+Connections only: nothing in an output root (which a run's conf can name) can send mail or reach a URL.
+
+A notification is a courtesy, the question is the point: a connection that is missing, malformed or whose
+server does not answer is logged as a warning naming what is wrong, and the question is asked anyway.
+
+TRACEGEN_QUESTION_ASSIGNED_USERS (comma-separated user ids, each optionally `id:display name`) limits who
+may answer (HITL's `assigned_users`); unset, anyone who may act on the DAG's runs may answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from airflow.sdk.bases.notifier import BaseNotifier
+
+from tracegen.audit.figures import AT_CAP, figure
+from tracegen.audit.review import CapQuestion
+
+NOTIFY_ENV = "TRACEGEN_QUESTION_NOTIFY"
+ASSIGNED_USERS_ENV = "TRACEGEN_QUESTION_ASSIGNED_USERS"
+log = logging.getLogger(__name__)
+
+EMAIL_TYPES = ("smtp", "email")
+WEBHOOK_TYPES = ("http", "https")
+# Long enough for a slow relay, short enough that a dead one does not keep the question waiting to be posed
+# (the notifiers run before the task parks in AWAITING_INPUT).
+SEND_TIMEOUT_S = 15.0
+
+
+class ChannelMisconfigured(ValueError):
+    """A notification connection that cannot be used; the message names the field and what it needs."""
+
+
+class ChannelFailed(RuntimeError):
+    """The channel's server was reached and refused the notification."""
+
+
+def question_notifiers() -> list[QuestionNotifier]:
+    """One notifier per connection id in TRACEGEN_QUESTION_NOTIFY; none when it is unset or empty. The
+    connections themselves are read when the question is posed (a worker's view, current then)."""
+    ids = [part.strip() for part in os.environ.get(NOTIFY_ENV, "").split(",")]
+    return [QuestionNotifier(conn_id) for conn_id in dict.fromkeys(i for i in ids if i)]
+
+
+def assigned_users() -> list[dict[str, str]] | None:
+    """HITL's `assigned_users` from TRACEGEN_QUESTION_ASSIGNED_USERS: `alice,bob` or `7:Alice Smith`. The id
+    is what Airflow checks (the auth manager's user id: the username for the simple auth manager, the
+    numeric id for FAB); the name is what the UI shows. None (anyone may answer) when unset or empty."""
+    users = []
+    for entry in os.environ.get(ASSIGNED_USERS_ENV, "").split(","):
+        user_id, _, name = (part.strip() for part in entry.partition(":"))
+        if user_id:
+            users.append({"id": user_id, "name": name or user_id})
+    return users or None
+
+
+# ---- the message --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuestionMessage:
+    """What every channel says: the subject, the gate's verdict line, the recommended cap and the links."""
+
+    subject: str
+    run_id: str
+    dag_id: str
+    task_id: str
+    verdict_line: str
+    recommended_line: str
+    recommended_cap: int | None
+    current_cap: int
+    question_url: str
+    report_link: str
+    timeout_minutes: float
+
+    @property
+    def text(self) -> str:
+        return "\n".join([
+            self.subject, "",
+            self.verdict_line,
+            self.recommended_line, "",
+            f"Answer the question: {self.question_url}",
+            f"Report: {self.report_link}", "",
+            f"Unanswered within {_duration(self.timeout_minutes)}, the run stops.",
+        ])
+
+    def webhook_body(self) -> dict[str, Any]:
+        # `text` at the top level is what Slack and Teams incoming webhooks display; ours go under one key
+        # so they cannot collide with a receiver's own top-level fields (Slack's `channel`, `username`).
+        return {"text": self.text, "tracegen": {"event": "question_waiting", **asdict(self)}}
+
+
+def _duration(minutes: float) -> str:
+    return f"{minutes:g} minutes" if minutes < 120 else f"{minutes / 60:g} hours"
+
+
+def message_for(context: Any) -> QuestionMessage:
+    """The message for the question `context["task"]` (a CapReviewOperator) has just posed."""
+    task, ti = context["task"], context["ti"]
+    question = CapQuestion.from_json(task.question)
+    return QuestionMessage(
+        subject=task.subject, run_id=ti.run_id, dag_id=ti.dag_id, task_id=ti.task_id,
+        verdict_line=verdict_line(question.verdict), recommended_line=recommended_line(question),
+        recommended_cap=question.recommended_cap, current_cap=question.current_cap,
+        question_url=question_url(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
+        # The review page when the deployment serves one; else where the report is stored, as text.
+        report_link=question.report_url or question.report_uri, timeout_minutes=question.timeout_minutes,
+    )
+
+
+def verdict_line(verdict: dict[str, Any]) -> str:
+    """'truncated at the cap: 44 of 120 (36.7%). <the gate's reason>': the figure as every page names it."""
+    parts = []
+    if isinstance(verdict.get("truncated"), int) and isinstance(verdict.get("total"), int):
+        parts.append(f"{AT_CAP}: {figure(verdict['truncated'], verdict['total'])}.")
+    if verdict.get("reason"):
+        parts.append(str(verdict["reason"]))
+    return " ".join(parts) or f"The gate's verdict: {verdict.get('verdict') or 'unknown'}."
+
+
+def recommended_line(question: CapQuestion) -> str:
+    rec = question.recommended_cap
+    if rec is None:
+        return "Recommended cap: none (no cap in the table is predicted to meet the threshold; see the report)."
+    if rec > question.max_cap:
+        return (f"Recommended cap: max_tokens={rec:,}, beyond what the servers can serve (at most "
+                f"{question.max_cap:,}), so it is not among the options.")
+    return f"Recommended cap: max_tokens={rec:,} (from max_tokens={question.current_cap:,})."
+
+
+def question_url(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """The Airflow UI's Required Actions page of the task instance (the UI route
+    `dags/:dagId/runs/:runId/tasks/:taskId[/mapped/:mapIndex]/required_actions`), absolute when
+    `[api] base_url` is set. Unlike the HITL operator's own `generate_link_to_ui`, it keeps base_url's path,
+    so a UI served under a prefix is linked right."""
+    from airflow.providers.common.compat.sdk import conf
+
+    base = (conf.get("api", "base_url", fallback=None) or "").rstrip("/")
+    path = f"/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id, safe='')}"
+    if map_index is not None and map_index >= 0:
+        path += f"/mapped/{map_index}"
+    return f"{base}{path}/required_actions"
+
+
+# ---- the channels -------------------------------------------------------------------------------------
+
+
+def _extra(conn: Any) -> dict[str, Any]:
+    try:
+        extra = conn.extra_dejson
+    except Exception as exc:  # noqa: BLE001 - the SDK's own parse error; its message is what matters
+        raise ChannelMisconfigured(f"extra is not JSON ({exc})") from None
+    if not isinstance(extra, dict):
+        raise ChannelMisconfigured(f"extra must be a JSON object, got {type(extra).__name__}")
+    return extra
+
+
+def _flag(extra: dict[str, Any], key: str) -> bool:
+    value = extra.get(key, False)
+    if not isinstance(value, bool):
+        raise ChannelMisconfigured(f"extra {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _port(conn: Any, default: int) -> int:
+    port = conn.port if conn.port not in (None, "") else default
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ChannelMisconfigured(f"port {port!r} is not a TCP port")
+    return port
+
+
+@dataclass(frozen=True)
+class EmailChannel:
+    """An e-mail through an SMTP server: STARTTLS or implicit TLS when the connection asks for it, a login
+    when it has one."""
+
+    host: str
+    port: int
+    sender: str
+    recipients: tuple[str, ...]
+    login: str | None
+    password: str | None = field(repr=False)
+    starttls: bool
+    ssl: bool
+
+    @classmethod
+    def from_connection(cls, conn: Any) -> EmailChannel:
+        extra = _extra(conn)
+        if not conn.host:
+            raise ChannelMisconfigured("no host (the SMTP server's name or address)")
+        sender = extra.get("from")
+        if not isinstance(sender, str) or "@" not in sender:
+            raise ChannelMisconfigured(f"extra 'from' must be the sender's address, got {sender!r}")
+        to = extra.get("to")
+        recipients = [a.strip() for a in to.split(",")] if isinstance(to, str) else to
+        if (not isinstance(recipients, list) or not recipients
+                or not all(isinstance(a, str) and "@" in a for a in recipients)):
+            raise ChannelMisconfigured(f"extra 'to' must be a list of addresses, got {to!r}")
+        starttls, ssl = _flag(extra, "starttls"), _flag(extra, "ssl")
+        if starttls and ssl:
+            raise ChannelMisconfigured("extra 'starttls' and 'ssl' are both true: choose one")
+        return cls(host=conn.host, port=_port(conn, 465 if ssl else 587 if starttls else 25), sender=sender,
+                   recipients=tuple(recipients), login=conn.login or None, password=conn.password or None,
+                   starttls=starttls, ssl=ssl)
+
+    @property
+    def where(self) -> str:
+        return f"SMTP {self.host}:{self.port}"
+
+    def send(self, message: QuestionMessage) -> None:
+        import smtplib
+        from email.message import EmailMessage
+
+        mail = EmailMessage()
+        mail["Subject"] = f"tracegen question: {message.subject}"
+        mail["From"] = self.sender
+        mail["To"] = ", ".join(self.recipients)
+        mail.set_content(message.text)
+        smtp_class = smtplib.SMTP_SSL if self.ssl else smtplib.SMTP
+        with smtp_class(self.host, self.port, timeout=SEND_TIMEOUT_S) as smtp:
+            if self.starttls:
+                smtp.starttls()
+            if self.login:
+                smtp.login(self.login, self.password or "")
+            smtp.send_message(mail)
+
+
+@dataclass(frozen=True)
+class WebhookChannel:
+    """A JSON POST to an incoming webhook (Slack, Teams, or anything that reads JSON)."""
+
+    url: str = field(repr=False)  # its path is the webhook's secret
+    headers: dict[str, str] = field(repr=False)  # may carry a token
+
+    @classmethod
+    def from_connection(cls, conn: Any) -> WebhookChannel:
+        extra = _extra(conn)
+        host = (conn.host or "").strip()
+        if not host:
+            raise ChannelMisconfigured("no host (the webhook's URL, or its host name with extra 'path')")
+        if "://" in host:
+            url = host  # the whole webhook URL in host, as Airflow's HTTP connections allow
+        else:
+            scheme = conn.schema or conn.conn_type
+            if scheme not in WEBHOOK_TYPES:
+                raise ChannelMisconfigured(
+                    f"schema {scheme!r} is not http or https (a connection given as a URI puts the URL's path "
+                    "in schema: give the whole URL as host instead)")
+            path = extra.get("path", "")
+            if not isinstance(path, str):
+                raise ChannelMisconfigured(f"extra 'path' must be a string, got {path!r}")
+            port = f":{_port(conn, 0)}" if conn.port else ""
+            url = f"{scheme}://{host}{port}/{path.lstrip('/')}"
+        if urlsplit(url).scheme not in WEBHOOK_TYPES or not urlsplit(url).hostname:
+            raise ChannelMisconfigured("the webhook URL is not an http(s) URL with a host")
+        headers = extra.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                    for k, v in headers.items()):
+            raise ChannelMisconfigured("extra 'headers' must be an object of header names to string values")
+        return cls(url=url, headers=headers)
+
+    @property
+    def where(self) -> str:
+        # Never the whole URL: an incoming webhook's path is its secret (Slack's, Teams').
+        parts = urlsplit(self.url)
+        return f"webhook {parts.scheme}://{parts.netloc}"
+
+    def send(self, message: QuestionMessage) -> None:
+        import httpx
+
+        response = httpx.post(self.url, content=json.dumps(message.webhook_body()),
+                              headers={"Content-Type": "application/json", **self.headers},
+                              timeout=SEND_TIMEOUT_S, follow_redirects=False)
+        if response.status_code >= 300:
+            raise ChannelFailed(f"answered HTTP {response.status_code}: {response.text[:200]!r}")
+
+
+def channel_for(conn: Any) -> EmailChannel | WebhookChannel:
+    kind = (conn.conn_type or "").strip().lower()
+    if kind in EMAIL_TYPES:
+        return EmailChannel.from_connection(conn)
+    if kind in WEBHOOK_TYPES:
+        return WebhookChannel.from_connection(conn)
+    raise ChannelMisconfigured(f"conn_type {kind or 'none'!r} is not a notification channel: "
+                               f"{' or '.join(EMAIL_TYPES)} for e-mail, {' or '.join(WEBHOOK_TYPES)} for a webhook")
+
+
+# ---- the notifier -------------------------------------------------------------------------------------
+
+
+class QuestionNotifier(BaseNotifier):
+    """Tells the channel of one Airflow connection that the question waits. Never raises: whatever goes
+    wrong is a warning in the task log, and the question is asked."""
+
+    def __init__(self, conn_id: str) -> None:
+        super().__init__()
+        self.conn_id = conn_id
+
+    def notify(self, context: Any) -> None:
+        label = f"question notification via connection {self.conn_id!r}"
+        try:
+            message = message_for(context)
+        except Exception as exc:  # noqa: BLE001 - a notification must never fail the review task
+            log.warning("%s not sent: the question could not be read (%s: %s)", label,
+                             type(exc).__name__, exc)
+            return
+        try:
+            conn = _connection(self.conn_id)
+        except Exception as exc:  # noqa: BLE001 - the SDK raises its own not-found types
+            log.warning("%s not sent: the connection could not be read (%s: %s); define it as "
+                             "AIRFLOW_CONN_%s or under Admin → Connections", label, type(exc).__name__, exc,
+                             self.conn_id.upper())
+            return
+        try:
+            channel = channel_for(conn)
+        except ChannelMisconfigured as exc:
+            log.warning("%s not sent: the connection is malformed: %s", label, exc)
+            return
+        try:
+            channel.send(message)
+        except Exception as exc:  # noqa: BLE001 - unreachable, refused, timed out: the question still waits
+            log.warning("%s not sent: %s failed (%s: %s)", label, channel.where, type(exc).__name__, exc)
+            return
+        log.info("%s sent through %s", label, channel.where)
+
+
+def _connection(conn_id: str) -> Any:
+    from airflow.sdk import BaseHook
+
+    return BaseHook.get_connection(conn_id)
