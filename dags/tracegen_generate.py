@@ -99,7 +99,7 @@ def tracegen_generate():
     while_asking = task(steps.generate_while_asking, **chunk_task).partial(run=run).expand(chunk=question)
     # Once the answer is in and the work done while asking is over (either may be skipped, not both).
     decided = task(steps.apply_decision, retries=0, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)(
-        run, answer.output)
+        answer.output)
     at_decided_cap = (
         task(steps.generate_chunk, task_id="generate_at_decided_cap", **chunk_task)
         .partial(run=decided[steps.DECIDED_RUN_KEY])

@@ -226,7 +226,8 @@ def _tell_work_while_asking(run1: Path, output: Path, dags_test: subprocess.Pope
         _say("  while the question waits, nothing is generated (while_asking=idle, or no budget)")
         return
     _say(f"  while the question waits, the fleet goes on at max_tokens={plan['cap']:,} (the recommended cap): "
-         f"{plan['rows_planned']:,} rows in {len(plan['chunks'])} chunks, within the budget of "
+         f"{plan['rows_planned']:,} rows in {len(plan['chunks'])} chunk{'' if len(plan['chunks']) == 1 else 's'}, "
+         "within the budget of "
          f"{plan['budget_rows']:,} rows")
     deadline, rows = time.monotonic() + wait_s, 0
     while time.monotonic() < deadline and dags_test.poll() is None:

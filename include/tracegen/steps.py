@@ -86,10 +86,14 @@ def prepare_run(lead: int) -> dict[str, Any]:
 def _skip_tasks(*task_ids: str) -> None:
     """Mark tasks of this run skipped before they start, as a branch skips the paths it does not take: the
     Execution API's skip (it leaves a task already running or finished alone)."""
+    from airflow.sdk.execution_time import task_runner
     from airflow.sdk.execution_time.comms import SkipDownstreamTasks
-    from airflow.sdk.execution_time.task_runner import SUPERVISOR_COMMS
 
-    SUPERVISOR_COMMS.send(SkipDownstreamTasks(tasks=[(t, -1) for t in task_ids]))
+    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)  # set in a task process only
+    if comms is None:
+        log.info("not in an Airflow task: nothing to skip (%s)", ", ".join(task_ids))
+        return
+    comms.send(SkipDownstreamTasks(tasks=[(t, -1) for t in task_ids]))
 
 
 def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -292,8 +296,7 @@ def _settle_the_question_when_last(spec) -> None:
         return  # not the last (or a sibling failed: the question task is not run then anyway)
     if _cap_raise(spec) is not None:
         return  # the question task turns the raise into the run's decision
-    root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
-    if held_by(spec, root, root.snapshots.frame()) is not None:
+    if held_by(spec, open_root(spec.config.output_uri, spec.config.aws_conn_id)) is not None:
         return
     log.info("the last chunk of the fan-out: no gate held the run back, nothing to ask; %s is skipped",
              dag_ids.DECIDING_TASK)
@@ -457,17 +460,22 @@ STOPPED_BY_GATE = "stopped by the gate"
 DECIDED_RUN_KEY = "run"  # apply_decision's XCom holding the decided run (its return value is the chunks)
 
 
-def apply_decision(run: dict[str, Any], decision: dict[str, Any] | None) -> list[dict[str, Any]]:
+def apply_decision(decision: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The reviewer's answer applied in place: the run's record takes the decision and the chosen cap.
     Returns the chunks with work left at that cap (the pilot's truncated rows and what the held chunks
     left) for the second fan-out to map over, and pushes the decided run as XCom `run` for it. An
     answer (or a timeout) to stop is recorded, then skips this task and the chunks after it: the run
-    ends stopped by the gate, not failed."""
+    ends stopped by the gate, not failed.
+
+    The run is read from prepare_run's XCom here, not handed in: an argument would make prepare_run an
+    upstream task, and this task's trigger rule (run once the answer and the work done while asking are
+    over, when at least one of them succeeded) would then hold on the pass path too."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     from tracegen.audit.review import CapDecision
     from tracegen.run.decision import apply
 
+    run = _context()["ti"].xcom_pull(task_ids=dag_ids.PREPARE_RUN, key="run")
     decided, work = apply(_spec(run), CapDecision.from_json(decision))
     made = decided.decisions[-1]
     # Pushed for a stop too: the report, the resample and the scheduled rerun read the decision from

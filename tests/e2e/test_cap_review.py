@@ -184,10 +184,12 @@ def _check_completed_at(output: Path, run_id: str, cap: int) -> dict:
     assert set(frame["run_id"]) == {safe_run_id(run_id)}  # one run, no second trigger
     cut = frame[(frame["max_tokens"] == 4096) & (frame["finish_reason"] == "length")]["index"]
     assert len(cut) > 0
-    # Continued from their tokens: to the chosen cap, or earlier, by the tail measurement, to its own cap
-    # (then only those the measurement left cut below the chosen cap are continued again).
+    # Continued from their tokens: to the chosen cap, or earlier, by the tail measurement to its own cap or
+    # while the question waited to the recommended cap (then only those left cut below the chosen cap are
+    # continued again).
     measured = frame[(frame["chunk"] == MEASURE_CHUNK) & frame["index"].isin(cut)]
-    redone = frame[frame["index"].isin(cut) & ((frame["max_tokens"] == cap) | (frame["chunk"] == MEASURE_CHUNK))]
+    redone = frame[frame["index"].isin(cut) & ((frame["max_tokens"] == cap) | (frame["chunk"] == MEASURE_CHUNK)
+                                               | frame["while_asking"])]
     assert set(redone["index"]) == set(cut) and set(redone["pivot"]) == {"extended"}, redone["pivot"].tolist()
     done_by_measuring = measured[(measured["finish_reason"] != "length") | (measured["max_tokens"] >= cap)]["index"]
     assert not frame[frame["index"].isin(done_by_measuring) & (frame["max_tokens"] == cap)].size  # none redone
@@ -351,9 +353,13 @@ def test_an_unanswered_question_stops_the_run(cluster: AirflowCluster, api: Airf
         STOP, None, True, None)
     assert record["config"]["max_tokens"] == 4096 and report["decisions"] == record["decisions"]
     frame = OutputRoot(open_storage(str(output))).snapshots.frame()
-    # Nothing generated after the question: rows above 4096 are only the pilot's truncated rows, continued
-    # to measure the tail before the gate's audit.
-    assert frame["index"].nunique() < N_ROWS and set(frame.loc[frame["max_tokens"] > 4096, "pivot"]) <= {"extended"}
+    # While the question waited the fleet went on at the recommended cap, within the budget (25% of the rows);
+    # the timeout's stop kept every row it committed, and nothing else ran after the question: the other rows
+    # above 4096 are the pilot's truncated rows, continued to measure the tail before the gate's audit.
+    asked = frame[frame["while_asking"]]
+    assert 0 < len(asked) <= N_ROWS // 4 and decision["while_asking"]["rows"] == len(asked)
+    assert decision["while_asking"]["answer_cap"] is None
+    assert set(frame.loc[(frame["max_tokens"] > 4096) & ~frame["while_asking"], "pivot"]) <= {"extended"}
 
 
 @pytest.mark.timeout(400)

@@ -48,15 +48,17 @@ def rows_held(spec: RunSpec, frame: pd.DataFrame) -> int:
     return int(held.sum())
 
 
-def held_by(spec: RunSpec, root: OutputRoot, frame: pd.DataFrame) -> str | None:
+def held_by(spec: RunSpec, root: OutputRoot, frame: pd.DataFrame | None = None) -> str | None:
     """Which gate held the run back, so that its reviewer is to be asked now: PILOT (the pilot report's
     verdict is stop), DRIFT (the continuous gate kept rows from being generated), or None (nothing to ask,
-    and always under a gate_mode other than 'ask'). `frame`: the ledger as `root` holds it."""
+    and always under a gate_mode other than 'ask'). `frame`: the ledger as `root` holds it, read here
+    only when it is needed and not given."""
     if spec.config.gate_mode != "ask":
         return None
     report = pilot_report(root, spec.run_id)
     if report is not None and gate_verdict(report)[0] == gate.STOP:
         return PILOT
+    frame = root.snapshots.frame(compact_over=COMPACT_OVER) if frame is None else frame
     return DRIFT if rows_held(spec, frame) else None
 
 
