@@ -1,9 +1,12 @@
 """Which truncated rows are runaways: their tail loops (`tracegen.audit.runaway`), so no cap finishes them.
 
-Judged on the current truncated rows only (a row that finished is not a runaway whatever its text), read
-from their parts: the ledger holds no token ids. A row is judged on its response token ids (what the server
-generated: a real server's and the SGLang stand-in's alike are the tokenization of the text, and loop with
-it); a row stored without token ids is judged on its text (`runaway.is_runaway_text`, one id per word).
+Judged on the current truncated rows only (a row that finished is not a runaway whatever its text). A row is
+judged on its response token ids (what the server generated: a real server's and the SGLang stand-in's alike
+are the tokenization of the text, and loop with it); a row stored without token ids is judged on its text
+(`runaway.is_runaway_text`, one id per word). The chunk engine judges each truncated row once, when it is
+generated, and the ledger keeps its score (`runaway_score`); only rows committed before that column existed
+are judged here from their parts, which the ledger does not hold, and a few runaways' parts are read for
+the end of their text, shown as examples.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen.audit.runaway import is_runaway, is_runaway_text, runaway_score, text_token_ids
+from tracegen.audit.runaway import RUNAWAY_THRESHOLD, runaway_score, text_token_ids
 from tracegen.store.current import current_mask
 from tracegen.store.records import OK, GeneratedRow, unpack_token_ids
 from tracegen.store.root import OutputRoot
 
 TAIL_CHARS = 400  # of a runaway's text, shown as its example
+TAILS = 3  # runaways whose text's end is read from their parts: the reports show that many examples
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,22 +43,21 @@ def row_text(row: GeneratedRow) -> str:
     return (row.reasoning_content or "") + (row.content or "")
 
 
-def judge(row: GeneratedRow) -> Runaway | None:
-    """The row as a runaway, or None: it finished, or its tail does not loop."""
+def score_of(row: GeneratedRow) -> float | None:
+    """How much a truncated row's tail loops (`runaway.runaway_score`, on its token ids, or on its text's
+    units without them); None for a row that finished, whose tail says nothing."""
     if row.status != OK or row.finish_reason != "length":
         return None
-    text = row_text(row)
-    if row.has_token_ids:
-        ids = unpack_token_ids(row.response_token_ids)
-        score = runaway_score(ids)
-        if not is_runaway(ids):
-            return None
-    else:
-        units = text_token_ids(text)
-        score = runaway_score(units)
-        if not is_runaway_text(text):
-            return None
-    return Runaway(row.index, row.max_tokens, "", round(score, 4), text[-TAIL_CHARS:])
+    ids = unpack_token_ids(row.response_token_ids) if row.has_token_ids else text_token_ids(row_text(row))
+    return round(runaway_score(ids), 4)
+
+
+def judge(row: GeneratedRow) -> Runaway | None:
+    """The row as a runaway, or None: it finished, or its tail does not loop."""
+    score = row.runaway_score if row.runaway_score is not None else score_of(row)
+    if score is None or score < RUNAWAY_THRESHOLD:
+        return None
+    return Runaway(row.index, row.max_tokens, "", score, row_text(row)[-TAIL_CHARS:])
 
 
 def truncated_current(frame: pd.DataFrame) -> pd.DataFrame:
@@ -66,15 +69,38 @@ def truncated_current(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.loc[cur]
 
 
-def find_runaways(root: OutputRoot, frame: pd.DataFrame) -> dict[int, Runaway]:
-    """The runaways among the current truncated rows of `frame`, by index; reads only their parts."""
+def find_runaways(root: OutputRoot, frame: pd.DataFrame, *, tails: int = TAILS) -> dict[int, Runaway]:
+    """The runaways among the current truncated rows of `frame`, by index, in index order. Rows the ledger
+    scored are judged from their score; the parts of the rest are read (entries from before the score), and
+    those of the first `tails` runaways for the end of their text (the others' `tail` is "")."""
     rows = truncated_current(frame)
+    scores = (rows["runaway_score"].to_numpy(np.float64) if "runaway_score" in rows.columns
+              else np.full(len(rows), np.nan))
+    scored = ~np.isnan(scores)
+    out: dict[int, Runaway] = {
+        int(i): Runaway(int(i), int(c), str(p), float(s), "")
+        for i, c, p, s in zip(rows["index"][scored], rows["max_tokens"][scored], rows["part"][scored], scores[scored],
+                              strict=True) if s >= RUNAWAY_THRESHOLD}
+    unscored = rows[~scored]
+    for part, group in unscored.groupby("part", sort=True):
+        out.update(_judged_in_part(root, str(part), group))
+    out = dict(sorted(out.items()))
+    shown = [r for r in out.values() if not r.tail][:tails]
+    for part in sorted({r.part for r in shown}):
+        wanted = [r for r in shown if r.part == part]
+        out.update(_judged_in_part(root, part, frame.iloc[0:0], [(r.index, r.max_tokens) for r in wanted]))
+    return out
+
+
+def _judged_in_part(root: OutputRoot, part: str, group: pd.DataFrame,
+                    wanted: list[tuple[int, int]] | None = None) -> dict[int, Runaway]:
+    """The runaways among one part's rows in `group` (or the (index, cap) pairs `wanted`), read from it."""
+    keys = set(wanted) if wanted is not None else {
+        (int(i), int(c)) for i, c in zip(group["index"], group["max_tokens"], strict=True)}
     out: dict[int, Runaway] = {}
-    for part, group in rows.groupby("part", sort=True):
-        wanted = {(int(i), int(c)) for i, c in zip(group["index"], group["max_tokens"], strict=True)}
-        for row in root.commits.read_part(str(part)):
-            if (row.index, row.max_tokens) in wanted and (found := judge(row)) is not None:
-                out[row.index] = Runaway(found.index, found.max_tokens, str(part), found.score, found.tail)
+    for row in root.commits.read_part(part):
+        if (row.index, row.max_tokens) in keys and (found := judge(row)) is not None:
+            out[row.index] = Runaway(found.index, found.max_tokens, part, found.score, found.tail)
     return out
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tracegen import plan
+from tracegen.audit.runaway_rows import score_of
 from tracegen.config import RunConfig
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
 from tracegen.generate.extend import (
@@ -395,6 +396,10 @@ class ChunkEngine:
 
     def _append(self, row: GeneratedRow, progress: Progress) -> None:
         row.while_asking = self.while_asking
+        if row.runaway_score is None:
+            # Judged once, here, while its ids are in memory: the reports and the export read the score from
+            # the ledger instead of reading every truncated row's part again (`audit.runaway_rows`).
+            row.runaway_score = score_of(row)
         self.spool.append(row)  # fsynced: from here a SIGKILL cannot lose this row
         self._pending_rows += 1
         progress.add(row)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from tracegen.store.records import BOOL_COLS, LEDGER_COLUMNS, LEDGER_DEFAULTS, GeneratedRow
+from tracegen.store.records import BOOL_COLS, FLOAT_COLS, LEDGER_COLUMNS, LEDGER_DEFAULTS, GeneratedRow
 
 SCHEMA = 1
 
@@ -45,7 +45,7 @@ INT_COLS = ("index", "prompt_tokens", "completion_tokens", "reasoning_tokens", "
 # The JSON types a column's values may have (`type(...) is`, so a bool never passes for an int).
 _VALUE_TYPES: dict[str, tuple[type, ...]] = {
     c: (int,) if c in INT_COLS else (bool,) if c in BOOL_COLS else (int, float) if c == "latency_s"
-    else (str, type(None))
+    else (int, float, type(None)) if c in FLOAT_COLS else (str, type(None))
     for c in LEDGER_COLUMNS
 }  # fmt: skip
 

@@ -56,12 +56,16 @@ LEDGER_COLUMNS = (
     "prefix_tokens",  # int: tokens reused from the truncated row it extends (0 unless `extended`)
     "text_joined",  # bool: an extended row whose text joins two decodings (the server had no /detokenize)
     "while_asking",  # bool: generated while the gate's question waited, at the cap it recommended (`run.while_asking`)
+    "runaway_score",  # float | None: how much a truncated row's tail loops (`audit.runaway`), when it was generated
 )
 # Columns added after the first ledger entries were written, with the value those older entries (and
 # snapshots) mean: they hold no pivot rows.
-LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0, "text_joined": False, "while_asking": False}
+LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0, "text_joined": False, "while_asking": False,
+                                   "runaway_score": None}
 # Columns of booleans.
 BOOL_COLS = ("cut_in_reasoning", "text_joined", "while_asking")
+# Columns of floats; None (a row not judged, or an entry from before the column) reads as NaN.
+FLOAT_COLS = ("latency_s", "runaway_score")
 # The columns "done" is decided from (tracegen.plan), read without the rest by planning and resume.
 PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")
 
@@ -120,6 +124,9 @@ class GeneratedRow:
     provenance: dict[str, Any] | None = None
     # Generated while the gate's question waited for its answer (`tracegen.run.while_asking`).
     while_asking: bool = False
+    # A truncated row's loop score, judged once when it was generated (`audit.runaway_rows.score_of`), so
+    # the reports, the resample and the export need not read its part to know; None: not judged.
+    runaway_score: float | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -179,6 +186,7 @@ class GeneratedRow:
             "prefix_tokens": self.prefix_tokens,
             "text_joined": self.text_joined,
             "while_asking": self.while_asking,
+            "runaway_score": self.runaway_score,
         }
 
     def to_json(self) -> dict[str, Any]:

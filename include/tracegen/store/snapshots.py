@@ -21,7 +21,14 @@ import pyarrow.parquet as pq
 
 from tracegen.store.commits import Commits
 from tracegen.store.entries import INT_COLS, SCHEMA, LedgerError, now, part_for_entry
-from tracegen.store.records import BOOL_COLS, LEDGER_COLUMNS, LEDGER_DEFAULTS, PLAN_COLUMNS, GeneratedRow
+from tracegen.store.records import (
+    BOOL_COLS,
+    FLOAT_COLS,
+    LEDGER_COLUMNS,
+    LEDGER_DEFAULTS,
+    PLAN_COLUMNS,
+    GeneratedRow,
+)
 from tracegen.store.storage import StorageKeyError
 
 FRAME_COLUMNS = (*LEDGER_COLUMNS, "part", "committed_at")
@@ -45,7 +52,7 @@ def _frame_from_columns(cols: dict[str, list[Any]]) -> pd.DataFrame:
             data[c] = np.asarray(v, dtype=np.int64)
         elif c in BOOL_COLS:
             data[c] = np.asarray(v, dtype=bool)
-        elif c == "latency_s":
+        elif c in FLOAT_COLS:
             data[c] = np.asarray(v, dtype=np.float64)
         elif c == "committed_at":
             data[c] = v if isinstance(v, pd.Series) else pd.to_datetime(pd.Series(v, dtype=object), utc=True, format="ISO8601")
@@ -65,7 +72,7 @@ def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
             out[c] = s.astype(np.int64)
         elif c in BOOL_COLS:
             out[c] = s.astype(bool)
-        elif c == "latency_s":
+        elif c in FLOAT_COLS:
             out[c] = s.astype(np.float64)
         elif c == "committed_at":
             out[c] = pd.to_datetime(s, utc=True)
