@@ -174,7 +174,7 @@ def answer_late(api: AirflowApi, run_id: str, late_s: float) -> dict:
     time.sleep(max(0.0, late_s - (time.time() - asked)))
     option = detail["options"][0]
     api._call("PATCH", path, json={"chosen_options": [option], "params_input": {"cap": None}})
-    print(f"asked at +{asked:.0f}, answered {time.time() - asked:.0f} s later: {option}", flush=True)
+    print(f"the question was posed, and answered {time.time() - asked:.0f} s later: {option}", flush=True)
     return {"asked": asked, "answered": time.time(), "option": option}
 
 

@@ -21,7 +21,7 @@ from engine_support.helpers import (
 )
 
 from tracegen import plan
-from tracegen.audit.runaway_rows import find_runaways
+from tracegen.audit.runaway_rows import TAILS, find_runaways
 from tracegen.export import export_dataset
 from tracegen.generate.resample import resample_runaways
 from tracegen.run import RESAMPLE_CHUNK
@@ -50,6 +50,28 @@ def generated(tmp_path, sim_server):
     truncated = set(frame.loc[frame["finish_reason"] == "length", "index"].tolist())
     assert runaways and runaways < truncated, "the stand-in should cut both loops and long rows at 256"
     return sim, dataset, out, runaways, truncated - runaways
+
+
+def test_the_engine_scores_each_truncated_row_once_and_the_ledger_decides_without_reading_parts(
+        tmp_path, generated, monkeypatch):
+    _, dataset, out, runaways, others = generated
+    root = root_of(make_config(dataset, out, max_tokens=CAP))
+    frame = root.snapshots.frame()
+    cut = frame["finish_reason"] == "length"
+    assert frame.loc[cut, "runaway_score"].notna().all() and frame.loc[~cut, "runaway_score"].isna().all()
+    read: list[str] = []
+    read_part = root.commits.read_part
+    monkeypatch.setattr(root.commits, "read_part", lambda part: read.append(part) or read_part(part))
+    found = find_runaways(root, frame)
+    assert set(found) == runaways and list(found) == sorted(found)
+    # Parts are read only for the end of the first runaways' text, the reports' examples.
+    assert len(read) <= TAILS and all(found[i].tail for i in sorted(found)[:TAILS])
+    assert not any(r.tail for r in list(found.values())[TAILS:])
+    # An entry from before the score (the column missing, NaN in the frame) is judged from its part, alike.
+    read.clear()
+    unscored = frame.assign(runaway_score=float("nan"))
+    assert {i: r.score for i, r in find_runaways(root, unscored).items()} == {i: r.score for i, r in found.items()}
+    assert read and set(read) >= set(frame.loc[cut, "part"])
 
 
 def _export(tmp_path, out, name, **kw):
