@@ -259,8 +259,6 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
     spec = _at_raised_cap(_spec(run))
     try:
         summary = generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec))
-        _settle_the_question_when_last(_spec(run))
-        return summary.to_json()
     except GateClosed as exc:
         if spec.config.gate_mode == "ask":
             # Held, not failed: what this chunk leaves is the reviewer's to decide on (`ask_about_cap`),
@@ -269,6 +267,12 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
         # gate_mode=stop: the gate stopped the run, so the chunk stops with it, skipped, keeping what it
         # committed; the run's tab and the gate's task say "stopped by the gate" (not a failed chunk).
         raise AirflowSkipException(f"{STOPPED_BY_GATE}: {exc}") from None
+    try:
+        _settle_the_question_when_last(_spec(run))
+    except Exception as exc:  # noqa: BLE001 - only a shortcut: the question task decides without it
+        log.warning("could not settle the question after the last chunk (%s: %s); %s decides", type(exc).__name__,
+                    exc, dag_ids.DECIDING_TASK)
+    return summary.to_json()
 
 
 FIRST_FAN_OUT = ("generate_alongside_pilot", "generate_chunk")  # the chunk tasks the question waits for
