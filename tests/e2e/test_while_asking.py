@@ -9,7 +9,7 @@ once per cap, the rows generated while asking kept, extended or left committed a
 report's account equal to what the ledger holds.
 
 LATE_S is 20 s in `make test`; `make test-late-answer` runs the same test with the answer 2 minutes late
-(TRACEGEN_TEST_LATE_ANSWER_S=120) and a dataset scaled to keep the fleet busy that long.
+(TRACEGEN_TEST_LATE_ANSWER_S=120), on a stand-in clock slowed to keep the fleet busy that long.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ from tracegen.store.storage import open_storage
 
 GENERATE = "tracegen_generate"
 LATE_S = float(os.environ.get("TRACEGEN_TEST_LATE_ANSWER_S", "20"))
-TIME_SCALE = 8.0  # the stand-ins' clock: about 45 rows a second on the two-server local-sim fleet at 8192
-# Enough rows that the budget (60%) keeps the fleet busy past the late answer, and more remain after it.
-N_ROWS = int(100 * (LATE_S + 10))
+# All 3,000 bundled prompts, on a stand-in clock slowed for a later answer (8 at 20 s: about 45 rows a second on
+# the two-server local-sim fleet at 8192), so the budget (60%) keeps the fleet busy past the answer and more
+# work remains after it.
+N_ROWS = 3000
+TIME_SCALE = 240 / (LATE_S + 10)
 # The tail is not measured (the question's table is modelled): this is about the wait, not the table.
 CONF = {"max_tokens": 4096, "pilot_size": 150, "while_asking_budget_pct": 60.0,
         "measure_tail": "never"}
@@ -53,7 +55,7 @@ AFTER: dict[str, float] = {}
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("while-asking-cluster")
     with running_cluster(root, workers=1, worker_concurrency=6,
-                         extra_env={"TRACEGEN_SIM_TIME_SCALE": str(TIME_SCALE)}) as cluster:
+                         extra_env={"TRACEGEN_SIM_TIME_SCALE": f"{TIME_SCALE:.3f}"}) as cluster:
         yield cluster
 
 
