@@ -21,9 +21,9 @@ Trigger with a `max_tokens` cap. The run:
    (`generate_at_decided_cap`). While the question waits the fleet does not: within a budget
    (`while_asking_budget_pct`) it goes on at the cap the question recommends (`generate_while_asking`;
    `while_asking=current` at the run's cap, `idle` not at all), and the answer decides what that work
-   becomes (kept, extended, counted as truncated; a stop keeps it committed). The continuous gate, which watches the running truncation rate, asks the
-   same way when it holds chunks back mid-run. Unanswered within the question's timeout, the run stops;
-   `gate_mode=stop` stops without asking, `warn` only logs;
+   becomes (kept, extended, counted as truncated; a stop keeps it committed). The continuous gate, which
+   watches the running truncation rate, asks the same way when it holds chunks back mid-run. Unanswered
+   within the question's timeout, the run stops; `gate_mode=stop` stops without asking, `warn` only logs;
 5. **fans out** one mapped task per index chunk, each resuming from what is committed. The first few
    (`generate_alongside_pilot`) start with the pilot so no GPU idles while the pilot's last rows finish
    and the gate audits; they stop, keeping what finished, if the gate says stop. The rest
@@ -92,8 +92,8 @@ def tracegen_generate():
     # reviewer is asked when a gate held the run back; both tasks are skipped when none did. The answer
     # is applied in place: the same run, its record at the chosen cap, a second fan-out over what is left.
     question = task(steps.ask_about_cap, trigger_rule=TriggerRule.NONE_FAILED, retries=0)(run, pilot, servers)
-    answer = CapReviewOperator(task_id=dag_ids.REVIEW_TASK, question=XComArg(question.operator, key=dag_ids.QUESTION_KEY),
-                               retries=0)
+    asked = XComArg(question.operator, key=dag_ids.QUESTION_KEY)
+    answer = CapReviewOperator(task_id=dag_ids.REVIEW_TASK, question=asked, retries=0)
     # The fleet does not wait for the answer: the question task chose the chunks to generate meanwhile (within
     # the run's budget, at the cap it recommends: while_asking), and each takes the answer once there is one.
     while_asking = task(steps.generate_while_asking, **chunk_task).partial(run=run).expand(chunk=question)

@@ -3,8 +3,9 @@
 After the first fan-out (the chunks past a passing pilot gate, or none when the pilot gate closed) the
 run asks when a gate held it back: the pilot gate's stop verdict, or rows the continuous gate kept from
 being generated. While the question waits the fleet goes on within a budget (`run.while_asking`): the
-question says what runs meanwhile, and the decision records what that work became. The question (`tracegen.audit.review`) is built from the report JSON the audit wrote and
-stored as `runs/<run_id>/question.json`; the answer's `CapDecision` goes into the run's record
+question says what runs meanwhile, and the decision records what that work became. The question
+(`tracegen.audit.review`) is built from the report JSON the audit wrote and stored as
+`runs/<run_id>/question.json`; the answer's `CapDecision` goes into the run's record
 (`run.json`), whose config then carries the chosen cap, and the chunks with work left at that cap (the
 pilot's truncated rows among them) are the second fan-out's.
 """
