@@ -8,8 +8,13 @@ occupancy while the question waits and after the answer. Then the dataset is che
 once per cap, the rows generated while asking kept, extended or left committed as the answer says, and the
 report's account equal to what the ledger holds.
 
-LATE_S is 20 s in `make test`; `make test-late-answer` runs the same test with the answer 2 minutes late
-(TRACEGEN_TEST_LATE_ANSWER_S=120), on a stand-in clock slowed to keep the fleet busy that long.
+A measurement as much as a test, so not in `make test`: the occupancy it asserts is timed, and on make test's
+three parallel workers (other clusters beside it on two cores) a 20 s wait measured 65% and 50% busy where it
+measures 92% and 81% alone. `make soak` runs it with the answer 20 s late, `make test-late-answer` 2 minutes
+late (TRACEGEN_TEST_LATE_ANSWER_S=120, on a stand-in clock slowed to keep the fleet busy that long); their
+figures are in docs/benchmarks.md. What `make test` keeps of it on the real scheduler is in
+tests/e2e/test_cap_review.py: work done at the recommended cap while the question waits, then extended to a
+typed cap, and the timeout's stop keeping it within the budget.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from tracegen.sglang.autotune import parse_metrics
 from tracegen.store.records import OK
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import open_storage
+
+pytestmark = pytest.mark.slow
 
 GENERATE = "tracegen_generate"
 LATE_S = float(os.environ.get("TRACEGEN_TEST_LATE_ANSWER_S", "20"))
