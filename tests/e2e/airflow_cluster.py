@@ -503,6 +503,13 @@ class AirflowCluster:
     def api(self) -> AirflowApi:
         return AirflowApi(self.api_url, ADMIN_USER, self.password)
 
+    def ready_api(self, dag_id: str) -> AirflowApi:
+        """The REST API once `dag_id` is parsed, unpaused: what a test module needs before it triggers."""
+        api = self.api()
+        api.wait_for_dag(dag_id)
+        api.unpause(dag_id)
+        return api
+
     def logs_summary(self, lines: int = 25) -> str:
         """The tail of every component's log, for a failing assertion's message."""
         return "\n".join(f"--- {name} ---\n{c.tail(lines)}" for name, c in self.components.items())

@@ -68,10 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def api(cluster: AirflowCluster) -> AirflowApi:
-    api = cluster.api()
-    api.wait_for_dag(GENERATE)
-    api.unpause(GENERATE)
-    return api
+    return cluster.ready_api(GENERATE)
 
 
 @pytest.fixture(scope="module")
