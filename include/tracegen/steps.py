@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,20 @@ def _fleet(spec):
     try:
         return resolve(spec.fleet)
     except FleetSpecError as exc:
+        raise AirflowFailException(str(exc)) from None
+
+
+@contextmanager
+def _refused_without_retry() -> Iterator[None]:
+    """A `ConfigError` inside (a cap over a server's context) fails the task without retries: a retry
+    would meet the same servers."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.config import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
         raise AirflowFailException(str(exc)) from None
 
 
@@ -105,19 +121,16 @@ def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
 
     from tracegen.config import ConfigError
     from tracegen.fleet import FleetConnection, provision
-    from tracegen.fleet.server import served_context_length
+    from tracegen.generate.chunk import check_served_context
 
     spec = _spec(run)
     fleet = _fleet(spec)
-    context_lengths: dict[str, int] = {}
     with FleetConnection(fleet) as connection:
         handles = provision(fleet, connection)
-        for handle in handles:
-            context_lengths[handle.label] = served_context_length(handle.url, connection.headers(), handle.model)
-            try:
-                spec.config.check_context_length(context_lengths[handle.label])
-            except ConfigError as exc:
-                raise AirflowFailException(f"{handle.label}: {exc}") from None
+        try:
+            context_lengths = check_served_context(spec.config, handles, connection.headers())
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from None
         _record_servers(spec, [h.url for h in handles], connection.headers())
     for handle in handles:
         log.info("%s: %s server pid %d (%s)", handle.label, "reused" if handle.reused else "launched",
@@ -147,7 +160,8 @@ def run_pilot(run: dict[str, Any]) -> dict[str, Any]:
     from tracegen.generate.chunk import run_pilot as pilot
 
     spec = _spec(run)
-    summary = pilot(spec, fleet=_fleet(spec))
+    with _refused_without_retry():
+        summary = pilot(spec, fleet=_fleet(spec))
     if summary is None:
         log.info("pilot_size=0: no pilot; the continuous gate watches the fan-out instead")
         return {"indices": 0}
@@ -258,7 +272,8 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
     _context()["chunk_label"] = work.label
     spec = _at_raised_cap(_spec(run))
     try:
-        summary = generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec))
+        with _refused_without_retry():
+            summary = generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec))
     except GateClosed as exc:
         if spec.config.gate_mode == "ask":
             # Held, not failed: what this chunk leaves is the reviewer's to decide on (`ask_about_cap`),

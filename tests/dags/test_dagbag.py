@@ -59,12 +59,13 @@ def test_mapped_generation_is_readable_and_bounded(dagbag):
 def test_first_chunks_run_beside_the_pilot_and_the_rest_wait_for_the_gate(dagbag):
     dag = dagbag.dags["tracegen_generate"]
     upstream = {t: dag.get_task(t).upstream_task_ids for t in ("generate_alongside_pilot", "generate_chunk")}
-    # Beside the pilot: needs the prepared run and healthy servers, not the pilot or its gate (occupancy).
-    assert upstream["generate_alongside_pilot"] == {"prepare_run", "provision_fleet"}
+    # Beside the pilot: needs only the prepared run, not the pilot, its gate, nor provision_fleet (each
+    # generation task provisions idempotently and checks the servers' context itself; occupancy).
+    assert upstream["generate_alongside_pilot"] == {"prepare_run"}
     # Everything starts from the run prepared once; nothing else feeds the first tasks.
     assert not dag.get_task("prepare_run").upstream_task_ids
     assert dag.get_task("provision_fleet").upstream_task_ids == {"prepare_run"}
-    assert dag.get_task("run_pilot").upstream_task_ids == {"prepare_run", "provision_fleet"}
+    assert dag.get_task("run_pilot").upstream_task_ids == {"prepare_run"}
     assert "audit_and_gate" in upstream["generate_chunk"]
     # The tail is measured between the pilot and the gate's audit, which reports on the measured rows.
     assert dag.get_task("measure_tail").upstream_task_ids == {"prepare_run", "provision_fleet", "run_pilot"}

@@ -390,6 +390,13 @@ def served_context_length(url: str, headers: dict[str, str], model: str, timeout
     return value
 
 
+def served_context_lengths(handles: Iterable[ServerHandle], headers: dict[str, str]) -> dict[str, int]:
+    """Each server's context length (`served_context_length`), asked of all servers at once."""
+    handles = list(handles)
+    lengths = parallel(lambda h: served_context_length(h.url, headers, h.model), handles)
+    return {h.label: n for h, n in zip(handles, lengths, strict=True)}
+
+
 def parallel(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     """fn over items concurrently (one thread per server; remote steps mostly wait), in order."""
     items = list(items)

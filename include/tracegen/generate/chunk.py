@@ -13,9 +13,10 @@ from contextlib import contextmanager
 import numpy as np
 
 from tracegen import plan
-from tracegen.config import RunConfig
+from tracegen.config import ConfigError, RunConfig
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetConnection, FleetSpec, provision
+from tracegen.fleet.server import ServerHandle, served_context_lengths
 from tracegen.generate.engine import PILOT_CHUNK, ChunkEngine, ChunkInterrupted, ChunkSummary
 from tracegen.generate.gate_watch import PilotGateWatch, continuous_gate
 from tracegen.run.spec import RunSpec
@@ -40,17 +41,34 @@ def fleet_endpoints(fleet: FleetSpec, config: RunConfig) -> Iterator[list[Server
     """Endpoints for the HTTP client, valid inside the block (SSH tunnels stay open while it runs).
 
     Provisioning is idempotent: healthy servers with the same model and flags are reused, so a task
-    calling this after the provision step only checks health and opens its tunnels.
+    calling this after the provision step only checks health and opens its tunnels. The pilot and the
+    chunks beside it start with the provision step, not after it, so each task checks the cap against the
+    servers' context itself before sending anything (`check_served_context`).
     """
     api_key = None
     with FleetConnection(fleet) as connection:
         handles = provision(fleet, connection)
+        check_served_context(config, handles, connection.headers())
         if fleet.api_key_conn_id:
             from tracegen.fleet.server import resolve_api_key
 
             api_key = resolve_api_key(fleet.api_key_conn_id)
         in_flight = starting_in_flight(config)
         yield [ServerEndpoint(h.url, api_key=api_key, max_in_flight=in_flight, name=h.label) for h in handles]
+
+
+def check_served_context(config: RunConfig, handles: Sequence[ServerHandle],
+                         headers: dict[str, str]) -> dict[str, int]:
+    """Each server's context length, once the run's cap is known to fit every one of them; `ConfigError`
+    naming the server otherwise. Before any request: a request the server refuses for its length is
+    recorded as a rejected row, so a cap over the context would fill the ledger with rejections."""
+    context_lengths = served_context_lengths(handles, headers)
+    for label, context_length in context_lengths.items():
+        try:
+            config.check_context_length(context_length)
+        except ConfigError as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+    return context_lengths
 
 
 def run_chunk(
