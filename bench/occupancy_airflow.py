@@ -63,8 +63,12 @@ from tracegen.status import dataset_status  # noqa: E402
 
 DAG = "tracegen_generate"
 BASELINE = ROOT / "bench" / "occupancy_support" / "baseline.py"
-GENERATION_TASKS = ("run_pilot", "generate_alongside_pilot", "generate_chunk")
-CHUNK_TASKS = ("generate_alongside_pilot", "generate_chunk")
+# Every mapped chunk task of the DAG: the first fan-out, the one while a question waits, the one at the cap
+# the answer decided. Each takes its slot under max_active_tis_per_dagrun.
+CHUNK_TASKS = ("generate_alongside_pilot", "generate_chunk", "generate_while_asking", "generate_at_decided_cap")
+# Every task that sends requests: the phases are cut at their starts and ends (an ask-path run generates most
+# of its rows in generate_while_asking).
+GENERATION_TASKS = ("run_pilot", "measure_tail", *CHUNK_TASKS, "resample_runaways")
 
 
 def epoch(iso: str | None) -> float | None:
