@@ -10,9 +10,9 @@ token ids are the whole completion's. The manifest says how many rows were writt
 a sha256 per file, whose tokens these are (model, fleet, servers, sampling, cap decisions) and how long
 the rows are.
 
-Memory is bounded: the ledger is read with the export's columns only (`selection`), the rows are written a
-shard of indices at a time (each part read once per shard, hashed as read), and a trainer layout's single
-file is streamed to disk and moved or uploaded into place (`sink`).
+Memory is bounded: the ledger is read with the export's columns only (`store.ledger_rows`), the rows are
+written a shard of indices at a time (each part read once per shard, hashed as read), and a trainer layout's
+single file is streamed to disk and moved or uploaded into place (`sink`).
 
 An export never clobbers: a destination that holds anything needs `overwrite`, one inside the output
 root (or holding it) is refused, and files are written under names of their own export, so the
@@ -56,11 +56,11 @@ from tracegen.export import layouts as L
 from tracegen.export import manifest as M
 from tracegen.export.errors import ExportError, ExportLockError
 from tracegen.export.lock import LOCK, LOCK_STALE_S, MANIFEST, DestinationLock
-from tracegen.export.selection import ledger_rows
 from tracegen.export.sink import FileSink
 from tracegen.run.records import latest_run
 from tracegen.store.current import current_mask
 from tracegen.store.layout import MEASURE_CHUNK
+from tracegen.store.ledger_rows import ledger_rows
 from tracegen.store.records import (
     COMPLETE,
     EXTENDED,
@@ -74,12 +74,16 @@ from tracegen.store.repair import PartDamageError
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.storage import LocalStorage, Storage, open_storage
 
-__all__ = ["FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
+__all__ = ["EXPORT_COLUMNS", "FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
            "ExportLockError", "ExportResult", "export_dataset"]
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "parquet")
+# What an export reads of each ledger row: supersession's columns (`current_mask`), the part and run a row is
+# read back from, and the runaway score, so judging truncated rows for loops (include_truncated) reads only
+# the parts of rows committed before the ledger kept the score (`find_runaways`), not every truncated row's.
+EXPORT_COLUMNS = ("index", "status", "finish_reason", "max_tokens", "run_id", "part", "runaway_score", "committed_at")
 LAYOUTS = L.LAYOUTS
 # Files of any export: this version's shards (`shard-<export id>-00000`), earlier ones' (`shard-00000`), and
 # a trainer layout's data file (`data-<export id>/<layout>.jsonl`).
@@ -274,7 +278,7 @@ class _Choice:
 def _choose_rows(root: OutputRoot, policy: str, include_truncated: bool) -> _Choice:
     """Each index's current row, if it is OK and, unless asked for, not truncated; runaways left out as
     `policy` says. The ledger's frame is dropped on return: memory while writing follows a batch."""
-    frame = ledger_rows(root)
+    frame = ledger_rows(root, EXPORT_COLUMNS)
     # One mask over the ledger's rows, then one copy of the chosen rows in index order: memory holds the
     # ledger's columns and the chosen rows, never a chain of filtered copies.
     chosen = current_mask(frame) if len(frame) else np.zeros(0, dtype=bool)
