@@ -1,5 +1,5 @@
-"""Peak memory and time of `export` and `status` on a synthetic full-scale output root (913,786 rows), against
-the old paths in the same run (docs/benchmarks.md).
+"""Peak memory and time of `export`, `status` and `audit` on a synthetic full-scale output root (913,786 rows),
+against the old paths in the same run (docs/benchmarks.md).
 
 The root: a dataset of short prompts, one run at 4096 whose rows all finished (short texts, 40 prompt ids
 and 80 response ids each, 500 rows a part: 1,828 parts), folded into a Parquet snapshot as a long run's
@@ -11,7 +11,12 @@ planner leaves it, plus a few hundred loose entries on top of it. Each measureme
 - `messages`, `tokens`: the export now (the ledger read a snapshot batch at a time with the export's
   columns only, strings as codes; a trainer layout's file streamed to disk);
 - `status-old`, `status`: `tracegen status` of the root, reading the whole ledger frame, and now (the same
-  bounded reader as the export).
+  bounded reader as the export);
+- `audit-old`, `audit`: `tracegen audit` of the root (the final report: statistics, cap fit, report files),
+  reading the whole ledger frame (`Snapshots.frame(compact_over=...)`, as it did), and now (the bounded reader
+  with the report's columns, after the streamed `compact_loose`). Both fold the loose entries into a snapshot,
+  as `tracegen audit` does; the snapshot and report files an audit writes are removed after it, so every path
+  reads the root as it was built.
 
     .venv/bin/python bench/export_memory.py [--rows 913786] [--work DIR] [--keep]
 """
@@ -101,21 +106,42 @@ def status_child(job: dict) -> None:
     import tracegen.status as status
 
     if job["path"] == "status-old":
-        status.ledger_rows = lambda output_root: output_root.snapshots.frame()
+        status.ledger_rows = lambda output_root, columns: output_root.snapshots.frame()
     started = time.monotonic()
     doc = status.dataset_status(job["root"])
     print(json.dumps({"path": job["path"], "rows": doc["ledger_rows"], "seconds": round(time.monotonic() - started, 1),
                       "peak_rss_mib": round(peak_rss_mib(), 1)}))
 
 
+def audit_child(job: dict) -> None:
+    """`tracegen audit` of the root: through the bounded reader, or (`audit-old`) the whole ledger frame as the
+    report read it before (folding loose entries by writing that frame, `frame(compact_over=...)`)."""
+    import tracegen.run.report as report
+    from tracegen.run.records import latest_run
+    from tracegen.store.root import open_root
+    from tracegen.store.snapshots import COMPACT_OVER, Snapshots
+
+    if job["path"] == "audit-old":
+        report.ledger_rows = lambda output_root, columns: output_root.snapshots.frame(compact_over=COMPACT_OVER)
+        Snapshots.compact_loose = lambda self, over=COMPACT_OVER, keep=2: None  # folded by the read above
+    started = time.monotonic()
+    root = open_root(job["root"])
+    outcome = report.audit_and_report(latest_run(root), name="audit", root=root)
+    rows = json.loads(root.run_files.get(latest_run(root).run_id, "audit.json"))["audit"]["rows"]["ledger_rows"]
+    print(json.dumps({"path": job["path"], "rows": rows, "seconds": round(time.monotonic() - started, 1),
+                      "peak_rss_mib": round(peak_rss_mib(), 1), "verdict": outcome.verdict}))
+
+
 def child(job: dict) -> None:
     if job["path"].startswith("status"):
         return status_child(job)
+    if job["path"].startswith("audit"):
+        return audit_child(job)
     import tracegen.export as export
 
     if job["path"] == "old":
         # The baseline: the whole ledger frame, every column of every row (Snapshots.frame()), chosen from.
-        export.ledger_rows = lambda output_root: output_root.snapshots.frame()
+        export.ledger_rows = lambda output_root, columns: output_root.snapshots.frame()
     layout = "messages" if job["path"] in ("old", "messages") else job["path"]
     started = time.monotonic()
     result = export.export_dataset(job["root"], job["dest"], layout=layout, overwrite=True)
@@ -126,8 +152,18 @@ def child(job: dict) -> None:
 def measure(root: str, dest: Path, path: str) -> dict:
     job = {"root": root, "dest": str(dest), "path": path}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True, text=True,
-                         env=env, timeout=3600)
+    snapshots, runs = Path(root) / "ledger-snapshots", Path(root) / "runs"
+    before = set(snapshots.iterdir()) | set(runs.rglob("*"))
+    try:
+        out = subprocess.run([sys.executable, __file__, "--child", json.dumps(job)], capture_output=True,
+                             text=True, env=env, timeout=3600)
+    finally:
+        # What an audit wrote (its snapshot, its report files): the next path reads the root as it was built.
+        after = set(snapshots.iterdir()) | set(runs.rglob("*"))
+        for new in sorted(after - before, reverse=True):
+            new.unlink() if new.is_file() else new.rmdir()
+        if before - after:
+            raise SystemExit(f"{path} removed {sorted(map(str, before - after))}: the root is no longer the same")
     if out.returncode != 0:
         raise SystemExit(f"child failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -138,8 +174,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=913_786)
     ap.add_argument("--work", help="reuse (or keep) the root here")
     ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--paths", default="old,messages,tokens,status-old,status",
-                    help="what to measure, in order: exports (old, messages, tokens) and status (status-old, status)")
+    ap.add_argument("--paths", default="old,messages,tokens,status-old,status,audit-old,audit",
+                    help="what to measure, in order: exports (old, messages, tokens), status (status-old, status) "
+                         "and audit (audit-old, audit)")
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
@@ -160,7 +197,7 @@ def main() -> None:
             print(f"{path:9s} {r['rows']:>9,} rows  {r['seconds']:7.1f} s  peak {r['peak_rss_mib']:7.1f} MiB", flush=True)
             shutil.rmtree(work / f"export-{path}", ignore_errors=True)
         by_path = {r["path"]: r for r in results}
-        for new, old in (("messages", "old"), ("tokens", "old"), ("status", "status-old")):
+        for new, old in (("messages", "old"), ("tokens", "old"), ("status", "status-old"), ("audit", "audit-old")):
             if new in by_path and old in by_path:
                 n, o = by_path[new], by_path[old]
                 print(f"{new}: {n['peak_rss_mib'] / o['peak_rss_mib']:.2f}x the {old} path's peak, "

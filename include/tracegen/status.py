@@ -16,22 +16,27 @@ import pandas as pd
 from tracegen import plan
 from tracegen.audit.figures import figures_from_ledger, figures_text
 from tracegen.audit.pivot import pivot_summary, pivot_text
-from tracegen.export.selection import ledger_rows
 from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
 from tracegen.store.current import current_mask
+from tracegen.store.ledger_rows import ledger_rows
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.storage import StorageKeyError
 
 RATE_WINDOW_S = 600.0  # rate and ETA from the last ten minutes of commits of the newest run
+# What status and the progress view read of each ledger row: "done" (`plan`) and supersession, the counts and
+# rates, the truncation figures, and the pivot's (`audit.pivot`, which `chunk` tells the tail measurement's
+# rows from the pivot's).
+STATUS_COLUMNS = ("index", "max_tokens", "prompt_tokens", "completion_tokens", "chunk", "prefix_tokens", "text_joined",
+                  "status", "finish_reason", "run_id", "pivot", "part", "committed_at")
 
 
 def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float | None = None) -> dict[str, Any]:
     root = open_root(output_uri, aws_conn_id)
     # The ledger's rows with the columns status reads, strings as codes: bounded memory at any row count
     # (913,786 rows: 594 MiB as the whole frame).
-    frame = ledger_rows(root)
+    frame = ledger_rows(root, STATUS_COLUMNS)
     dataset = root.run_files.dataset() or {}
     record = latest_run(root, aws_conn_id)
     out: dict[str, Any] = {"output_uri": root.storage.uri, "dataset": dataset, "ledger_rows": len(frame)}
@@ -90,11 +95,12 @@ def run_progress(root: OutputRoot, record: Any, now: float | None = None) -> dic
     """One run's live progress from the ledger (the review pages' progress view): rows done of the
     dataset at the run's cap and policy, this run's commit rate in rows and completion tokens per second
     over the last RATE_WINDOW_S, its truncation so far (rows cut at its cap among its completed rows,
-    with the gate's 95% Wilson interval) and the ETA at the current rate."""
+    with the gate's 95% Wilson interval), the dataset's two truncation figures at its cap (`audit.figures`),
+    and the ETA at the current rate."""
     from tracegen.audit.gate import wilson_interval
 
     now = time.time() if now is None else now
-    frame = ledger_rows(root)
+    frame = ledger_rows(root, STATUS_COLUMNS)
     n_rows = record.dataset.n_rows
     cap, policy = record.config.max_tokens, record.config.truncated_policy
     done = int(plan.done_mask(frame, n_rows, cap, policy).sum()) if n_rows else 0
@@ -111,6 +117,8 @@ def run_progress(root: OutputRoot, record: Any, now: float | None = None) -> dic
         "truncation_low": low, "truncation_high": high, "threshold": record.config.truncation_threshold,
         "rows_per_s": rows_s, "tokens_per_s": tokens_s, "window_s": RATE_WINDOW_S,
         "eta_s": left / rows_s if rows_s and left else (0.0 if left == 0 else None),
+        # From this frame: reading the ledger again for them would cost the page a second read.
+        "truncation_figures": {k: list(v) for k, v in figures_from_ledger(frame, cap).items()},
     }
 
 

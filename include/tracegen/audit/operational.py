@@ -140,7 +140,9 @@ def _top_messages(frame: pd.DataFrame, mask: np.ndarray) -> list[dict[str, Any]]
         return []
     sub = frame.loc[mask, ["status", "error"]]  # only error rows: few enough for string operations
     # Digits vary per request (ids, ports, token counts); folding them groups the same failure together.
-    msg = sub["error"].fillna("(no message)").astype(str).str.slice(0, 300).str.replace(r"\d+", "N", regex=True)
+    # As objects first: a Categorical column (the lean ledger read's) takes no fill value outside its categories.
+    msg = (sub["error"].astype(object).fillna("(no message)").astype(str).str.slice(0, 300)
+           .str.replace(r"\d+", "N", regex=True))
     counts = pd.DataFrame({"status": sub["status"].to_numpy(), "message": msg.to_numpy()}).value_counts()
     return [
         {"status": str(s), "message": str(m), "count": int(c)} for (s, m), c in counts.head(TOP_MESSAGES).items()

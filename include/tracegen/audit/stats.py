@@ -32,13 +32,19 @@ from tracegen.audit import operational
 from tracegen.audit.columns import Coded, group_table, rate
 from tracegen.audit.pivot import pivot_summary
 from tracegen.store.current import current_mask
-from tracegen.store.records import FAILED, LEDGER_COLUMNS, LEDGER_DEFAULTS, OK, STATUSES
+from tracegen.store.records import FAILED, LEDGER_DEFAULTS, OK, STATUSES
 
 # The bucket edges a team's hand analysis of 1,500 sampled rows used (at 4096: 18% truncated) (under 100, under 500, ... over 3000).
 BUCKET_EDGES = (100, 500, 1000, 2000, 3000, 4000)
 PROMPT_EDGES = (1000, 2000, 4000, 8000, 16000, 32000)
 HISTOGRAM_BINS = 64
 TOP_CATEGORIES = 30
+# The ledger columns `audit` reads: its figures', supersession's (`current_mask`; committed_at orders ties when
+# present) and the operational breakdowns'. A frame may lack one LEDGER_DEFAULTS gives a default (an older
+# ledger); `attempt` is read by no figure.
+AUDIT_COLUMNS = ("index", "status", "finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens",
+                 "cut_in_reasoning", "max_tokens", "run_id", "chunk", "server", "latency_s", "category", "error",
+                 "pivot", "prefix_tokens", "text_joined")
 
 
 @dataclass(slots=True)
@@ -264,9 +270,9 @@ def _validate(frame: pd.DataFrame) -> None:
     """The frame's shape; the cap is a validated `RunConfig.max_tokens` and is not checked again."""
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"audit needs a pandas DataFrame of ledger rows, got {type(frame).__name__}")
-    missing = [c for c in LEDGER_COLUMNS if c not in frame.columns and c not in LEDGER_DEFAULTS]
+    missing = [c for c in AUDIT_COLUMNS if c not in frame.columns and c not in LEDGER_DEFAULTS]
     if missing:
-        raise ValueError(f"ledger frame is missing columns {missing}; expected tracegen.store.records.LEDGER_COLUMNS")
+        raise ValueError(f"ledger frame is missing columns {missing}; the audit reads {AUDIT_COLUMNS}")
     unknown = set(frame["status"].unique()) - set(STATUSES)
     if unknown:
         raise ValueError(f"ledger frame has unknown status values {sorted(map(str, unknown))}")

@@ -10,9 +10,10 @@ token ids are the whole completion's. The manifest says how many rows were writt
 a sha256 per file, whose tokens these are (model, fleet, servers, sampling, cap decisions) and how long
 the rows are.
 
-Memory is bounded: the ledger is read with the export's columns only (`selection`), the rows are written a
-shard of indices at a time (each part read once per shard, hashed as read), and a trainer layout's single
-file is streamed to disk and moved or uploaded into place (`sink`).
+Memory is bounded: the ledger is read with the export's columns only (`store.ledger_rows`), the rows are
+written a shard of indices at a time (each part read once per shard, hashed as read, each row encoded into its
+shard as it is shaped), and a trainer layout's single file is streamed to disk and moved or uploaded into place
+(`sink`).
 
 An export never clobbers: a destination that holds anything needs `overwrite`, one inside the output
 root (or holding it) is refused, and files are written under names of their own export, so the
@@ -30,7 +31,6 @@ leftovers of a killed export).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
@@ -38,6 +38,7 @@ import logging
 import re
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -56,11 +57,11 @@ from tracegen.export import layouts as L
 from tracegen.export import manifest as M
 from tracegen.export.errors import ExportError, ExportLockError
 from tracegen.export.lock import LOCK, LOCK_STALE_S, MANIFEST, DestinationLock
-from tracegen.export.selection import ledger_rows
 from tracegen.export.sink import FileSink
 from tracegen.run.records import latest_run
 from tracegen.store.current import current_mask
 from tracegen.store.layout import MEASURE_CHUNK
+from tracegen.store.ledger_rows import ledger_rows
 from tracegen.store.records import (
     COMPLETE,
     EXTENDED,
@@ -74,12 +75,16 @@ from tracegen.store.repair import PartDamageError
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.storage import LocalStorage, Storage, open_storage
 
-__all__ = ["FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
+__all__ = ["EXPORT_COLUMNS", "FORMATS", "LAYOUTS", "LOCK", "LOCK_STALE_S", "MANIFEST", "DestinationLock", "ExportError",
            "ExportLockError", "ExportResult", "export_dataset"]
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "parquet")
+# What an export reads of each ledger row: supersession's columns (`current_mask`), the part and run a row is
+# read back from, and the runaway score, so judging truncated rows for loops (include_truncated) reads only
+# the parts of rows committed before the ledger kept the score (`find_runaways`), not every truncated row's.
+EXPORT_COLUMNS = ("index", "status", "finish_reason", "max_tokens", "run_id", "part", "runaway_score", "committed_at")
 LAYOUTS = L.LAYOUTS
 # Files of any export: this version's shards (`shard-<export id>-00000`), earlier ones' (`shard-00000`), and
 # a trainer layout's data file (`data-<export id>/<layout>.jsonl`).
@@ -161,23 +166,31 @@ class _Figures:
         self.max_turns = 0
         self.provenance = dict.fromkeys(("first_generation", "extended", "measured", "regenerated", "resampled"), 0)
 
-    def add(self, shaped: list[tuple[Any, GeneratedRow, L.Shaped]]) -> None:
-        self.rows += len(shaped)
-        for prompt, row, s in shaped:
-            fr = str(row.finish_reason)
-            self.finish_reasons[fr] = self.finish_reasons.get(fr, 0) + 1
-            self.extended += row.pivot == EXTENDED
-            how = _how(row)
-            self.provenance[how] = self.provenance.get(how, 0) + 1
-            if s.last_id is not None:
-                ids = self.last_ids.setdefault(fr, {})
-                ids[str(s.last_id)] = ids.get(str(s.last_id), 0) + 1
-            system, history = L.prompt_shape(prompt)
-            self.without_system += not system
-            self.with_history += history > 0
-            self.max_turns = max(self.max_turns, len(prompt.messages or []) + 1)
-        self.prompt_len.append(np.fromiter((s.prompt_len for _, _, s in shaped), np.int64, len(shaped)))
-        self.response_len.append(np.fromiter((s.response_len for _, _, s in shaped), np.int64, len(shaped)))
+        self._batch_len: tuple[list[int], list[int]] = ([], [])  # the current batch's, until `end_batch`
+
+    def add(self, prompt: Any, row: GeneratedRow, s: L.Shaped) -> None:
+        self.rows += 1
+        fr = str(row.finish_reason)
+        self.finish_reasons[fr] = self.finish_reasons.get(fr, 0) + 1
+        self.extended += row.pivot == EXTENDED
+        how = _how(row)
+        self.provenance[how] = self.provenance.get(how, 0) + 1
+        if s.last_id is not None:
+            ids = self.last_ids.setdefault(fr, {})
+            ids[str(s.last_id)] = ids.get(str(s.last_id), 0) + 1
+        system, history = L.prompt_shape(prompt)
+        self.without_system += not system
+        self.with_history += history > 0
+        self.max_turns = max(self.max_turns, len(prompt.messages or []) + 1)
+        self._batch_len[0].append(s.prompt_len)
+        self._batch_len[1].append(s.response_len)
+
+    def end_batch(self) -> None:
+        """A batch's lengths as arrays: a million rows' lengths are two int64 arrays, not Python lists."""
+        p, r = self._batch_len
+        self.prompt_len.append(np.asarray(p, dtype=np.int64))
+        self.response_len.append(np.asarray(r, dtype=np.int64))
+        self._batch_len = ([], [])
 
     def to_json(self) -> dict[str, Any]:
         p = np.concatenate(self.prompt_len) if self.prompt_len else np.zeros(0, np.int64)
@@ -274,7 +287,7 @@ class _Choice:
 def _choose_rows(root: OutputRoot, policy: str, include_truncated: bool) -> _Choice:
     """Each index's current row, if it is OK and, unless asked for, not truncated; runaways left out as
     `policy` says. The ledger's frame is dropped on return: memory while writing follows a batch."""
-    frame = ledger_rows(root)
+    frame = ledger_rows(root, EXPORT_COLUMNS)
     # One mask over the ledger's rows, then one copy of the chosen rows in index order: memory holds the
     # ledger's columns and the chosen rows, never a chain of filtered copies.
     chosen = current_mask(frame) if len(frame) else np.zeros(0, dtype=bool)
@@ -317,23 +330,27 @@ def _write_rows(root: OutputRoot, record: Any, index: Any, dest: Storage, lock: 
     source = open_data(index, record.config.aws_conn_id) if len(best) else None
     try:
         for shard_no, batch in enumerate(_batches(best, shard_rows, by_part=sink is not None)):
-            shaped = _shaped_batch(root, index, source, batch, layout, with_token_ids, dest)
-            kept = [t for t in shaped if t[2] is not None]
-            figures.no_token_ids += len(shaped) - len(kept)
-            docs = [s.doc for _, _, s in kept]
-            data = _encode(docs, fmt if sink is None else "plain")
+            # Each row encoded as it is shaped: a shard holds its compressed bytes, never its rows as dicts.
+            encoder = _Encoder(fmt if sink is None else "plain")
+            for prompt, row, shaped in _shaped_batch(root, index, source, batch, layout, with_token_ids, dest):
+                if shaped is None:
+                    figures.no_token_ids += 1
+                    continue
+                encoder.add(shaped.doc)
+                figures.add(prompt, row, shaped)
+            figures.end_batch()
+            data = encoder.finish()
             if sink is None:
                 name = f"shard-{export_id}-{shard_no:05d}.{'jsonl.gz' if fmt == 'jsonl' else 'parquet'}"
                 dest.put(name, data)
                 first_last = batch["index"].to_numpy(np.int64)
-                shards.append({"name": name, "rows": len(docs), "sha256": hashlib.sha256(data).hexdigest(),
+                shards.append({"name": name, "rows": encoder.rows, "sha256": hashlib.sha256(data).hexdigest(),
                                "first_index": int(first_last[0]), "last_index": int(first_last[-1])})
-                log.info("export: %s (%d rows)", dest.uri_for(name), len(docs))
+                log.info("export: %s (%d rows)", dest.uri_for(name), encoder.rows)
             else:
                 sink.write(data)
-            written += len(docs)
-            figures.add(kept)
-            del shaped, kept, docs, data
+            written += encoder.rows
+            del encoder, data
             # Still ours (a holder that stopped refreshing may have been taken over): after every shard, and
             # every few seconds while a trainer layout's file is written part by part.
             if sink is None or time.monotonic() - refreshed > 5.0:
@@ -355,10 +372,10 @@ def _write_rows(root: OutputRoot, record: Any, index: Any, dest: Storage, lock: 
 
 
 def _shaped_batch(root: OutputRoot, index: Any, source: Any, batch: pd.DataFrame, layout: str,
-                  with_token_ids: bool, dest: Storage) -> list[tuple[Any, GeneratedRow, L.Shaped | None]]:
+                  with_token_ids: bool, dest: Storage) -> Iterator[tuple[Any, GeneratedRow, L.Shaped | None]]:
     """`_shaped` of a batch, a damaged part refused with what to do about it."""
     try:
-        return list(_shaped(root, index, source, batch, layout, with_token_ids))
+        yield from _shaped(root, index, source, batch, layout, with_token_ids)
     except PartDamageError as exc:
         d = exc.damage
         raise ExportError(
@@ -500,13 +517,42 @@ def _shaped(root: OutputRoot, index: Any, source: Any, batch: pd.DataFrame, layo
         yield prompt, row, L.shape(layout, prompt, row, with_token_ids)
 
 
-def _encode(rows: list[Any], fmt: str) -> bytes:
-    """A shard's bytes (`jsonl`: gzipped, `parquet`), or plain JSONL lines for a trainer layout's file."""
-    if fmt in ("jsonl", "plain"):
-        text = "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False, separators=(",", ":")))
-                       + "\n" for r in rows)
-        data = text.encode("utf-8")
-        return data if fmt == "plain" else gzip.compress(data, mtime=0)
+class _Encoder:
+    """A shard's bytes (`jsonl`: gzipped, `parquet`), or plain JSONL lines for a trainer layout's file, a row
+    at a time.
+
+    JSONL rows are encoded as they are added: a gzipped shard holds only its compressed bytes so far (zlib's
+    own gzip framing, wbits=31, is what `gzip.compress(data, mtime=0)` writes, and deflate's output does not
+    depend on how its input is split: the bytes are the same as compressing the shard's text at once). A
+    Parquet shard is one table, built from its rows at the end."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt, self.rows = fmt, 0
+        self._out: list[bytes] = []
+        self._gzip = zlib.compressobj(9, zlib.DEFLATED, 31) if fmt == "jsonl" else None
+        self._docs: list[Any] = []  # a Parquet shard's rows (the messages layout's: dicts)
+
+    def add(self, doc: dict[str, Any] | str) -> None:
+        self.rows += 1
+        if self.fmt == "parquet":
+            self._docs.append(doc)
+            return
+        line = (doc if isinstance(doc, str) else json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
+        data = (line + "\n").encode("utf-8")
+        if self._gzip is not None:
+            data = self._gzip.compress(data)
+        if data:
+            self._out.append(data)
+
+    def finish(self) -> bytes:
+        if self.fmt == "parquet":
+            return _parquet(self._docs)
+        if self._gzip is not None:
+            self._out.append(self._gzip.flush())
+        return b"".join(self._out)
+
+
+def _parquet(rows: list[dict[str, Any]]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 

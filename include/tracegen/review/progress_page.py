@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import HTTPException
 from fastapi.responses import HTMLResponse
 
-from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure, figures_from_ledger
+from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure
 from tracegen.review.access import RAISE_CAP_DAG, require_dag_read
 from tracegen.review.page import duration, html_response, nav_for, render_page
 from tracegen.review.read_model import RunView, read_run
@@ -36,7 +36,6 @@ def progress_of(request: Request, site: Site, root: str, run_id: str) -> tuple[d
         record = read_run_record(output_root, run_id)
         view = read_run(output_root, run_id)
         progress = run_progress(output_root, record)
-        figures = figures_from_ledger(output_root.snapshots.frame(), record.config.max_tokens)
     except StorageKeyError:
         raise HTTPException(404, f"run {run_id!r} has no run record in {uri}: no progress to show") from None
     except (StorageError, RunSpecError) as exc:
@@ -48,7 +47,6 @@ def progress_of(request: Request, site: Site, root: str, run_id: str) -> tuple[d
     if not live and progress["left"]:
         progress["eta_s"] = None  # a run that is not generating has no time of arrival
     return (progress | {"state": stage or state, "live": live, "airflow_run_id": af.run_id if af else None,
-                        "truncation_figures": {k: list(v) for k, v in figures.items()},
                         "raise_allowed": live and not cap_decided(view)}, view)
 
 

@@ -16,16 +16,22 @@ from tracegen import plan
 from tracegen.audit import capfit, gate, length_fit, measure_report, report
 from tracegen.audit.review import RAISE
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
-from tracegen.audit.stats import audit, censoring_arrays, gate_counts
+from tracegen.audit.stats import AUDIT_COLUMNS, audit, censoring_arrays, gate_counts
 from tracegen.run import while_asking
 from tracegen.run.spec import RunSpec
 from tracegen.store.current import current_mask
 from tracegen.store.layout import RESAMPLE_CHUNK
+from tracegen.store.ledger_rows import ledger_rows
 from tracegen.store.records import FAILED, OK
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.snapshots import COMPACT_OVER
 
 log = logging.getLogger(__name__)
+
+# What a report reads of each ledger row (the lean read: strings as codes, never the whole frame): the audit's
+# columns, the runaway judgement's (the score the ledger keeps, and the part a row without one is judged from),
+# the while-asking account's flag, and the commit time supersession orders by. `attempt` no figure reads.
+REPORT_COLUMNS = (*AUDIT_COLUMNS, "runaway_score", "part", "while_asking", "committed_at")
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,10 @@ def audit_and_report(
     the run's output root, when the task has opened it already."""
     config = spec.config
     root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
-    full = root.snapshots.frame(compact_over=COMPACT_OVER)
+    # Folded first (streamed, as a chunk task folds them), so this read and the next reader's take one
+    # snapshot instead of parsing the entries committed since the last.
+    root.snapshots.compact_loose(COMPACT_OVER)
+    full = ledger_rows(root, REPORT_COLUMNS)
     frame = full
     if indices is not None:
         frame = full[np.isin(full["index"].to_numpy(dtype=np.int64), indices)].reset_index(drop=True)

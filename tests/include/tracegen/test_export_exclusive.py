@@ -34,8 +34,8 @@ PAUSED_EXPORT = """
 import pathlib, sys, time
 import tracegen.export as export
 ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-encode, calls = export._encode, []
-def paused(rows, fmt):
+finish, calls = export._Encoder.finish, []
+def paused(encoder):
     calls.append(1)
     if len(calls) == 2:
         ready.touch()
@@ -44,8 +44,8 @@ def paused(rows, fmt):
             if time.monotonic() > deadline:
                 raise SystemExit("never told to go on")
             time.sleep(0.05)
-    return encode(rows, fmt)
-export._encode = paused
+    return finish(encoder)
+export._Encoder.finish = paused
 from tracegen.cli import main
 sys.exit(main(sys.argv[3:]))
 """

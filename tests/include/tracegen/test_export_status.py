@@ -74,6 +74,22 @@ def test_status_counts_agree_with_the_hand_count_and_the_ledger(root):
     assert "(10 rows," in text
 
 
+def test_run_progress_counts_the_truncation_figures_from_its_own_read(root):
+    """The progress page's figures come with the progress, from its lean read of the ledger, and count what
+    the whole frame counts (the page read the whole frame for them before: twice the memory)."""
+    from tracegen.audit.figures import figures_from_ledger
+    from tracegen.run.records import read_run_record
+    from tracegen.status import run_progress
+
+    _, output_root = root
+    for run, cap in (("run-a", 4096), ("run-b", 8192)):
+        progress = run_progress(output_root, read_run_record(output_root, run))
+        want = figures_from_ledger(output_root.snapshots.frame(), cap)
+        assert {k: tuple(v) for k, v in progress["truncation_figures"].items()} == want, run
+    assert progress["truncation_figures"] != run_progress(output_root, read_run_record(output_root, "run-a"))[
+        "truncation_figures"]  # index 6: cut at 4096, finished at 8192
+
+
 def test_status_of_an_empty_root_says_so(tmp_path):
     s = dataset_status(str(tmp_path / "nothing"))
     assert s["runs"] == [] and s["ledger_rows"] == 0

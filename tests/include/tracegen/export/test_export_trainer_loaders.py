@@ -28,9 +28,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from tracegen.dataset.stored import load_index  # noqa: E402
 from tracegen.export import export_dataset  # noqa: E402
-from tracegen.export.selection import ledger_rows  # noqa: E402
 from tracegen.simulator.bpe import TOKENIZER_FILE  # noqa: E402
 from tracegen.store.current import current_mask  # noqa: E402
+from tracegen.store.ledger_rows import ledger_rows  # noqa: E402
 from tracegen.store.root import open_root  # noqa: E402
 
 pytest.importorskip("specforge.data.prompt_builder", reason="requirements-trainers.txt is not installed")
@@ -53,7 +53,8 @@ def hf_cache(tmp_path_factory):
 def counted(demo_run) -> dict[str, tuple[int, int, str]]:
     """Row id -> (prompt_tokens, completion_tokens, finish_reason) of each exported index, from the ledger."""
     output_root = open_root(str(demo_run.root))
-    frame = ledger_rows(output_root)
+    frame = ledger_rows(output_root, ("index", "status", "finish_reason", "max_tokens", "prompt_tokens",
+                                      "completion_tokens", "committed_at"))
     cur = frame.loc[current_mask(frame)]
     by_index = {int(i): (int(p), int(c), str(f)) for i, p, c, f in
                 zip(cur["index"], cur["prompt_tokens"], cur["completion_tokens"], cur["finish_reason"], strict=True)}

@@ -27,6 +27,7 @@ from tracegen.generate.resample import resample_runaways
 from tracegen.run import RESAMPLE_CHUNK
 from tracegen.run.report import audit_and_report
 from tracegen.sglang.client import ClientConfig
+from tracegen.store.commits import Commits
 from tracegen.store.current import current_rows
 from tracegen.store.records import OK
 
@@ -85,10 +86,18 @@ def _export(tmp_path, out, name, **kw):
 
 
 @pytest.mark.parametrize("policy", ["drop", "keep"])
-def test_export_drops_or_keeps_runaway_rows(tmp_path, generated, policy):
+def test_export_drops_or_keeps_runaway_rows(tmp_path, generated, policy, monkeypatch):
     _, dataset, out, runaways, others = generated
-    prepare(make_config(dataset, out, max_tokens=CAP, runaway_policy=policy), f"run-{policy}")
+    config = make_config(dataset, out, max_tokens=CAP, runaway_policy=policy)
+    prepare(config, f"run-{policy}")
+    found = find_runaways(root_of(config), root_of(config).snapshots.frame())
+    read: list[str] = []
+    read_part = Commits.read_part
+    monkeypatch.setattr(Commits, "read_part", lambda self, part: read.append(part) or read_part(self, part))
     manifest, exported = _export(tmp_path, out, "with-truncated", include_truncated=True)
+    # The export reads the ledger's runaway scores: the judgement reads only the parts of the examples' text,
+    # never every truncated row's part (the rows it writes are read apart, verified).
+    assert sorted(read) == sorted({found[i].part for i in sorted(found)[:TAILS]})
     assert others <= exported
     assert manifest["runaway_policy"] == policy and manifest["runaway_rows"] == len(runaways)
     assert manifest["runaway_indices"] == sorted(runaways)
