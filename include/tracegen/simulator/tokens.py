@@ -46,7 +46,7 @@ THINK_END_ID = 151_668  # </think>
 # SGLang's INIT_INCREMENTAL_DETOKENIZATION_OFFSET: the input ids its detokenizer decodes the output after.
 SURROGATE_TOKENS = 5
 NON_ASCII_REGISTER_SHARE = 0.10
-TOKENIZER_MAX_LENGTH = 131_072  # Qwen3's tokenizer_config model_max_length: what /tokenize reports
+TOKENIZER_MAX_LENGTH = bpe.MODEL_MAX_LENGTH  # what /tokenize reports
 _KEY_BITS = 44
 _NGRAM = 4
 

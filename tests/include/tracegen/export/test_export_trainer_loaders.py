@@ -7,10 +7,16 @@ SpecForge's `prepare_prompt_tasks` (`data.prompts_path`) and speculators' `load_
 dropped, and on every row the mask's boundary is the prompt's length as the server counted it
 (`prompt_tokens`) and its 1s count the completion's tokens (`completion_tokens`, the stop token included).
 
-The `conversations` layout is read by the loaders as far as they go without the target model: the JSON
-load both use (`datasets.load_dataset("json")`), the columns SpecForge hands to its chat-template call, and
-speculators' conversation normalisation. Tokenizing it needs the target's own tokenizer and chat template
-(SpecForge) or a vLLM server of the target (speculators' `--render-endpoint`); the stand-in has neither.
+The `conversations` layout is read by the loaders (`datasets.load_dataset("json")`, the columns SpecForge
+hands to its chat-template call, speculators' conversation normalisation) and tokenized by each trainer's own
+conversation-form preprocessing with the target's tokenizer and chat template: the stand-in's, the Hugging
+Face folder `simulator/tokenizer/` (its ids are the stand-in's for any text, `test_sim_hf_tokenizer`, and
+its `chat_template.jinja` is Qwen3's). SpecForge: `preprocess_conversations` (what `build_eagle3_dataset`
+maps over the rows) with its `qwen3-thinking` template and `train_only_last_turn`. speculators:
+`_render_conversation_rows` (what `prepare-data` runs per conversation), whose renders go to a vLLM
+server's `/v1/chat/completions/render`; here that call renders locally as vLLM does, the tokenizer's chat
+template then its encoding. `test_both_trainers_tokenize_the_conversations_to_the_ledgers_ids` says where
+the ids they train on legitimately differ from the ledger's.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from tracegen.dataset.stored import load_index  # noqa: E402
 from tracegen.export import export_dataset  # noqa: E402
-from tracegen.simulator.bpe import TOKENIZER_FILE  # noqa: E402
+from tracegen.simulator.bpe import TOKENIZER_DIR  # noqa: E402
 from tracegen.store.current import current_mask  # noqa: E402
 from tracegen.store.ledger_rows import ledger_rows  # noqa: E402
 from tracegen.store.root import open_root  # noqa: E402
@@ -152,13 +158,8 @@ def test_speculators_reads_every_token_row_whole(tokens_export, counted, hf_cach
     dest, manifest, rows = tokens_export
     settings = manifest["trainers"]["speculators"]
     # prepare-data's --model: the target's processor (only decoded for its sample print here).
-    model = tmp_path / "target"
-    model.mkdir()
-    (model / "tokenizer.json").write_bytes(TOKENIZER_FILE.read_bytes())
-    (model / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
     dataset, _ = load_and_preprocess_dataset(
-        str(model), [settings["--data"].removeprefix("file://")], seq_length=settings["--seq-length"],
+        str(TOKENIZER_DIR), [settings["--data"].removeprefix("file://")], seq_length=settings["--seq-length"],
         build_dataset_num_proc=1, token_freq_path=tmp_path / "token_freq.pt")
     assert len(dataset) == len(rows) == manifest["rows"]  # none dropped
     by_ids = {tuple(r["input_ids"]): r for r in rows}
@@ -199,3 +200,127 @@ def test_the_conversations_layout_loads_as_both_trainers_read_it(demo_run, count
         assert row["id"] in counted
     assert history == manifest["prompts"]["rows_with_assistant_history"]
     assert settings["speculators"]["--seq-length"] >= manifest["lengths"]["total"]["max"]
+
+
+
+
+@pytest.fixture(scope="module")
+def conversations_export(demo_run, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("conversations-export") / "export"
+    manifest = _export(demo_run, dest, "conversations")
+    path = manifest["trainers"]["specforge"]["data.train_data_path"].removeprefix("file://")
+    return manifest, [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def _template_rendering(text: str) -> str:
+    """The generated turn's text as Qwen3's chat template writes it back from reasoning_content and content:
+    `<think>\\n` + reasoning.strip("\\n") + `\\n</think>\\n\\n` + content.lstrip("\\n"), then `<|im_end|>\\n`."""
+    import re
+
+    text = re.sub(r"<think>\n+", "<think>\n", text, count=1)
+    text = re.sub(r"\n+</think>\n\n\n*", "\n</think>\n\n", text, count=1)
+    return text + "\n"
+
+
+@pytest.mark.parametrize("stride", [
+    pytest.param(12, id="every-12th-row"),
+    # Every row (2,941): about five minutes on 2 cores, all tokenization, so a slow test (make soak).
+    pytest.param(1, id="every-row", marks=[pytest.mark.slow, pytest.mark.timeout(1200)]),
+])
+def test_both_trainers_tokenize_the_conversations_to_the_ledgers_ids(stride, conversations_export, tokens_export,
+                                                                     hf_cache):
+    """Both trainers' masks (their 1s: the generated turn they train on) hold, on every row checked, exactly
+    the ledger's response ids followed by the `\\n` Qwen3's template writes after `<|im_end|>` (both masks
+    run to the end-of-turn string `<|im_end|>\\n`), except on two kinds of rows, where they legitimately
+    differ and hold the tokenizer's encoding of the turn's text instead:
+
+    - **The template's rendering of reasoning** (5 to 9% of rows: the demo run differs between runs): it writes `reasoning.strip("\\n")` between
+      `<think>\\n` and `\\n</think>` and the content with its leading newlines stripped, so a completion whose
+      thinking ends (or starts) with newlines is trained on without them (`_template_rendering`).
+    - **Ids that are not the tokenizer's encoding of their text** (11 to 16%): the stand-in's completions are
+      windows of a tokenized text stream, so where a window starts or ends inside a pre-token (a run of
+      spaces cut by the end of the answer, the `\\n</think>\\n\\n` it inserts), its ids spell the text
+      with other tokens than encoding it gives, as a real model's sampled ids can. Re-tokenizing text cannot
+      give them back; the `tokens` layout keeps them.
+
+    The context before the mask (the prompt) is the ledger's prompt ids in speculators' rows, except where the
+    stand-in renders a prompt unlike Qwen3's template: an earlier assistant turn with tool calls and no
+    content, which the stand-in starts with a `\\n` the template does not write (`tokens._message_text`).
+    SpecForge's context differs further by its template's system prompt on rows without one (the manifest's
+    note).
+    """
+    from specforge.data.preprocessing import preprocess_conversations
+    from specforge.data.template import TEMPLATE_REGISTRY
+    from speculators.data_generation import preprocessing as speculators_pre
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    manifest, all_rows = conversations_export
+    rows = all_rows[::stride]
+    ledger = {r["id"]: r for r in tokens_export[2]}
+    settings = manifest["trainers"]["specforge"]
+    tools = [json.loads(r["tools"]) if r["tools"] else [] for r in rows]
+    specforge = preprocess_conversations(
+        tok, [r["conversations"] for r in rows], TEMPLATE_REGISTRY.get("qwen3-thinking"), settings["data.max_length"],
+        train_only_last_turn=settings["data.train_only_last_turn"], tools=tools)
+
+    def render(endpoint, messages, *, add_generation_prompt, tools=None, truncate_prompt_tokens=None,
+               truncation_side=None, **_):
+        # vLLM's /v1/chat/completions/render: the target tokenizer's chat template, then its encoding.
+        ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                      tokenize=True, return_dict=False)
+        assert truncation_side in (None, "right")
+        return ids[:truncate_prompt_tokens] if truncate_prompt_tokens else ids
+
+    seq_length = manifest["trainers"]["speculators"]["--seq-length"]
+    original = speculators_pre.render_conversation
+    speculators_pre.render_conversation = render
+    try:
+        # One row per assistant turn: the last is the generated one (earlier ones are prompt history).
+        speculators = [speculators_pre._render_conversation_rows(r["conversations"], r["tools"], i, "vllm", seq_length)
+                       for i, r in enumerate(rows)]
+    finally:
+        speculators_pre.render_conversation = original
+
+    newline = tok.encode("\n")
+    assert len(newline) == 1
+    exact = rendered = noncanonical = prompt_as_template = 0
+    for row, ids, mask, spec_rows in zip(rows, specforge["input_ids"], specforge["loss_mask"], speculators,
+                                         strict=True):
+        where = f"row {row['id']}"
+        led = ledger[row["id"]]
+        cut = led["loss_mask"].index(1)
+        prompt, response = led["input_ids"][:cut], led["input_ids"][cut:]
+        ids, mask = ids[0].tolist(), mask[0].tolist()
+        start = mask.index(1)
+        assert mask == [0] * start + [1] * (len(mask) - start), where  # one span: the last turn's
+        trained = ids[start:]
+        last = spec_rows[-1]
+        assert last["input_ids"][last["loss_mask"].index(1):] == trained, where  # both trainers agree
+        assert len(spec_rows) == 1 + sum(m["role"] == "assistant" for m in row["conversations"][:-1]), where
+
+        text = tok.decode(response, skip_special_tokens=False)
+        expect = _template_rendering(text)
+        assert tok.decode(trained, skip_special_tokens=False) == expect, where
+        assert trained == tok.encode(expect), where
+        canonical = tok.encode(text) == response
+        same_text = expect == text + "\n"
+        # Exactly the ledger's ids plus the newline, unless one of the two reasons above says otherwise.
+        assert (trained == response + newline) == (same_text and canonical), where
+        exact += trained == response + newline
+        rendered += not same_text
+        noncanonical += not canonical
+
+        history = row["conversations"][:-1]
+        unlike_template = any(m["role"] == "assistant" and m.get("tool_calls") and not m.get("content")
+                              for m in history)
+        context = last["input_ids"][: last["loss_mask"].index(1)]
+        assert (context == prompt) == (not unlike_template), where
+        prompt_as_template += not unlike_template
+        if history[0]["role"] == "system" and not unlike_template:
+            assert ids[:start] == prompt, where
+    n = len(rows)
+    assert exact >= 0.75 * n and rendered <= 0.12 * n and noncanonical <= 0.2 * n, (n, exact, rendered, noncanonical)
+    assert prompt_as_template >= 0.8 * n, (n, prompt_as_template)
+    print(f"\n{n} rows: {exact} trained on the ledger's ids + \\n, {rendered} reasoning re-rendered, "
+          f"{noncanonical} ids not the encoding of their text, {n - prompt_as_template} prompts unlike the template")
