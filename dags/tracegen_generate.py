@@ -99,9 +99,9 @@ def tracegen_generate():
     # The fleet does not wait for the answer: the question task chose the chunks to generate meanwhile (within
     # the run's budget, at the cap it recommends: while_asking), and each takes the answer once there is one.
     while_asking = task(steps.generate_while_asking, **chunk_task).partial(run=run).expand(chunk=question)
-    # Once the answer is in and the work done while asking is over (either may be skipped, not both).
-    decided = task(steps.apply_decision, retries=0, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)(
-        answer.output)
+    # As soon as the answer is in: the chunks generated while asking that have not started take its cap when
+    # they start, so the answer's fan-out waits only for those already generating (`apply_decision`).
+    decided = task(steps.apply_decision, retries=0)(answer.output)
     at_decided_cap = (
         task(steps.generate_chunk, task_id="generate_at_decided_cap", **chunk_task)
         .partial(run=decided[steps.DECIDED_RUN_KEY])
@@ -122,8 +122,6 @@ def tracegen_generate():
     measured >> past_gate
     # The report reads only the ledger: stopping the servers need not wait for it, nor it for them.
     [alongside, generated] >> question
-    # While the question waits, the servers stay up for the answer's chunks.
-    while_asking >> decided
     # The report and teardown wait for every chunk task themselves: the resample is skipped from the start
     # unless runaway_policy=resample, and they must not start before the generation is over.
     generation = [alongside, generated, while_asking, at_decided_cap]

@@ -19,6 +19,7 @@ DECIDING_TASK = "ask_about_cap"  # decides the run's cap; reads a raise once, wh
 QUESTION_KEY = "question"  # its XCom: the question asked, or {"decided": ...} for a raise taken instead
 APPLY_DECISION = "apply_decision"  # its `run` XCom: the run as decided
 REVIEW_TASK = "review_cap"  # the reviewer's question (human in the loop)
+WHILE_ASKING = "generate_while_asking"  # the chunks generated while the question waits; apply_decision reads their states
 RESAMPLE_RUNAWAYS = "resample_runaways"  # skipped by prepare_run unless runaway_policy=resample
 REFUSED_ANSWER_KEY = "refused_answer"  # review_cap's XCom: the last answer it refused, and why
 

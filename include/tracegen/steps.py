@@ -486,16 +486,24 @@ def apply_decision(decision: dict[str, Any] | None) -> list[dict[str, Any]]:
     answer (or a timeout) to stop is recorded, then skips this task and the chunks after it: the run
     ends stopped by the gate, not failed.
 
-    The run is read from prepare_run's XCom here, not handed in: an argument would make prepare_run an
-    upstream task, and this task's trigger rule (run once the answer and the work done while asking are
-    over, when at least one of them succeeded) would then hold on the pass path too."""
+    It runs as soon as the answer is in: the chunks generated while asking that are still to start take
+    the answer's cap themselves and are left out here; those generating are waited for, and what they
+    leave (rows truncated under the provisional cap) is planned with the rest (`run.while_asking`).
+
+    The run is read from prepare_run's XCom here, not handed in, so that the answer is its one upstream task."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     from tracegen.audit.review import CapDecision
     from tracegen.run.decision import apply
 
-    run = _context()["ti"].xcom_pull(task_ids=dag_ids.PREPARE_RUN, key="run")
+    ti = _context()["ti"]
+    run = ti.xcom_pull(task_ids=dag_ids.PREPARE_RUN, key="run")
+    starting_later = _while_asking_left_to_start(ti)
     decided, work = apply(_spec(run), CapDecision.from_json(decision))
+    if starting_later:
+        work = [w for w in work if w.chunk not in starting_later]
+        log.info("%d chunks generated while asking start after the answer, at its cap: left to them",
+                 len(starting_later))
     made = decided.decisions[-1]
     # Pushed for a stop too: the report, the resample and the scheduled rerun read the decision from
     # Airflow's metadata, never from the record in the root. A mapped task can only map over a return
@@ -507,6 +515,33 @@ def apply_decision(decision: dict[str, Any] | None) -> list[dict[str, Any]]:
         raise AirflowSkipException(f"{STOPPED_BY_GATE}: {made.summary()}")
     log.info("%s; %d chunks to generate at max_tokens=%d", made.summary(), len(work), decided.config.max_tokens)
     return [w.to_json() for w in work]
+
+
+def _while_asking_left_to_start(ti, poll_s: float = 2.0) -> set[int]:
+    """Once no chunk task generated while asking is generating (those that started before the answer run at
+    the provisional cap; their rows must be committed before the answer's plan reads the ledger): the chunk
+    numbers of those that have not started, which take the answer's cap themselves when they do
+    (`run.while_asking.left_to_start`). Each running chunk task ends within a chunk's time, and sooner on a
+    stop, which it polls for."""
+    import time
+
+    from tracegen.run.while_asking import generating, left_to_start
+
+    chunks = ti.xcom_pull(task_ids=dag_ids.DECIDING_TASK) or []
+    if not chunks:
+        return set()
+    while True:
+        found = (ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[ti.run_id], task_ids=[dag_ids.WHILE_ASKING])
+                 or {}).get(ti.run_id) or {}
+        prefix = f"{dag_ids.WHILE_ASKING}_"
+        states = {int(k.removeprefix(prefix)): str(v).removeprefix("TaskInstanceState.").lower()
+                  for k, v in found.items() if k.startswith(prefix) and k.removeprefix(prefix).isdigit()}
+        running = generating(states)
+        if not running:
+            return left_to_start(states, chunks)
+        log.info("waiting for %d chunk tasks generating while asking to commit: %s", len(running), running)
+        time.sleep(poll_s)
+
 
 
 def _as_decided(run: dict[str, Any]):

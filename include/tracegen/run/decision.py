@@ -118,7 +118,8 @@ def apply(spec: RunSpec, decision: CapDecision) -> tuple[RunSpec, list[plan.Chun
     config = spec.config
     root = open_root(config.output_uri, config.aws_conn_id)
     frame = root.snapshots.frame(compact_over=COMPACT_OVER)
-    # Applied once the work done while asking is over: its account goes into the record with the answer.
+    # Applied once the chunks generating while asking have committed (those still to start take the answer's
+    # cap): the account of what they made goes into the record with the answer; the final report's is complete.
     account = while_asking.account(frame, spec.run_id, decision.cap)
     if account is not None:
         decision = replace(decision, while_asking=account)

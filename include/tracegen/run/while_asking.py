@@ -15,6 +15,11 @@ chunks generated while asking are those whose rows fit in it, in dataset order. 
 
 Which cap a task generates at is decided from Airflow's metadata (the question task's XComs, the answer),
 never from what the output root says.
+
+The answer takes effect at once: the chunks generated while asking that have not started by then start at
+the answered cap, and the answer's own fan-out (the chunks past the budget, the rows truncated under the
+provisional cap) is planned as soon as the chunks already generating have committed, without waiting for
+the rest of the fan-out (`left_to_start`).
 """
 
 from __future__ import annotations
@@ -172,3 +177,20 @@ def account_text(doc: dict[str, Any] | None) -> str:
     if doc["truncated_at_answer"]:
         fate.append(f"{num(doc['truncated_at_answer'])} counted as truncated at {doc['answer_cap']:,}")
     return head + f"; the answer ({doc['answer_cap']:,}): " + ", ".join(fate)
+
+
+STARTED = ("running", "success", "skipped", "failed", "upstream_failed", "removed")
+
+
+def generating(states: dict[int, str]) -> list[int]:
+    """The map indexes of the while-asking chunk tasks generating now: each may have started before the
+    answer, at the provisional cap, so the answer's plan waits until they have committed."""
+    return sorted(i for i, state in states.items() if state == "running")
+
+
+def left_to_start(states: dict[int, str], chunks: list[dict[str, Any]]) -> set[int]:
+    """The chunk numbers of the while-asking chunk tasks that have not started (their map index's state, a
+    lower-case TaskInstanceState, or "none"): they start after the answer, at its cap, so the answer's
+    fan-out leaves them out. A chunk task waiting for a retry counts too: its next try reads the answer."""
+    return {plan.ChunkWork.from_json(chunk).chunk for i, chunk in enumerate(chunks)
+            if states.get(i, "none") not in STARTED}

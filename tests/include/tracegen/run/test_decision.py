@@ -379,3 +379,55 @@ def test_a_lower_answer_counts_the_cut_rows_as_truncated_and_a_stop_leaves_them_
         assert (account["truncated_at_answer"], account["to_extend"], account["kept"]) == (cut, 0, len(generated) - cut)
         assert not {i for w in work for i in range(w.start, w.stop)} & set(generated)
     assert len(root.snapshots.frame().query("while_asking")) == len(generated)  # every row stays committed
+
+
+# ---- the answer takes effect at once ---------------------------------------------------------------------
+
+
+def test_the_answers_plan_leaves_the_chunks_still_to_start_to_themselves() -> None:
+    from tracegen.run.while_asking import generating, left_to_start
+
+    chunks = [{"chunk": c, "start": 100 * c, "stop": 100 * (c + 1), "remaining": 100} for c in (3, 4, 5, 6, 7, 8)]
+    states = {0: "success", 1: "running", 2: "queued", 3: "up_for_retry", 4: "scheduled"}  # 5: not scheduled yet
+    assert generating(states) == [1]
+    # Finished ones are planned from the ledger (what they left at the provisional cap); the running one is
+    # waited for; the rest, a retry among them, start after the answer and read it.
+    assert left_to_start(states, chunks) == {5, 6, 7, 8}
+    assert left_to_start({i: "success" for i in range(6)}, chunks) == set()
+    assert left_to_start({0: "failed", 1: "skipped"}, chunks[:2]) == set()
+
+
+class _AnsweredTI:
+    """The task instance `apply_decision` sees: the question task's chunk list, and the states of the chunk
+    tasks generated while asking, which move on each time they are read."""
+
+    run_id = "manual__answered"
+
+    def __init__(self, chunks, states_seen) -> None:
+        self.chunks, self.states_seen, self.reads = chunks, list(states_seen), 0
+
+    def xcom_pull(self, task_ids, **_):
+        assert task_ids == "ask_about_cap"
+        return self.chunks
+
+    def get_task_states(self, dag_id, run_ids, task_ids):
+        assert (dag_id, run_ids, task_ids) == ("tracegen_generate", [self.run_id], ["generate_while_asking"])
+        states = self.states_seen[min(self.reads, len(self.states_seen) - 1)]
+        self.reads += 1
+        return {self.run_id: {f"generate_while_asking_{i}": f"TaskInstanceState.{s.upper()}"
+                              for i, s in states.items()}}
+
+
+def test_apply_decision_waits_for_the_chunks_generating_then_leaves_out_those_to_start() -> None:
+    from tracegen import steps
+
+    chunks = [{"chunk": c, "start": 100 * c, "stop": 100 * (c + 1), "remaining": 100} for c in range(4)]
+    ti = _AnsweredTI(chunks, [{0: "running", 1: "running", 2: "queued"},
+                              {0: "success", 1: "running", 2: "running"},
+                              {0: "success", 1: "success", 2: "running"}])
+    # While any is generating (the third started after the answer, and is waited for like the others).
+    ti.states_seen.append({0: "success", 1: "success", 2: "success"})
+    assert steps._while_asking_left_to_start(ti, poll_s=0) == {3}
+    assert ti.reads == 4
+    # No question, or nothing generated while asking (while_asking=idle): nothing to wait for.
+    assert steps._while_asking_left_to_start(_AnsweredTI([], [{}]), poll_s=0) == set()
