@@ -8,6 +8,7 @@ whatever the server sent): a chart is marked safe only once every part of it was
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from markupsafe import Markup
@@ -17,12 +18,25 @@ from tracegen.audit.formats import pct
 WIDTH = 680
 
 
+def round_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
+    """At most `most` round values (1, 2, 2.5 or 5 times a power of ten apart) from `lo` to `hi`: axis
+    labels a reader takes in at a glance (2,000, not 2,112)."""
+    if hi <= lo:
+        return [lo]
+    raw = (hi - lo) / max(most - 1, 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + k * step for k in range(int((hi - first) // step) + 1)]
+
+
 def histogram(hist: dict[str, list[int]], cap: int) -> Markup:
     edges, counts = hist["edges"], hist["counts"]
     if not counts or not any(counts):
         return Markup('<p class="muted">no completed rows</p>')
-    w, h, ml, mb, mt = WIDTH, 220, 50, 30, 12
-    pw, ph = w - ml - 10, h - mb - mt
+    # The right margin holds half of the last axis label ("32,768" is about 40 px wide).
+    w, h, ml, mb, mt, mr = WIDTH, 220, 50, 30, 12, 28
+    pw, ph = w - ml - mr, h - mb - mt
     x0, x1 = edges[0], edges[-1]
     top = max(counts)
 
@@ -38,8 +52,7 @@ def histogram(hist: dict[str, list[int]], cap: int) -> Markup:
                             "<title>{}–{}: {:,}</title></rect>")
                      .format(sx(lo), mt + ph - bh, max(sx(hi) - sx(lo) - 1, 0.5), bh, color, lo, hi - 1, c))
     parts.append(Markup('<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#334"/>').format(ml, mt + ph, ml + pw, mt + ph))
-    for k in range(5):
-        v = x0 + (x1 - x0) * k / 4
+    for v in round_ticks(x0, x1):
         parts.append(Markup('<text x="{:.1f}" y="{}" text-anchor="middle">{:,}</text>').format(sx(v), h - 10, int(v)))
     parts.append(Markup('<text x="{}" y="{}" text-anchor="end">{:,}</text>').format(ml - 6, mt + 8, top))
     parts.append(Markup('<text x="{}" y="{}" text-anchor="end">0</text>').format(ml - 6, mt + ph))
@@ -76,7 +89,7 @@ def cap_curve(cap_table: dict[str, Any]) -> Markup:
     rows = cap_table["rows"]
     if len(rows) < 2:
         return Markup("")
-    w, h, ml, mb, mt, mr = WIDTH, 240, 50, 32, 12, 16
+    w, h, ml, mb, mt, mr = WIDTH, 240, 50, 32, 12, 28  # the right margin: half of the last cap's label
     pw, ph = w - ml - mr, h - mb - mt
     caps = [r["cap"] for r in rows]
     c0, c1 = min(caps), max(caps)
