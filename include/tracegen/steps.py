@@ -518,11 +518,12 @@ def apply_decision(decision: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def _while_asking_left_to_start(ti, poll_s: float = 2.0) -> set[int]:
-    """Once no chunk task generated while asking is generating (those that started before the answer run at
-    the provisional cap; their rows must be committed before the answer's plan reads the ledger): the chunk
-    numbers of those that have not started, which take the answer's cap themselves when they do
-    (`run.while_asking.left_to_start`). Each running chunk task ends within a chunk's time, and sooner on a
-    stop, which it polls for."""
+    """The chunk numbers of the chunk tasks generated while asking that had not started when this task
+    (which runs after the answer) first looked: they read the answer when they start and take its cap
+    themselves (`run.while_asking.left_to_start`). Returned once those that were generating then have ended:
+    they may run at the provisional cap, and their rows must be committed before the answer's plan reads
+    the ledger. Chunk tasks that start meanwhile are not waited for. Each ends within a chunk's time, and
+    sooner on a stop, which it polls for."""
     import time
 
     from tracegen.run.while_asking import generating, left_to_start
@@ -530,18 +531,25 @@ def _while_asking_left_to_start(ti, poll_s: float = 2.0) -> set[int]:
     chunks = ti.xcom_pull(task_ids=dag_ids.DECIDING_TASK) or []
     if not chunks:
         return set()
-    while True:
+
+    def states() -> dict[int, str]:
         found = (ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[ti.run_id], task_ids=[dag_ids.WHILE_ASKING])
                  or {}).get(ti.run_id) or {}
         prefix = f"{dag_ids.WHILE_ASKING}_"
-        states = {int(k.removeprefix(prefix)): str(v).removeprefix("TaskInstanceState.").lower()
-                  for k, v in found.items() if k.startswith(prefix) and k.removeprefix(prefix).isdigit()}
-        running = generating(states)
-        if not running:
-            return left_to_start(states, chunks)
-        log.info("waiting for %d chunk tasks generating while asking to commit: %s", len(running), running)
-        time.sleep(poll_s)
+        return {int(k.removeprefix(prefix)): str(v).removeprefix("TaskInstanceState.").lower()
+                for k, v in found.items() if k.startswith(prefix) and k.removeprefix(prefix).isdigit()}
 
+    first = states()
+    waited = set(generating(first))
+    now, waiting = first, set(waited)
+    while waiting:
+        log.info("waiting for %d chunk tasks generating since before the answer to commit: %s", len(waiting),
+                 sorted(waiting))
+        time.sleep(poll_s)
+        now = states()
+        waiting &= set(generating(now))
+    # One of them that failed and waits for its retry reads the answer too when it starts again.
+    return left_to_start(first, chunks) | left_to_start(now, chunks, among=waited)
 
 
 def _as_decided(run: dict[str, Any]):

@@ -188,9 +188,10 @@ def generating(states: dict[int, str]) -> list[int]:
     return sorted(i for i, state in states.items() if state == "running")
 
 
-def left_to_start(states: dict[int, str], chunks: list[dict[str, Any]]) -> set[int]:
-    """The chunk numbers of the while-asking chunk tasks that have not started (their map index's state, a
-    lower-case TaskInstanceState, or "none"): they start after the answer, at its cap, so the answer's
-    fan-out leaves them out. A chunk task waiting for a retry counts too: its next try reads the answer."""
+def left_to_start(states: dict[int, str], chunks: list[dict[str, Any]], among: set[int] | None = None) -> set[int]:
+    """The chunk numbers of the while-asking chunk tasks (of the map indexes `among`, else all) that have not
+    started (their map index's state, a lower-case TaskInstanceState, or "none"): they start after the
+    answer, at its cap, so the answer's fan-out leaves them out. A chunk task waiting for a retry counts
+    too: its next try reads the answer."""
     return {plan.ChunkWork.from_json(chunk).chunk for i, chunk in enumerate(chunks)
-            if states.get(i, "none") not in STARTED}
+            if (among is None or i in among) and states.get(i, "none") not in STARTED}
