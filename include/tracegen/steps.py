@@ -117,9 +117,6 @@ def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
 
     Returns each server with the context length it reports: the gate and its question (which caps a
     reviewer may choose) read it from here."""
-    from airflow.sdk.exceptions import AirflowFailException
-
-    from tracegen.config import ConfigError
     from tracegen.fleet import FleetConnection, provision
     from tracegen.generate.chunk import check_served_context
 
@@ -127,10 +124,8 @@ def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
     fleet = _fleet(spec)
     with FleetConnection(fleet) as connection:
         handles = provision(fleet, connection)
-        try:
+        with _refused_without_retry():
             context_lengths = check_served_context(spec.config, handles, connection.headers())
-        except ConfigError as exc:
-            raise AirflowFailException(str(exc)) from None
         _record_servers(spec, [h.url for h in handles], connection.headers())
     for handle in handles:
         log.info("%s: %s server pid %d (%s)", handle.label, "reused" if handle.reused else "launched",
