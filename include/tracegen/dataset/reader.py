@@ -28,6 +28,7 @@ from tracegen.dataset.request_rules import (
     as_sglang_reads,
     check_content_part,
     check_tool,
+    check_tool_call_arguments,
     check_tool_parameters,
 )
 from tracegen.dataset.source import ByteSource, CountingSource, DatasetError, open_source
@@ -119,6 +120,8 @@ def _check_messages(messages: Any) -> None:
         for key in ("tool_call_id", "name"):
             if msg.get(key) is not None and not isinstance(msg[key], str):
                 raise ValueError(f"{where}.{key} must be a string, got {type(msg[key]).__name__}")
+    # SGLang refuses the request when an earlier call's arguments are not a JSON object.
+    check_tool_call_arguments(messages)
 
 
 def _check_tools(tools: Any) -> None:

@@ -110,6 +110,43 @@ def _check_tool_call(call: Any, where: str) -> None:
         raise ValueError(f"{where}.function: 'name' must be a string, 'arguments' a string or an object")
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def tool_call_arguments(arguments: str) -> dict[str, Any]:
+    """An assistant's earlier tool call's `arguments` string as SGLang's chat handler reads it before the
+    chat template renders it (`normalize_assistant_tool_call_arguments`, strict): a JSON object, or the
+    request is refused with SGLang's message (HTTP 400). Parsed as orjson parses: NaN and Infinity are not
+    JSON."""
+    try:
+        parsed = json.loads(arguments, parse_constant=_no_constant)
+    except ValueError:
+        raise ValueError("Assistant tool call function.arguments must be valid JSON.") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("Assistant tool call function.arguments must be a JSON object.")
+    return parsed
+
+
+def check_tool_call_arguments(messages: list[Any], *, locate: bool = True) -> None:
+    """Every assistant tool call's string `arguments` in `messages` as `tool_call_arguments` reads it; the
+    error names the field unless `locate` is false (SGLang's own message is bare)."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or str(message.get("role", "")).lower() != "assistant":
+            continue
+        for j, call in enumerate(message.get("tool_calls") or ()):
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if not isinstance(args, str):
+                continue
+            try:
+                tool_call_arguments(args)
+            except ValueError as exc:
+                if not locate:
+                    raise
+                raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments: {exc}") from None
+
+
 def check_message(message: Any, where: str) -> None:
     """One chat message as SGLang's message models accept it (a user message, or another known role)."""
     if not isinstance(message, dict):

@@ -16,7 +16,7 @@ pre-tokenizer's regex) and `tokenizer_config.json` (the special tokens), beside 
 encode any text to the stand-in's ids and decode any ids to its text. Two things make that hold:
 
 - Special and added tokens keep Qwen3's ids (151643 and up), so `<|im_end|>` is 151645 as SGLang reports
-  it; `<think>`, `</think>`, `<tool_call>` and `</tool_call>` are added tokens that are not special
+  it; `<think>`, `</think>`, `<tool_call>`, `<tool_response>` and the like are added tokens that are not special
   (skip_special_tokens keeps them, as Qwen3's tokenizer does). They are also entries of `model.vocab`: the
   `tokenizers` library gives an added token the id its model has for it, and otherwise the next free id
   after the model's (4096, 4097, ...), whatever id `added_tokens` names. Every other id below Qwen3's
@@ -53,13 +53,34 @@ STREAMS_FILE = Path(__file__).with_name("streams.npz")
 STREAM_CHARS = {"en": 400_000, "intl": 200_000}
 STREAM_SEED = 1
 
-# Qwen3's added tokens: (id, content, special).
+# Qwen3's 26 added tokens: (id, content, special). All of them, not only those the stand-in writes: a prompt
+# holding `<tool_response>` (Qwen3's template writes it around every tool result) or `<|fim_prefix|>` is
+# one id each to Qwen3's tokenizer, so prompt lengths are counted as SGLang counts them.
 ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = (
     (151643, "<|endoftext|>", True),
     (151644, "<|im_start|>", True),
     (151645, "<|im_end|>", True),
+    (151646, "<|object_ref_start|>", True),
+    (151647, "<|object_ref_end|>", True),
+    (151648, "<|box_start|>", True),
+    (151649, "<|box_end|>", True),
+    (151650, "<|quad_start|>", True),
+    (151651, "<|quad_end|>", True),
+    (151652, "<|vision_start|>", True),
+    (151653, "<|vision_end|>", True),
+    (151654, "<|vision_pad|>", True),
+    (151655, "<|image_pad|>", True),
+    (151656, "<|video_pad|>", True),
     (151657, "<tool_call>", False),
     (151658, "</tool_call>", False),
+    (151659, "<|fim_prefix|>", False),
+    (151660, "<|fim_middle|>", False),
+    (151661, "<|fim_suffix|>", False),
+    (151662, "<|fim_pad|>", False),
+    (151663, "<|repo_name|>", False),
+    (151664, "<|file_sep|>", False),
+    (151665, "<tool_response>", False),
+    (151666, "</tool_response>", False),
     (151667, "<think>", False),
     (151668, "</think>", False),
 )

@@ -23,6 +23,7 @@ from tracegen.dataset.request_rules import (
     as_sglang_reads,
     check_message,
     check_tool,
+    check_tool_call_arguments,
     check_tool_parameters,
 )
 from tracegen.sglang.launch_flags import sglang_version
@@ -185,6 +186,10 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     # Accepted as SGLang accepts it. The stand-in cannot recover a sample from text, so a prefilled
     # assistant message is just more prompt: continue rows by token ids through /generate instead.
     _bool(body, "continue_final_message", False)
+    try:  # SGLang parses earlier tool calls' arguments while it converts the request for its template
+        check_tool_call_arguments(messages, locate=False)
+    except ValueError as exc:
+        raise ConversionRefused(str(exc)) from None
     return ChatRequest(
         messages=[as_sglang_reads(m) for m in messages],
         tools=tools or None,
@@ -337,6 +342,10 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
                 check_tool(tool, f"tools[{i}]")
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
+        try:
+            check_tool_call_arguments(messages, locate=False)
+        except ValueError as exc:
+            raise ConversionRefused(str(exc)) from None
         messages = [as_sglang_reads(m) for m in messages]
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):

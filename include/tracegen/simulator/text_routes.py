@@ -10,9 +10,10 @@ from aiohttp import web
 
 from tracegen.dataset.request_rules import check_tool
 from tracegen.simulator import protocol as p
+from tracegen.simulator.chat_template import render_chat
 from tracegen.simulator.reasoning import UnmodelledParser, UnsupportedParser, separate_reasoning
 from tracegen.simulator.responses import json_response
-from tracegen.simulator.tokens import TOKENIZER_MAX_LENGTH, render_chat, text_ids, tokenizer
+from tracegen.simulator.tokens import TOKENIZER_MAX_LENGTH, text_ids, tokenizer
 from tracegen.simulator.tool_calls import (
     AdapterToolParser,
     UnmodelledToolParser,

@@ -1,10 +1,8 @@
 """Token ids for the stand-in: a real byte-level BPE tokenizer, Qwen3's chat template, and completions that
 are windows of a tokenized text stream.
 
-- **Prompts** are rendered with Qwen3's chat template (`<|im_start|>role\\ncontent<|im_end|>\\n` per
-  message, the tools block in the system turn, then `<|im_start|>assistant\\n`, and `<think>\\n\\n</think>\\n\\n`
-  when thinking is off) and tokenized by `bpe.tokenizer()`. A chat prompt and the `prompt_token_ids` it
-  returns are the same ids, so `/generate` on them sees the prompt the chat route saw: which tools it offers
+- **Prompts** are rendered with Qwen3's chat template as SGLang applies it (`chat_template`) and tokenized
+  by `bpe.tokenizer()`. A chat prompt and the `prompt_token_ids` it returns are the same ids, so `/generate` on them sees the prompt the chat route saw: which tools it offers
   (read from the decoded tools block) and which register the answer is written in (`register_of`: a prompt
   whose text is at least 10% non-ASCII is answered in the `intl` register, as a model answers in the
   language it is asked in).
@@ -34,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tracegen.simulator import bpe
+from tracegen.simulator.chat_template import render_chat
 
 VOCAB_SIZE = 151_936  # what the served model reports (Qwen3's embedding rows)
 ENDOFTEXT_ID = 151_643
@@ -87,72 +86,15 @@ def decode(ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return tokenizer().decode(ids, skip_special_tokens)
 
 
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts: the text ones are what the template renders
-        return "".join(p.get("text") or "" for p in content if isinstance(p, Mapping))
-    return str(content)
-
-
-def _message_text(message: Mapping[str, Any]) -> str:
-    text = _content_text(message.get("content"))
-    for call in message.get("tool_calls") or ():  # an assistant's earlier calls, as Qwen3's template has them
-        fn = call.get("function") if isinstance(call, Mapping) else None
-        fn = fn if isinstance(fn, Mapping) else {}
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                pass
-        body = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
-        text += f"\n<tool_call>\n{body}\n</tool_call>"
-    return text
-
-
-_TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-_TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-                "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
-
-
-def render_chat(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None, *,
-                thinking: bool = True, add_generation_prompt: bool = True) -> str:
-    """The prompt text of Qwen3's chat template."""
-    out = []
-    rest = list(messages)
-    if tools:
-        system = ""
-        if rest and rest[0].get("role") == "system":
-            system = _message_text(rest.pop(0)) + "\n\n"
-        block = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
-        out.append(f"<|im_start|>system\n{system}{_TOOLS_INTRO}{block}{_TOOLS_OUTRO}<|im_end|>\n")
-    for m in rest:
-        role = m.get("role")
-        if role == "tool":
-            out.append(f"<|im_start|>user\n<tool_response>\n{_message_text(m)}\n</tool_response><|im_end|>\n")
-        else:
-            out.append(f"<|im_start|>{role}\n{_message_text(m)}<|im_end|>\n")
-    if add_generation_prompt:
-        out.append("<|im_start|>assistant\n")
-        if not thinking:
-            out.append("<think>\n\n</think>\n\n")
-    return "".join(out)
-
-
 @lru_cache(maxsize=4096)
 def _encoded(text: str) -> tuple[int, ...]:
     return tuple(tokenizer().encode(text))
 
 
 def chat_prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
-                    thinking: bool = True) -> list[int]:
+                    thinking: bool = True, tool_choice: str | Mapping[str, Any] = "auto") -> list[int]:
     """Ids of a templated chat prompt, the generation prompt included."""
-    return list(_encoded(render_chat(messages, tools, thinking=thinking)))
+    return list(_encoded(render_chat(messages, tools, thinking=thinking, tool_choice=tool_choice)))
 
 
 def opens_without_thinking(ids: Sequence[int]) -> bool:

@@ -19,6 +19,14 @@ def tool(parameters: object) -> dict:
     return {"type": "function", "function": {"name": "f", "parameters": parameters}}
 
 
+TOOL_RESULT = {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+
+
+def call(arguments: str) -> dict:
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]}
+
+
 # (row, reason the reader gives, or "" when SGLang accepts the request the row becomes)
 ROWS = [
     ({"messages": [USER]}, ""),
@@ -35,6 +43,10 @@ ROWS = [
     ({"messages": [USER], "tools": [tool({"type": "object", "properties": {"n": {"type": 5}}})]}, "JSON Schema"),
     ({"messages": [USER], "tools": [{"type": "function", "function": {"name": "f", "description": 3}}]},
      "'description' must be a string"),
+    ({"messages": [USER, call('{"path": "a"}'), TOOL_RESULT]}, ""),
+    ({"messages": [USER, call('{"path": '), TOOL_RESULT]}, "arguments must be valid JSON"),
+    ({"messages": [USER, call('["a"]'), TOOL_RESULT]}, "arguments must be a JSON object"),
+    ({"messages": [USER, call('{"n": NaN}'), TOOL_RESULT]}, "arguments must be valid JSON"),
 ]  # fmt: skip
 
 

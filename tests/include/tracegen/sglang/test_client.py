@@ -207,7 +207,9 @@ def test_exhausted_retries_give_failed_rows(sim_server) -> None:
 
 
 def test_crashed_server_work_moves_to_the_other(sim_server) -> None:
-    crashing = sim_server(sim_crash_after=10)
+    # It exits when its 5th request arrives: fewer than the 8 the routing sends each server at the start (with
+    # 10, a loaded machine once let the other server take the rest before the crashing one saw its 10th).
+    crashing = sim_server(sim_crash_after=5)
     healthy = sim_server()
 
     async def main() -> tuple[list[GeneratedRow], list[dict]]:
@@ -220,7 +222,7 @@ def test_crashed_server_work_moves_to_the_other(sim_server) -> None:
     all_ok(rows, 60)
     assert crashing.proc.wait(timeout=10) is not None  # it really died
     by_server = {s["url"]: s for s in stats}
-    assert by_server[crashing.url]["quarantined"] and by_server[crashing.url]["completed"] <= 10
+    assert by_server[crashing.url]["quarantined"] and by_server[crashing.url]["completed"] <= 5
     assert sum(r.server == healthy.url for r in rows) >= 50
 
 

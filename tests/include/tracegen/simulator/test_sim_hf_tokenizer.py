@@ -134,7 +134,7 @@ def test_any_ids_decode_to_the_stand_ins_text(standin, rust, auto):
 def test_reserved_ids_are_never_encoded(standin, rust):
     # The ids between the trained tokens and Qwen3's added ones decode to their names; their names encode
     # as plain text, so no text ever becomes one.
-    for i in (standin.size, 100_000, 151_642, 151_646, 151_666):
+    for i in (standin.size, 100_000, 151_642):  # 151643 and up: Qwen3's 26 added tokens
         name = bpe.reserved(i)
         assert rust.id_to_token(i) == name and standin.decode([i]) == name
         assert i not in rust.encode(name).ids and rust.encode(name).ids == standin.encode(name)
