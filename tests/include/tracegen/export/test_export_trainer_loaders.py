@@ -15,8 +15,8 @@ its `chat_template.jinja` is Qwen3's). SpecForge: `preprocess_conversations` (wh
 maps over the rows) with its `qwen3-thinking` template and `train_only_last_turn`. speculators:
 `_render_conversation_rows` (what `prepare-data` runs per conversation), whose renders go to a vLLM
 server's `/v1/chat/completions/render`; here that call renders locally as vLLM does, the tokenizer's chat
-template then its encoding. `test_both_trainers_tokenize_the_conversations_to_the_ledgers_ids` says where
-the ids they train on legitimately differ from the ledger's.
+template then its encoding, on every row (`test_export_trainer_conversations.py`, a module of its own so
+that it runs beside this one under xdist).
 """
 
 from __future__ import annotations
@@ -33,26 +33,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from tracegen.dataset.stored import load_index  # noqa: E402
-from tracegen.export import export_dataset  # noqa: E402
 from tracegen.simulator.bpe import TOKENIZER_DIR  # noqa: E402
 from tracegen.store.current import current_mask  # noqa: E402
 from tracegen.store.ledger_rows import ledger_rows  # noqa: E402
 from tracegen.store.root import open_root  # noqa: E402
 
 pytest.importorskip("specforge.data.prompt_builder", reason="requirements-trainers.txt is not installed")
-
-
-@pytest.fixture(scope="module")
-def hf_cache(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("hf-cache")
-    saved = {k: os.environ.get(k) for k in ("HF_HOME", "HF_DATASETS_CACHE")}
-    os.environ.update(HF_HOME=str(cache), HF_DATASETS_CACHE=str(cache / "datasets"))
-    yield cache
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -71,17 +57,6 @@ def counted(demo_run) -> dict[str, tuple[int, int, str]]:
     return {rid: by_index[i] for rid, i in ids.items() if i in by_index}
 
 
-def _export(demo_run, dest: Path, layout: str) -> dict:
-    result = export_dataset(str(demo_run.root), str(dest), layout=layout)
-    manifest = json.loads((dest / "manifest.json").read_text())
-    assert manifest["rows"] == result.rows > 0 and manifest["layout"] == layout
-    data_dir = dest / manifest["data_dir"]
-    # The data file alone in its folder: `speculators prepare-data --data DIR` reads every .json/.jsonl there.
-    assert [p.name for p in data_dir.iterdir()] == [f"{layout}.jsonl"]
-    assert sorted(p.name for p in dest.iterdir()) == sorted(["manifest.json", manifest["data_dir"].rstrip("/")])
-    return manifest
-
-
 def _check_mask(input_ids, loss_mask, expect: tuple[int, int, str], where: str) -> None:
     prompt_tokens, completion_tokens, _ = expect
     ones = sum(loss_mask)
@@ -90,14 +65,6 @@ def _check_mask(input_ids, loss_mask, expect: tuple[int, int, str], where: str) 
     assert ones == completion_tokens, f"{where}: {ones} masked-in tokens, completion_tokens {completion_tokens}"
     assert len(input_ids) == len(loss_mask) == prompt_tokens + completion_tokens, f"{where}: cut"
     assert list(loss_mask) == [0] * prompt_tokens + [1] * completion_tokens, where
-
-
-@pytest.fixture(scope="module")
-def tokens_export(demo_run, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("tokens-export") / "export"
-    manifest = _export(demo_run, dest, "tokens")
-    rows = [json.loads(line) for line in (dest / manifest["data_file"]).read_text().splitlines()]
-    return dest, manifest, rows
 
 
 def test_the_tokens_manifest_says_whose_ids_and_how_long(tokens_export, demo_run):
@@ -173,11 +140,12 @@ def test_speculators_reads_every_token_row_whole(tokens_export, counted, hf_cach
     assert len(seen) == len(rows)
 
 
-def test_the_conversations_layout_loads_as_both_trainers_read_it(demo_run, counted, hf_cache, tmp_path):
+def test_the_conversations_layout_loads_as_both_trainers_read_it(demo_run, counted, hf_cache, export_layout,
+                                                                tmp_path):
     from datasets import load_dataset
     from speculators.data_generation.preprocessing import _normalize_conversation, load_raw_dataset
 
-    manifest = _export(demo_run, tmp_path / "export", "conversations")
+    manifest = export_layout(demo_run, tmp_path / "export", "conversations")
     settings = manifest["trainers"]
     path = settings["specforge"]["data.train_data_path"].removeprefix("file://")
     # SpecForge: load_dataset("json") as `_prepare_raw_prompts` does; `build_eagle3_dataset` pops
@@ -200,122 +168,3 @@ def test_the_conversations_layout_loads_as_both_trainers_read_it(demo_run, count
         assert row["id"] in counted
     assert history == manifest["prompts"]["rows_with_assistant_history"]
     assert settings["speculators"]["--seq-length"] >= manifest["lengths"]["total"]["max"]
-
-
-
-
-@pytest.fixture(scope="module")
-def conversations_export(demo_run, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("conversations-export") / "export"
-    manifest = _export(demo_run, dest, "conversations")
-    path = manifest["trainers"]["specforge"]["data.train_data_path"].removeprefix("file://")
-    return manifest, [json.loads(line) for line in Path(path).read_text().splitlines()]
-
-
-def _template_rendering(text: str) -> str:
-    """The generated turn's text as Qwen3's chat template writes it back from reasoning_content and content:
-    `<think>\\n` + reasoning.strip("\\n") + `\\n</think>\\n\\n` + content.lstrip("\\n"), then `<|im_end|>\\n`."""
-    import re
-
-    text = re.sub(r"<think>\n+", "<think>\n", text, count=1)
-    text = re.sub(r"\n+</think>\n\n\n*", "\n</think>\n\n", text, count=1)
-    return text + "\n"
-
-
-@pytest.mark.parametrize("stride", [
-    pytest.param(12, id="every-12th-row"),
-    # Every row (2,941): about five minutes on 2 cores, all tokenization, so a slow test (make soak).
-    pytest.param(1, id="every-row", marks=[pytest.mark.slow, pytest.mark.timeout(1200)]),
-])
-def test_both_trainers_tokenize_the_conversations_to_the_ledgers_ids(stride, conversations_export, tokens_export,
-                                                                     hf_cache):
-    """Both trainers' masks (their 1s: the generated turn they train on) hold, on every row checked, exactly
-    the ledger's response ids followed by the `\\n` Qwen3's template writes after `<|im_end|>` (both masks
-    run to the end-of-turn string `<|im_end|>\\n`), except on two kinds of rows, where they legitimately
-    differ and hold the tokenizer's encoding of the turn's text instead:
-
-    - **The template's rendering of reasoning** (5 to 9% of rows: the demo run differs between runs): it writes `reasoning.strip("\\n")` between
-      `<think>\\n` and `\\n</think>` and the content with its leading newlines stripped, so a completion whose
-      thinking ends (or starts) with newlines is trained on without them (`_template_rendering`).
-    - **Ids that are not the tokenizer's encoding of their text** (11 to 16%): the stand-in's completions are
-      windows of a tokenized text stream, so where a window starts or ends inside a pre-token (a run of
-      spaces cut by the end of the answer, the `\\n</think>\\n\\n` it inserts), its ids spell the text
-      with other tokens than encoding it gives, as a real model's sampled ids can. Re-tokenizing text cannot
-      give them back; the `tokens` layout keeps them.
-
-    The context before the mask (the prompt) is the ledger's prompt ids in speculators' rows: the stand-in
-    renders prompts as SGLang does with Qwen3's template (`simulator/chat_template.py`). SpecForge's context
-    is too on rows with a system prompt; on rows without one its template injects its own (the manifest's
-    note).
-    """
-    from specforge.data.preprocessing import preprocess_conversations
-    from specforge.data.template import TEMPLATE_REGISTRY
-    from speculators.data_generation import preprocessing as speculators_pre
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
-    manifest, all_rows = conversations_export
-    rows = all_rows[::stride]
-    ledger = {r["id"]: r for r in tokens_export[2]}
-    settings = manifest["trainers"]["specforge"]
-    tools = [json.loads(r["tools"]) if r["tools"] else [] for r in rows]
-    specforge = preprocess_conversations(
-        tok, [r["conversations"] for r in rows], TEMPLATE_REGISTRY.get("qwen3-thinking"), settings["data.max_length"],
-        train_only_last_turn=settings["data.train_only_last_turn"], tools=tools)
-
-    def render(endpoint, messages, *, add_generation_prompt, tools=None, truncate_prompt_tokens=None,
-               truncation_side=None, **_):
-        # vLLM's /v1/chat/completions/render: the target tokenizer's chat template, then its encoding.
-        ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                      tokenize=True, return_dict=False)
-        assert truncation_side in (None, "right")
-        return ids[:truncate_prompt_tokens] if truncate_prompt_tokens else ids
-
-    seq_length = manifest["trainers"]["speculators"]["--seq-length"]
-    original = speculators_pre.render_conversation
-    speculators_pre.render_conversation = render
-    try:
-        # One row per assistant turn: the last is the generated one (earlier ones are prompt history).
-        speculators = [speculators_pre._render_conversation_rows(r["conversations"], r["tools"], i, "vllm", seq_length)
-                       for i, r in enumerate(rows)]
-    finally:
-        speculators_pre.render_conversation = original
-
-    newline = tok.encode("\n")
-    assert len(newline) == 1
-    exact = rendered = noncanonical = 0
-    for row, ids, mask, spec_rows in zip(rows, specforge["input_ids"], specforge["loss_mask"], speculators,
-                                         strict=True):
-        where = f"row {row['id']}"
-        led = ledger[row["id"]]
-        cut = led["loss_mask"].index(1)
-        prompt, response = led["input_ids"][:cut], led["input_ids"][cut:]
-        ids, mask = ids[0].tolist(), mask[0].tolist()
-        start = mask.index(1)
-        assert mask == [0] * start + [1] * (len(mask) - start), where  # one span: the last turn's
-        trained = ids[start:]
-        last = spec_rows[-1]
-        assert last["input_ids"][last["loss_mask"].index(1):] == trained, where  # both trainers agree
-        assert len(spec_rows) == 1 + sum(m["role"] == "assistant" for m in row["conversations"][:-1]), where
-
-        text = tok.decode(response, skip_special_tokens=False)
-        expect = _template_rendering(text)
-        assert tok.decode(trained, skip_special_tokens=False) == expect, where
-        assert trained == tok.encode(expect), where
-        canonical = tok.encode(text) == response
-        same_text = expect == text + "\n"
-        # Exactly the ledger's ids plus the newline, unless one of the two reasons above says otherwise.
-        assert (trained == response + newline) == (same_text and canonical), where
-        exact += trained == response + newline
-        rendered += not same_text
-        noncanonical += not canonical
-
-        history = row["conversations"][:-1]
-        context = last["input_ids"][: last["loss_mask"].index(1)]
-        assert context == prompt, where
-        if history[0]["role"] == "system":
-            assert ids[:start] == prompt, where
-    n = len(rows)
-    assert exact >= 0.75 * n and rendered <= 0.12 * n and noncanonical <= 0.2 * n, (n, exact, rendered, noncanonical)
-    print(f"\n{n} rows: {exact} trained on the ledger's ids + \\n, {rendered} reasoning re-rendered, "
-          f"{noncanonical} ids not the encoding of their text")
