@@ -182,7 +182,10 @@ def _migrate(env: dict[str, str], logs: Path, demo: Path, dropped: list[Path]) -
 def _run_until_question(env: dict[str, str], output: Path, log: Path) -> tuple[subprocess.Popen, dict | None]:
     """`airflow dags test` started at a 4096 cap, and the question it parks at (None: it ended without one)."""
     # The output root in the conf too: the review pages find each run's root from the run itself.
-    conf = {"max_tokens": 4096, "pilot_size": DEMO_PILOT, "teardown": True, "output_uri": str(output)}
+    # Half the rows may be generated while the question waits: at 3,000 rows the first chunks past the pilot
+    # (twice its size, 1,000 rows) are more than the default quarter, which would show nothing being done.
+    conf = {"max_tokens": 4096, "pilot_size": DEMO_PILOT, "teardown": True, "output_uri": str(output),
+            "while_asking_budget_pct": 50}
     with log.open("w") as out:
         dags_test = subprocess.Popen(
             [sys.executable, "-m", "airflow", "dags", "test", dag_ids.GENERATE, "--conf", json.dumps(conf)],
