@@ -103,7 +103,7 @@ def tracegen_generate():
     # they start, so the answer's fan-out waits only for those already generating (`apply_decision`).
     decided = task(steps.apply_decision, retries=0)(answer.output)
     at_decided_cap = (
-        task(steps.generate_chunk, task_id="generate_at_decided_cap", **chunk_task)
+        task(steps.generate_chunk, task_id=dag_ids.DECIDED_FAN_OUT, **chunk_task)
         .partial(run=decided[steps.DECIDED_RUN_KEY])
         .expand(chunk=decided)
     )

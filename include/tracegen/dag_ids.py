@@ -20,6 +20,9 @@ QUESTION_KEY = "question"  # its XCom: the question asked, or {"decided": ...} f
 APPLY_DECISION = "apply_decision"  # its `run` XCom: the run as decided
 REVIEW_TASK = "review_cap"  # the reviewer's question (human in the loop)
 WHILE_ASKING = "generate_while_asking"  # the chunks generated while the question waits; apply_decision reads their states
+DECIDED_FAN_OUT = "generate_at_decided_cap"  # the chunks at the answered cap
+# The question task and everything that exists only for a question: skipped together when there is none.
+QUESTION_CHAIN = (DECIDING_TASK, REVIEW_TASK, WHILE_ASKING, APPLY_DECISION, DECIDED_FAN_OUT)
 RESAMPLE_RUNAWAYS = "resample_runaways"  # skipped by prepare_run unless runaway_policy=resample
 REFUSED_ANSWER_KEY = "refused_answer"  # review_cap's XCom: the last answer it refused, and why
 
