@@ -28,3 +28,9 @@ REFUSED_ANSWER_KEY = "refused_answer"  # review_cap's XCom: the last answer it r
 
 # The task of tracegen_raise_cap that makes a raise; its result is what a reader checks the raise against.
 RAISE_TASK = "raise_cap"
+
+
+def state_name(state: object) -> str | None:
+    """A task state as `get_task_states` returns it (a TaskInstanceState or its string), as the lower-case
+    name the task-state checks compare against ("running", "success", ...); None stays None."""
+    return None if state is None else str(state).removeprefix("TaskInstanceState.").lower()

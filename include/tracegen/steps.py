@@ -304,7 +304,7 @@ def _settle_the_question_when_last(spec) -> None:
         return  # a chunk at the decided cap: the question was asked already
     states = (ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[ctx["run_id"]], task_ids=list(FIRST_FAN_OUT))
               or {}).get(ctx["run_id"]) or {}
-    others = [str(v).removeprefix("TaskInstanceState.").lower() for k, v in states.items()
+    others = [dag_ids.state_name(v) for k, v in states.items()
               if k != f"{ti.task_id}_{ti.map_index}"]
     if not others or any(state not in ("success", "skipped") for state in others):
         return  # not the last (or a sibling failed: the question task is not run then anyway)
@@ -314,8 +314,8 @@ def _settle_the_question_when_last(spec) -> None:
         return
     log.info("the last chunk of the fan-out: no gate held the run back, nothing to ask; %s are skipped",
              ", ".join(dag_ids.QUESTION_CHAIN))
-    # The whole chain, not only its head: skipped by the scheduler from the head, it took a loop or two
-    # more before the report was ready (docs/benchmarks.md).
+    # The whole chain at once: skipped from its head only, the scheduler propagates the skip a level per
+    # loop, and the report and teardown wait for it with the fleet idle (docs/benchmarks.md).
     _skip_tasks(*dag_ids.QUESTION_CHAIN)
 
 
@@ -533,7 +533,7 @@ def _while_asking_left_to_start(ti, poll_s: float = 2.0) -> set[int]:
         found = (ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[ti.run_id], task_ids=[dag_ids.WHILE_ASKING])
                  or {}).get(ti.run_id) or {}
         prefix = f"{dag_ids.WHILE_ASKING}_"
-        return {int(k.removeprefix(prefix)): str(v).removeprefix("TaskInstanceState.").lower()
+        return {int(k.removeprefix(prefix)): dag_ids.state_name(v)
                 for k, v in found.items() if k.startswith(prefix) and k.removeprefix(prefix).isdigit()}
 
     first = states()
@@ -662,7 +662,7 @@ class _AirflowRaiseView:
     def deciding_state(self, run_id: str) -> str:
         states = self.ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[run_id], task_ids=[dag_ids.DECIDING_TASK])
         state = ((states or {}).get(run_id) or {}).get(dag_ids.DECIDING_TASK)
-        return str(state).removeprefix("TaskInstanceState.").lower() if state is not None else "none"
+        return dag_ids.state_name(state) or "none"
 
     def decided(self, run_id: str) -> Any:
         return self.ti.xcom_pull(task_ids=dag_ids.DECIDING_TASK, dag_id=GENERATE_DAG, run_id=run_id,

@@ -205,8 +205,8 @@ def test_the_rerun_never_races_a_live_run_and_finishes_a_crashed_one(cluster: Ai
     api.unpause(RERUN)
     before = {r["dag_run_id"] for r in _rerun_runs(api)}
     # Triggered 10 to 30 s before a minute starts, so the rerun the scheduler starts on that minute runs beside
-    # the run's first minute of generating, whatever the clock said when the test began (triggered just
-    # after a minute, the rerun came about 70 s in, and the run finished before step 2 saw a chunk task).
+    # the run's first minute of generating, whatever the clock says: triggered just after a minute, the
+    # rerun would come about 70 s in, and the run could finish before step 2 sees a chunk task to kill.
     second = time.time() % 60
     time.sleep(0 if 30 <= second < 50 else (40 - second) % 60)
     run_id = api.trigger(GENERATE, {**_conf(dataset, output), "teardown": False})

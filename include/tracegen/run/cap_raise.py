@@ -208,7 +208,7 @@ def raise_facts(ti: Any, raised: CapRaise, *, run_cap: int, context_length: int 
     Airflow task instance: `get_task_states` and `xcom_pull` across DAGs)."""
     states = ti.get_task_states(dag_id=RAISE_DAG, run_ids=[raised.raised_in], task_ids=[RAISE_TASK])
     state = ((states or {}).get(raised.raised_in) or {}).get(RAISE_TASK)
-    state = None if state is None else str(state).removeprefix("TaskInstanceState.").lower()
+    state = dag_ids.state_name(state)
     record = (ti.xcom_pull(task_ids=RAISE_TASK, dag_id=RAISE_DAG, run_id=raised.raised_in, map_indexes=-1)
               if state == "success" else None)
     return RaiseFacts(run_cap=run_cap, context_length=context_length, raise_state=state, record=record)

@@ -1,5 +1,5 @@
-"""A `make demo`-sized output root, made once per test session (shared by every xdist worker: the first
-to need it builds it under a file lock, the others read it; the tests only read it): the bundled 3,000 prompts on two SGLang
+"""A `make demo`-sized output root, made once per pytest run (shared by every xdist worker: the first to
+need it builds it under a file lock, the others read it; the tests only read it): the bundled 3,000 prompts on two SGLang
 stand-ins launched as the demo's fleet is (Qwen3 model path and served name, the qwen3 reasoning parser,
 40,960 context), generated at the reference job's 4096 cap and then pivoted to 8192 (truncated rows extended from
 their token ids), through the chunk engine the DAG's tasks run. Each run records what its servers report
@@ -40,7 +40,8 @@ class DemoRun:
 def demo_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> DemoRun:
     if worker_id == "master":  # not under xdist
         return _build(tmp_path_factory.mktemp("demo-run"))
-    # Under xdist the parent of a worker's base temp is this session's own folder, shared by its workers.
+    # Under xdist every worker's base temp sits in one folder that this pytest run alone uses: built there,
+    # the demo run is made once for all workers and never read by another pytest run.
     shared = tmp_path_factory.getbasetemp().parent / "demo-run"
     built = shared / "demo-run.json"
     with FileLock(f"{shared}.lock"):

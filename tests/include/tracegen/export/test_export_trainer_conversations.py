@@ -9,7 +9,7 @@ template then its encoding. The target's tokenizer and chat template are the sta
 folder `simulator/tokenizer/`.
 
 A module of its own, beside `test_export_trainer_loaders.py`: under `--dist loadfile` it runs on another
-xdist worker (the demo run is built once per session and shared, `conftest.demo_run`). About two minutes of
+xdist worker (the demo run is built once per pytest run and shared, `conftest.demo_run`). About two minutes of
 one core on the CI machine, nearly all of it the trainers' own template rendering and tokenization.
 """
 
