@@ -118,8 +118,30 @@ class CapReviewOperator(HITLOperator):
         # The provider's own checks, on the answer as it is acted on (the cap as the integer decided).
         typed = decision.cap if decision.kind == OTHER else None
         super().execute_complete(context, {**event, "params_input": {CAP_FIELD: typed}})
+        decision = self._as_raise(decision, user, question.run_id)
         self.log.info("decision: %s", decision.summary())
         return decision.to_json()
+
+    def _as_raise(self, decision: Any, user: dict[str, Any], run_id: str) -> Any:
+        """The decision as the raise that gave it, when the answer came from `tracegen_raise_cap` (module
+        `run.raise_request`): answered as the API connection's user, for the raise the run's Variable holds,
+        whose raise task pushed that raise before answering (`cap_raise.verify`, answering). Anything else
+        is an answer by whoever Airflow says answered."""
+        from airflow.sdk import Variable
+
+        from tracegen.review.api_answer import answering_login
+        from tracegen.run.cap_raise import answered_by_raise, decode, variable_key
+
+        login = answering_login()
+        if login is None or login not in (user.get("id"), user.get("name")):
+            return decision
+        raised = decode(Variable.get(variable_key(run_id), default=None), run_id, answering=True)
+        if raised is None or raised.cap != decision.cap:
+            self.log.warning("answered as %r, the raise user, but not by a raise this run can vouch for (%s): "
+                             "recorded as that user's answer", login,
+                             "none" if raised is None else f"it raised to {raised.cap:,}")
+            return decision
+        return answered_by_raise(decision, raised, login)
 
 
 def figures_text(verdict: dict[str, Any]) -> str:

@@ -637,8 +637,8 @@ def raise_cap() -> dict[str, Any]:
                                requested_by=ctx["dag_run"].triggering_user_name, raised_in=ctx["run_id"])
     except RaiseRefused as exc:
         raise AirflowFailException(str(exc)) from None
-    log.warning("%s: chunk tasks starting from now generate at max_tokens=%d; the rows truncated under "
-                "%d are extended after the first fan-out", raised.summary(), raised.cap, raised.from_cap)
+    log.warning("%s: chunk tasks starting from now generate at max_tokens=%d, and the rows truncated under "
+                "%d are extended from their tokens", raised.summary(), raised.cap, raised.from_cap)
     return raised.to_json()
 
 
@@ -660,9 +660,25 @@ class _AirflowRaiseView:
         return self.ti.xcom_pull(task_ids=dag_ids.PROVISION_FLEET, dag_id=GENERATE_DAG, run_id=run_id)
 
     def deciding_state(self, run_id: str) -> str:
-        states = self.ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[run_id], task_ids=[dag_ids.DECIDING_TASK])
-        state = ((states or {}).get(run_id) or {}).get(dag_ids.DECIDING_TASK)
+        return self._state(run_id, dag_ids.DECIDING_TASK)
+
+    def review_state(self, run_id: str) -> str:
+        return self._state(run_id, dag_ids.REVIEW_TASK)
+
+    def _state(self, run_id: str, task_id: str) -> str:
+        states = self.ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[run_id], task_ids=[task_id])
+        state = ((states or {}).get(run_id) or {}).get(task_id)
         return dag_ids.state_name(state) or "none"
+
+    def answerer(self):
+        from tracegen.review.api_answer import configured_answerer
+
+        return configured_answerer()
+
+    def announce(self, raised) -> None:
+        from tracegen.run.cap_raise import ANSWERING_KEY
+
+        self.ti.xcom_push(key=ANSWERING_KEY, value=raised.to_json())
 
     def decided(self, run_id: str) -> Any:
         return self.ti.xcom_pull(task_ids=dag_ids.DECIDING_TASK, dag_id=GENERATE_DAG, run_id=run_id,

@@ -286,6 +286,11 @@ class AirflowCluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     keep_database: bool = False
+    # More users of the simple auth manager (name -> role), each with a password of its own (`passwords`).
+    users: dict[str, str] = field(default_factory=dict)
+    # A user whose credentials the operator's API connection (tracegen.review.api_answer) holds: a raise
+    # made while the question waits answers it as them.
+    api_conn_user: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.workers, int) or not 1 <= self.workers <= 16:
@@ -300,6 +305,7 @@ class AirflowCluster:
         self.local_services: LocalServices | None = None
         self._owns_services = False
         self.env: dict[str, str] = {}
+        self.passwords = {ADMIN_USER: self.password, **{u: secrets.token_urlsafe(12) for u in self.users}}
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -329,7 +335,8 @@ class AirflowCluster:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.api_url}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                f"{user}:{role}" for user, role in {ADMIN_USER: "admin", **self.users}.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db,
             "AIRFLOW__CELERY__BROKER_URL": f"redis://{self.services.redis_host}:{self.services.redis_port}/{self.redis_db}",
@@ -355,6 +362,10 @@ class AirflowCluster:
             "TRACEGEN_RETRY_DELAY_S": "2",
             "PYTHONUNBUFFERED": "1",
         }
+        if self.api_conn_user is not None:
+            env["AIRFLOW_CONN_TRACEGEN_API"] = json.dumps({
+                "conn_type": "http", "host": "127.0.0.1", "port": self.api_port, "login": self.api_conn_user,
+                "password": self.passwords[self.api_conn_user]})
         env.update(self.extra_env)
         return env
 
@@ -375,7 +386,7 @@ class AirflowCluster:
         self._db_created = True
         self.home.mkdir(parents=True, exist_ok=True)
         # SimpleAuthManager keeps users' passwords in this file; writing it first fixes the password.
-        (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.password}) + "\n")
+        (self.home / "passwords.json").write_text(json.dumps(self.passwords) + "\n")
         self.env = self.build_env()
         migrated = self.airflow("db", "migrate")
         if migrated.returncode != 0:

@@ -7,7 +7,8 @@ prompts, whose length law truncates about 18% of rows at the reference job's 409
 run into its own output root, named in `tracegen_output_roots` so the review pages serve its reports.
 The cluster is configured as an operator would to be told of questions (tracegen.review.notify): an e-mail
 connection and a webhook connection, pointing at an SMTP server and an HTTP receiver this module runs on
-loopback, and `admin` as the one user who may answer.
+loopback, and `admin` and `tracegen-raise` as the users who may answer. `tracegen-raise` is the user of the
+API connection a raise made while the question waits answers as (tracegen.review.api_answer).
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from tracegen.status import dataset_status
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import open_storage
 
-GENERATE = "tracegen_generate"
+GENERATE, RAISE = "tracegen_generate", "tracegen_raise_cap"
+RAISE_USER = "tracegen-raise"
 N_ROWS = 240
 CONF = {"max_tokens": 4096, "pilot_size": 120, "chunk_size": 50}
-ROOTS = ("out-rest", "out-ui", "out-timeout", "out-drift", "out-pass")
+ROOTS = ("out-rest", "out-ui", "out-timeout", "out-drift", "out-pass", "out-raise")
 SCREENSHOT_DIR = Path(__file__).resolve().parents[2] / ".state" / "test-screenshots"
 OTHER = "Continue at the cap typed below"
 STOP = "Stop the run"
@@ -63,9 +65,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, receivers: tuple[MailRecei
         "AIRFLOW_CONN_TRACEGEN_QUESTION_MAIL": mail_connection(mail),
         "AIRFLOW_CONN_TRACEGEN_QUESTION_HOOK": webhook_connection(hook),
         "TRACEGEN_QUESTION_NOTIFY": "tracegen_question_mail,tracegen_question_hook",
-        "TRACEGEN_QUESTION_ASSIGNED_USERS": "admin",
+        "TRACEGEN_QUESTION_ASSIGNED_USERS": f"admin,{RAISE_USER}",
     }
-    with running_cluster(root, workers=1, worker_concurrency=4, extra_env=env) as cluster:
+    with running_cluster(root, workers=1, worker_concurrency=4, extra_env=env, users={RAISE_USER: "user"},
+                         api_conn_user=RAISE_USER) as cluster:
         yield cluster
 
 
@@ -73,8 +76,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, receivers: tuple[MailRecei
 def api(cluster: AirflowCluster) -> AirflowApi:
     api = cluster.api()
     api.set_variable("tracegen_output_roots", json.dumps([str(cluster.root / r) for r in ROOTS]))
-    api.wait_for_dag(GENERATE)
-    api.unpause(GENERATE)
+    for dag_id in (GENERATE, RAISE):
+        api.wait_for_dag(dag_id)
+        api.unpause(dag_id)
     return api
 
 
@@ -205,7 +209,7 @@ def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_
     detail = _question(cluster, api, run_id)
     # The reviewer was told, by e-mail and by webhook, and only the operator's assigned user may answer.
     _notified(cluster, receivers, run_id, output, detail)
-    assert detail["assigned_users"] == [{"id": "admin", "name": "admin"}]
+    assert detail["assigned_users"] == [{"id": "admin", "name": "admin"}, {"id": RAISE_USER, "name": RAISE_USER}]
     assert "question notification via connection 'tracegen_question_mail' sent through SMTP 127.0.0.1:" in (
         _task_log(api, run_id, "review_cap"))
     options = detail["options"]
@@ -255,6 +259,40 @@ def test_the_question_is_answered_through_the_rest_api_and_the_run_completes_at_
     assert states["generate_at_decided_cap"] == ({"success"} if planned else {"skipped"}), (planned, states)
     assert states["watcher"] == {"skipped"}, states
     assert states["generate_chunk"] == {"skipped"}  # nothing started past the gate before the answer
+
+
+def _raise(api: AirflowApi, run_id: str, cap: int) -> tuple[str, str, str]:
+    """Trigger tracegen_raise_cap on the run: its Airflow run id, final state and task log."""
+    raise_run = api.trigger(RAISE, {"run_id": run_id, "max_tokens": cap})
+    state = api.wait_run(RAISE, raise_run, 180)
+    log = api.client.get(f"/dags/{RAISE}/dagRuns/{urllib.parse.quote(raise_run, safe='')}/taskInstances/raise_cap/"
+                         "logs/1", headers={"Accept": "application/json"}).text
+    return raise_run, state, log
+
+
+@pytest.mark.timeout(600)
+def test_a_raise_while_the_question_waits_is_the_answer(cluster: AirflowCluster, api: AirflowApi,
+                                                         dataset: Path) -> None:
+    run_id, output = _trigger(cluster, api, dataset, "out-raise")
+    _question(cluster, api, run_id)
+    raise_run, state, log = _raise(api, run_id, 12_000)
+    assert state == "success", log[-3000:]
+    # Airflow records the API connection's user as who answered, with the typed cap ...
+    detail = api._call("GET", _hitl_path(run_id))
+    assert detail["response_received"] and detail["responded_by_user"]["name"] == RAISE_USER, detail
+    assert (detail["chosen_options"], detail["params_input"]) == ([OTHER], {"cap": 12_000}), detail
+    # ... and a second raise finds the question answered: refused, changing nothing.
+    _, second, second_log = _raise(api, run_id, 16_384)
+    assert second == "failed" and ("already decided its cap" in second_log or "someone answered first" in second_log), (
+        second_log[-3000:])
+
+    assert api.wait_run(GENERATE, run_id, 300) == "success", f"{api.describe(GENERATE, run_id)}\n{cluster.logs_summary()}"
+    # The run records the person who triggered the raise, and the raise it was.
+    decision = _check_completed_at(output, run_id, 12_000)
+    assert (decision["responded_by"], decision["kind"], decision["trigger"], decision["from_cap"]) == (
+        "admin", "other", "pilot", 4096), decision
+    assert decision["option"] == f"Raised to 12,000 with {RAISE} (run {raise_run}), answered as {RAISE_USER}"
+    assert _states(api, run_id)["watcher"] == {"skipped"}
 
 
 @pytest.mark.timeout(600)

@@ -187,6 +187,31 @@ def _port(conn: Any, default: int) -> int:
     return port
 
 
+def http_url(conn: Any) -> str:
+    """The http(s) URL an HTTP connection names: its whole URL in host, as Airflow's HTTP connections allow,
+    or host, schema (http or https), port and extra `path`. `ChannelMisconfigured` names what is missing."""
+    extra = _extra(conn)
+    host = (conn.host or "").strip()
+    if not host:
+        raise ChannelMisconfigured("no host (a URL, or a host name with schema, port and extra 'path')")
+    if "://" in host:
+        url = host
+    else:
+        scheme = conn.schema or conn.conn_type
+        if scheme not in WEBHOOK_TYPES:
+            raise ChannelMisconfigured(
+                f"schema {scheme!r} is not http or https (a connection given as a URI puts the URL's path "
+                "in schema: give the whole URL as host instead)")
+        path = extra.get("path", "")
+        if not isinstance(path, str):
+            raise ChannelMisconfigured(f"extra 'path' must be a string, got {path!r}")
+        port = f":{_port(conn, 0)}" if conn.port else ""
+        url = f"{scheme}://{host}{port}/{path.lstrip('/')}"
+    if urlsplit(url).scheme not in WEBHOOK_TYPES or not urlsplit(url).hostname:
+        raise ChannelMisconfigured("the URL is not an http(s) URL with a host")
+    return url
+
+
 @dataclass(frozen=True)
 class EmailChannel:
     """An e-mail through an SMTP server: STARTTLS or implicit TLS when the connection asks for it, a login
@@ -253,24 +278,7 @@ class WebhookChannel:
     @classmethod
     def from_connection(cls, conn: Any) -> WebhookChannel:
         extra = _extra(conn)
-        host = (conn.host or "").strip()
-        if not host:
-            raise ChannelMisconfigured("no host (the webhook's URL, or its host name with extra 'path')")
-        if "://" in host:
-            url = host  # the whole webhook URL in host, as Airflow's HTTP connections allow
-        else:
-            scheme = conn.schema or conn.conn_type
-            if scheme not in WEBHOOK_TYPES:
-                raise ChannelMisconfigured(
-                    f"schema {scheme!r} is not http or https (a connection given as a URI puts the URL's path "
-                    "in schema: give the whole URL as host instead)")
-            path = extra.get("path", "")
-            if not isinstance(path, str):
-                raise ChannelMisconfigured(f"extra 'path' must be a string, got {path!r}")
-            port = f":{_port(conn, 0)}" if conn.port else ""
-            url = f"{scheme}://{host}{port}/{path.lstrip('/')}"
-        if urlsplit(url).scheme not in WEBHOOK_TYPES or not urlsplit(url).hostname:
-            raise ChannelMisconfigured("the webhook URL is not an http(s) URL with a host")
+        url = http_url(conn)
         headers = extra.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                     for k, v in headers.items()):

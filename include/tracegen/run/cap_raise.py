@@ -17,7 +17,10 @@ triggers `tracegen_raise_cap` with the run's id and the new cap, and nothing is 
    generates what is left at the new cap: the rows truncated under the old cap, extended from their
    token ids (`truncated_policy=extend`; no prefix is paid for twice), and any chunk held back.
 
-A raise is taken until the run decides (`ask_about_cap` runs); after that the raise task refuses it and
+A raise is taken this way until the run decides (`ask_about_cap` runs). If the run asked its reviewer
+instead, a raise made while the question waits is its answer (`run.raise_request`, answered through the REST
+API as the operator's API user): `review_cap` records it by the person who raised (`answered_by_raise`),
+once `verify(..., answering=True)` vouches for it. Once the question is answered, the raise task refuses and
 says to start a new run, which resumes from the ledger.
 """
 
@@ -38,6 +41,9 @@ from tracegen.run.spec import RunSpec, RunSpecError
 log = logging.getLogger(__name__)
 
 VARIABLE_PREFIX = "tracegen_cap_raise__"
+# The raise task's XCom, pushed before it answers a question that waits: what `review_cap` checks the answer
+# against while that task has not yet returned (`verify(..., answering=True)`).
+ANSWERING_KEY = "answering"
 GENERATE_DAG = dag_ids.GENERATE
 RAISE_DAG, RAISE_TASK = dag_ids.RAISE_CAP, dag_ids.RAISE_TASK  # the DAG and task that make a raise
 
@@ -140,7 +146,7 @@ class RaiseFacts:
     record: Any  # what that task returned (its XCom): None unless it succeeded
 
 
-def verify(raised: CapRaise, facts: RaiseFacts) -> CapRaise:
+def verify(raised: CapRaise, facts: RaiseFacts, *, answering: bool = False) -> CapRaise:
     """`raised` when the run may act on it, else `RaiseRefused` naming why.
 
     A Variable is only where a raise is kept, and anyone who may write Variables may write it. What makes
@@ -155,10 +161,15 @@ def verify(raised: CapRaise, facts: RaiseFacts) -> CapRaise:
 
     Until the raise task has succeeded (it writes the Variable, then checks the run has not decided yet)
     its raise is not taken; `run.raise_request` settles the race with `ask_about_cap` as before: had that task
-    read the Variable in between, its decision is not this raise, and the raise is withdrawn and refused."""
-    if facts.raise_state != "success":
+    read the Variable in between, its decision is not this raise, and the raise is withdrawn and refused.
+
+    `answering`: read by `review_cap` for an answer given as the raise's user while the raise task may still
+    run (it answers, then returns): its XCom `answering` (`facts.record`, pushed before it answered) must be
+    this raise, and the task running or succeeded."""
+    made = ("running", "success") if answering else ("success",)
+    if facts.raise_state not in made:
         raise RaiseRefused(f"it names {RAISE_DAG} run {raised.raised_in!r}, whose {RAISE_TASK} task is "
-                           f"{facts.raise_state or 'not found'}, not success: no raise task made it")
+                           f"{facts.raise_state or 'not found'}, not {' or '.join(made)}: no raise task made it")
     if facts.record != raised.to_json():
         raise RaiseRefused(f"it differs from what {RAISE_DAG} run {raised.raised_in!r} raised "
                            f"({_short(facts.record)}): written by hand")
@@ -178,20 +189,21 @@ def _short(value: Any) -> str:
 
 
 def decode(
-    text: str | None, run_id: str, facts: Callable[[CapRaise], RaiseFacts] | None = None
+    text: str | None, run_id: str, facts: Callable[[CapRaise], RaiseFacts] | None = None, *, answering: bool = False
 ) -> CapRaise | None:
     """The raise the run `run_id` may act on, or None: none stored, or one that fails `parse` or `verify`,
     which is ignored and logged, naming the Variable and why. Ignored, not failing the task: a Variable
     nobody's raise made is not a decision, and whoever may write Variables must not be able to stop runs.
 
     `facts(raised)`: what Airflow's metadata says about it; by default read by the task running this (a
-    task of the run `run_id`: `airflow_facts`)."""
+    task of the run `run_id`: `airflow_facts`). `answering`: as `verify`'s."""
     key = variable_key(run_id)
     try:
         raised = parse(text, run_id)
         if raised is None:
             return None
-        return verify(raised, (facts or _facts_of_this_run)(raised))
+        facts = facts or (lambda r: _facts_of_this_run(r, answering=answering))
+        return verify(raised, facts(raised), answering=answering)
     except (RaiseRefused, RunSpecError) as exc:
         log.warning("Airflow Variable %s ignored, not a raise this run takes: %s", key, exc)
         return None
@@ -203,18 +215,21 @@ def served_context(servers: Any) -> int | None:
     return min((n for n in lengths if type(n) is int and n > 0), default=None)
 
 
-def raise_facts(ti: Any, raised: CapRaise, *, run_cap: int, context_length: int | None) -> RaiseFacts:
+def raise_facts(ti: Any, raised: CapRaise, *, run_cap: int, context_length: int | None,
+                answering: bool = False) -> RaiseFacts:
     """`RaiseFacts` with the state and result of the raise task `raised` names, read through `ti` (an
-    Airflow task instance: `get_task_states` and `xcom_pull` across DAGs)."""
+    Airflow task instance: `get_task_states` and `xcom_pull` across DAGs). `answering`: its XCom
+    `answering` instead of its result, read while it runs too (`verify`)."""
     states = ti.get_task_states(dag_id=RAISE_DAG, run_ids=[raised.raised_in], task_ids=[RAISE_TASK])
     state = ((states or {}).get(raised.raised_in) or {}).get(RAISE_TASK)
     state = dag_ids.state_name(state)
-    record = (ti.xcom_pull(task_ids=RAISE_TASK, dag_id=RAISE_DAG, run_id=raised.raised_in, map_indexes=-1)
-              if state == "success" else None)
+    key, readable = (ANSWERING_KEY, ("running", "success")) if answering else ("return_value", ("success",))
+    record = (ti.xcom_pull(task_ids=RAISE_TASK, dag_id=RAISE_DAG, run_id=raised.raised_in, key=key,
+                           map_indexes=-1) if state in readable else None)
     return RaiseFacts(run_cap=run_cap, context_length=context_length, raise_state=state, record=record)
 
 
-def airflow_facts(ti: Any, run_id: str | None = None) -> Callable[[CapRaise], RaiseFacts]:
+def airflow_facts(ti: Any, run_id: str | None = None, *, answering: bool = False) -> Callable[[CapRaise], RaiseFacts]:
     """`facts` for `decode` from Airflow's metadata: the run's cap from its prepare_run, the servers'
     context length from its provision_fleet, and the raise task's state and result. `run_id`: the
     tracegen_generate run's Airflow run id (None: the run `ti` belongs to)."""
@@ -224,12 +239,13 @@ def airflow_facts(ti: Any, run_id: str | None = None) -> Callable[[CapRaise], Ra
         doc = ti.xcom_pull(task_ids=dag_ids.PREPARE_RUN, key="run", map_indexes=-1, **where)
         spec = RunSpec.from_json(doc, "the run as its prepare_run described it")
         servers = ti.xcom_pull(task_ids=dag_ids.PROVISION_FLEET, map_indexes=-1, **where)
-        return raise_facts(ti, raised, run_cap=spec.config.max_tokens, context_length=served_context(servers))
+        return raise_facts(ti, raised, run_cap=spec.config.max_tokens, context_length=served_context(servers),
+                           answering=answering)
 
     return facts
 
 
-def _facts_of_this_run(raised: CapRaise) -> RaiseFacts:
+def _facts_of_this_run(raised: CapRaise, *, answering: bool = False) -> RaiseFacts:
     """`airflow_facts` read by the task running now; outside a task nothing can vouch for a raise."""
     try:
         from airflow.sdk import get_current_context
@@ -237,7 +253,7 @@ def _facts_of_this_run(raised: CapRaise) -> RaiseFacts:
         ti = get_current_context()["ti"]
     except Exception as exc:  # noqa: BLE001 - no task context: nothing to check the raise against
         raise RaiseRefused(f"no Airflow task context to check it against ({exc})") from None
-    return airflow_facts(ti)(raised)
+    return airflow_facts(ti, answering=answering)(raised)
 
 
 def at_raised_cap(spec: RunSpec, raised: CapRaise | None) -> RunSpec:
@@ -257,6 +273,15 @@ def as_decision(spec: RunSpec, raised: CapRaise) -> CapDecision:
         cap=raised.cap, responded_by=raised.requested_by, responded_at=raised.requested_at, timed_out=False,
         verdict={}, cap_rows=[], report_uri="",
     )
+
+
+def answered_by_raise(decision: CapDecision, raised: CapRaise, answered_as: str) -> CapDecision:
+    """The answer a raise gave a question that waited (`run.raise_request`), as the run records it: by the
+    person who triggered the raise, not the API user it answered as, and saying so. Still the answer to the
+    question (its trigger, its verdict and table), so the report accounts for what was generated meanwhile."""
+    return replace(decision, responded_by=raised.requested_by,
+                   option=f"Raised to {raised.cap:,} with {RAISE_DAG} (run {raised.raised_in}), answered as "
+                          f"{answered_as}")
 
 
 def now_iso() -> str:

@@ -3,8 +3,15 @@
 The raise is checked against the run as its first task described it and the servers' context length,
 kept as the run's Variable, and then confirmed taken: the run reads a raise once, when its deciding task
 (`ask_about_cap`) starts, so a raise written while that task is already running may have been read too
-late. The raise waits for the task to finish and keeps the raise only if the run's decision is it;
-otherwise it withdraws the Variable and refuses, and nothing changed.
+late. The raise waits for the task to finish and keeps the raise only if the run's decision is it.
+
+When the run has asked its reviewer instead (the question waits in Required Actions, `review_cap`), the
+raise is the answer: it answers "Continue at the cap typed below" with its cap through Airflow's REST API,
+as the user of the operator's API connection (`tracegen.review.api_answer`), having pushed the raise as its
+XCom `answering` first, so that `review_cap` records the answer as this raise, by the person who triggered
+it (`cap_raise.answered_by_raise`). It does not wait for `review_cap` to resume: that needs a worker slot,
+and a raise holding one would only delay it. Airflow takes one answer per question: a reviewer who answered
+first wins, and the raise is withdrawn and refused, saying so.
 
 Everything here is refused with `RaiseRefused`, whose message says why and what would be accepted; the
 Airflow task (`steps.raise_cap`) turns it into a failure without retries.
@@ -12,11 +19,14 @@ Airflow task (`steps.raise_cap`) turns it into a failure without retries.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from tracegen.audit.review import CAP_FIELD, OTHER, AnswerRefused, CapQuestion, decide
 from tracegen.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
+from tracegen.review.api_answer import API_CONN_ENV, AnswerFailed, api_conn_id
 from tracegen.run.cap_raise import (
     CapRaise,
     RaiseFacts,
@@ -30,8 +40,11 @@ from tracegen.run.cap_raise import (
 )
 from tracegen.run.spec import RunSpec, RunSpecError
 
+log = logging.getLogger(__name__)
 NOT_STARTED = ("none", "scheduled", "queued")
 FINISHED = ("success", "skipped", "failed", "upstream_failed", "removed")
+# A human-in-the-loop task parked until its question is answered (deferred: how providers before Airflow 3.3 wait).
+WAITING = ("awaiting_input", "deferred")
 
 
 class RaiseView(Protocol):
@@ -50,7 +63,18 @@ class RaiseView(Protocol):
         """The state of the run's `ask_about_cap` (lower case; "none" when it has none yet)."""
 
     def decided(self, run_id: str) -> Any:
-        """What the run's `ask_about_cap` returned."""
+        """What the run's `ask_about_cap` pushed as its XCom `question`: the question asked, or
+        {"decided": ...} for a raise it took instead; None when it asked nothing."""
+
+    def review_state(self, run_id: str) -> str:
+        """The state of the run's `review_cap` (lower case; "none" when it has none yet)."""
+
+    def answerer(self) -> Any:
+        """What answers a question through the REST API (`api_answer.ApiAnswerer`: `answer(...)`, `login`),
+        None when the operator configured none. Raises `ChannelMisconfigured` for a malformed one."""
+
+    def announce(self, raised: CapRaise) -> None:
+        """Push `raised` as this task's XCom `answering` (`cap_raise.ANSWERING_KEY`)."""
 
     def facts(self, raised: CapRaise, *, run_cap: int, context_length: int | None) -> RaiseFacts:
         """`RaiseFacts` for an earlier raise, from the raise task it names."""
@@ -90,34 +114,98 @@ def request_raise(view: RaiseView, target: str, cap: Any, *, requested_by: str |
                      lambda r: view.facts(r, run_cap=spec.config.max_tokens, context_length=context_length))
     # The cap first: a cap no run could take is refused as such, whatever moment it arrives at.
     from_cap, new_cap = check_raise(spec, cap, context_length=context_length, earlier=earlier)
-    if view.deciding_state(target) not in NOT_STARTED:
-        raise RaiseRefused(f"run {target!r} has already decided its cap ({DECIDING_TASK} has started): if its "
-                           f"question waits in Required Actions ({REVIEW_TASK}), answer it there with 'Continue at the "
-                           "cap typed below' and this cap; otherwise start a new run at the new cap, which resumes "
-                           "from the ledger and extends the truncated rows")
     raised = CapRaise(run_id=spec.run_id, cap=new_cap, from_cap=from_cap, requested_by=requested_by,
                       requested_at=now_iso(), raised_in=raised_in)
-    view.store(key, encode(raised), f"tracegen: raise of run {target}'s max_tokens")
-    if not _taken(view, target, raised, wait_s=wait_s, poll_s=poll_s, sleep=sleep):
-        view.withdraw(key)
-        raise RaiseRefused(f"run {target!r} decided its cap while this raise was written; nothing changed: "
-                           "start a new run at the new cap")
+    if view.deciding_state(target) in NOT_STARTED:
+        view.store(key, encode(raised), f"tracegen: raise of run {target}'s max_tokens")
+        if _taken(view, target, raised, wait_s=wait_s, poll_s=poll_s, sleep=sleep):
+            return raised
+        # Read too late: the deciding task decided without it, and may have asked its question instead.
+    else:
+        _wait_for_deciding(view, target, wait_s=wait_s, poll_s=poll_s, sleep=sleep)
+    try:
+        return _answer_the_question(view, target, raised, wait_s=wait_s, poll_s=poll_s, sleep=sleep)
+    except RaiseRefused:
+        if view.stored(key) == encode(raised):
+            view.withdraw(key)
+        raise
+
+
+def _answer_the_question(view: RaiseView, target: str, raised: CapRaise, *, wait_s: float, poll_s: float,
+                         sleep: Callable[[float], None]) -> CapRaise:
+    """The raise as the answer to the question the run asks (module doc), or `RaiseRefused` when there is
+    none waiting, the answer would be refused, no API connection is configured, or someone answered first."""
+    asked = view.decided(target)
+    if not isinstance(asked, dict) or "decided" in asked:
+        raise RaiseRefused(f"run {target!r} has already decided its cap ({DECIDING_TASK} has run): start a new run at "
+                           "the new cap, which resumes from the ledger and extends the truncated rows")
+    question = CapQuestion.from_json(asked)
+    try:
+        label = question.option_label(OTHER)
+        # The one rule for answers (`audit.review.decide`), as review_cap will apply it: refused here, before
+        # anything is written, rather than there, where it would only be asked again.
+        decide(question, [label], {CAP_FIELD: raised.cap}, responded_by=raised.requested_by,
+               responded_at=raised.requested_at)
+    except (StopIteration, AnswerRefused) as exc:
+        raise RaiseRefused(f"run {target!r} asks its reviewer, who could not answer {raised.cap:,}: {exc}") from None
+    review = _wait_for_review(view, target, wait_s=wait_s, poll_s=poll_s, sleep=sleep)
+    if review not in WAITING:
+        raise RaiseRefused(f"run {target!r} has already decided its cap: its question ({REVIEW_TASK}) is {review}, "
+                           "not waiting for an answer; start a new run at the new cap, which resumes from the ledger")
+    where = f"answer it in Required Actions ({REVIEW_TASK}) with '{label}' and {raised.cap}"
+    try:
+        answerer = view.answerer()
+    except ValueError as exc:  # ChannelMisconfigured
+        raise RaiseRefused(f"run {target!r} asks its reviewer, and the raise cannot answer: {exc}; {where}") from None
+    if answerer is None:
+        raise RaiseRefused(f"run {target!r} asks its reviewer, and a raise answers only through the REST API as the "
+                           f"user of Airflow connection {api_conn_id()!r} ({API_CONN_ENV}), which is not defined: "
+                           f"define it (docs/deployment.md), or {where}")
+    view.store(variable_key(raised.run_id), encode(raised), f"tracegen: raise of run {target}'s max_tokens")
+    view.announce(raised)
+    try:
+        answerer.answer(GENERATE, target, REVIEW_TASK, label, {CAP_FIELD: raised.cap})
+    except AnswerFailed as exc:
+        first = " (someone answered first: the run goes on as they chose)" if exc.status == 409 else ""
+        raise RaiseRefused(f"run {target!r} asks its reviewer, and the raise could not answer{first}: {exc}") from None
+    log.warning("answered the question of run %r (%s) as %r: '%s' with %d; %s records it as this raise when it "
+                "resumes", target, question.subject, answerer.login, label, raised.cap, REVIEW_TASK)
     return raised
 
 
-def _taken(view: RaiseView, run_id: str, raised: CapRaise, *, wait_s: float, poll_s: float,
-           sleep: Callable[[float], None]) -> bool:
-    """Whether the run will act on the raise just written. Its deciding task not started yet, it will;
-    started, it may have read before the write, so wait for it (seconds) and see whether its decision is
-    this raise. A task still running after `wait_s` is a RuntimeError: retried, not refused."""
+def _wait_for_deciding(view: RaiseView, run_id: str, *, wait_s: float, poll_s: float,
+                       sleep: Callable[[float], None]) -> str:
+    """The deciding task's state once it has finished; a RuntimeError (retried, not refused) after `wait_s`."""
     state, deadline = view.deciding_state(run_id), time.monotonic() + wait_s
-    while state not in NOT_STARTED and state not in FINISHED:
+    while state not in FINISHED:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{DECIDING_TASK} of run {run_id!r} has been {state} for {wait_s:.0f} s: whether it "
                                f"took the raise is in its log (and in run.json's decisions once it is done)")
         sleep(poll_s)
         state = view.deciding_state(run_id)
-    if state in NOT_STARTED:
+    return state
+
+
+def _wait_for_review(view: RaiseView, run_id: str, *, wait_s: float, poll_s: float,
+                     sleep: Callable[[float], None]) -> str:
+    """The question task's state once it waits for an answer or has finished (it is queued, then poses the
+    question, for a moment after the deciding task ends); a RuntimeError after `wait_s`."""
+    state, deadline = view.review_state(run_id), time.monotonic() + wait_s
+    while state not in WAITING and state not in FINISHED:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{REVIEW_TASK} of run {run_id!r} has been {state} for {wait_s:.0f} s without asking")
+        sleep(poll_s)
+        state = view.review_state(run_id)
+    return state
+
+
+def _taken(view: RaiseView, run_id: str, raised: CapRaise, *, wait_s: float, poll_s: float,
+           sleep: Callable[[float], None]) -> bool:
+    """Whether the run's deciding task takes the raise just written. Not started yet, it will; started, it
+    may have read before the write, so wait for it and see whether its decision is this raise."""
+    if view.deciding_state(run_id) in NOT_STARTED:
+        return True
+    if _wait_for_deciding(view, run_id, wait_s=wait_s, poll_s=poll_s, sleep=sleep) in NOT_STARTED:
         return True
     decided = (view.decided(run_id) or {}).get("decided") or {}
     return decided.get("responded_at") == raised.requested_at and decided.get("cap") == raised.cap

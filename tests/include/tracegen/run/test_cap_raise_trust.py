@@ -7,6 +7,7 @@ the servers' context; by whom and when are the raising DagRun's. Anything else i
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -16,7 +17,9 @@ from airflow.sdk.exceptions import AirflowSkipException
 from engine_support.helpers import make_config, prepare, write_dataset
 
 from tracegen import steps
+from tracegen.audit.review import CAP_FIELD, OTHER, PILOT, CapQuestion, decide
 from tracegen.run.cap_raise import (
+    ANSWERING_KEY,
     RAISE_DAG,
     RAISE_TASK,
     CapRaise,
@@ -41,6 +44,7 @@ class Airflow:
         self.raise_runs: dict[str, tuple[str, Any]] = {}  # run id -> (raise_cap's state, its return value)
         self.context: dict[str, Any] = {}
         self.pushed: dict[str, Any] = {}  # what the task pushed as XComs, by key
+        self.answering: dict[str, Any] = {}  # raise run id -> its XCom `answering`
 
     # -- airflow.sdk.Variable
     def variable(self) -> type:
@@ -73,6 +77,8 @@ class Airflow:
                 return None
         if dag_id == RAISE_DAG and task_ids == RAISE_TASK and key == "return_value":
             return self.raise_runs.get(run_id, (None, None))[1]
+        if dag_id == RAISE_DAG and task_ids == RAISE_TASK and key == ANSWERING_KEY:
+            return self.answering.get(run_id)
         raise AssertionError(f"unexpected xcom_pull {task_ids=} {dag_id=} {key=} {run_id=}")
 
     def get_task_states(self, dag_id, map_index=None, task_ids=None, task_group_id=None, logical_dates=None,
@@ -211,3 +217,68 @@ def test_the_raise_task_ignores_a_hand_written_earlier_raise(af, spec, caplog) -
 
     with pytest.raises(AirflowFailException, match="already raised to 12,288 by bob"):
         af.run_raise_task(10_000, user="carol", run_id="manual__third")
+
+
+# ---- a raise that answered the question: who review_cap records -----------------------------------------
+
+RAISE_USER = "tracegen-raise"  # the login of the operator's API connection
+
+
+def _answered(af: Airflow, monkeypatch, *, by: str, cap: int = 12_000) -> dict[str, Any]:
+    """review_cap's decision when `by` answers the pilot gate's question with `cap` typed in the form."""
+    from tracegen.review_gate import CapReviewOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_TRACEGEN_API", json.dumps(
+        {"conn_type": "http", "host": "127.0.0.1", "port": 8080, "login": RAISE_USER, "password": "secret-pw"}))
+    question = CapQuestion(run_id="run-1", trigger=PILOT, current_cap=4096, recommended_cap=9216, max_cap=40_959,
+                           context_length=CONTEXT, truncated_policy="extend", verdict={}, cap_rows=[],
+                           confidence=0.95, throughput=None, report_uri="", report_url=None, timeout_minutes=60.0)
+    answer = decide(question, [question.option_label(OTHER)], {CAP_FIELD: cap}, responded_by=by,
+                    responded_at="2026-11-30T10:00:05+00:00")
+    af.in_generate_task()
+    return CapReviewOperator(task_id="review_cap", question=None)._as_raise(answer, {"id": by, "name": by},
+                                                                              "run-1").to_json()
+
+
+def _raising(af: Airflow, cap: int = 12_000, *, announced: bool = True) -> CapRaise:
+    """A raise task that is answering: the run's Variable written, its raise pushed as `answering`."""
+    raised = CapRaise(run_id="run-1", cap=cap, from_cap=4096, requested_by="alice",
+                      requested_at="2026-11-30T10:00:00+00:00", raised_in=RAISE_RUN)
+    af.variables[variable_key("run-1")] = encode(raised)
+    af.raise_runs[RAISE_RUN] = ("running", None)
+    if announced:
+        af.answering[RAISE_RUN] = raised.to_json()
+    return raised
+
+
+def test_an_answer_the_raise_gave_is_recorded_as_the_raise_by_who_triggered_it(af, monkeypatch) -> None:
+    _raising(af)
+    decided = _answered(af, monkeypatch, by=RAISE_USER)
+    assert (decided["responded_by"], decided["cap"], decided["kind"], decided["trigger"]) == ("alice", 12_000, OTHER,
+                                                                                            PILOT)
+    assert decided["option"] == f"Raised to 12,000 with {RAISE_DAG} (run {RAISE_RUN}), answered as {RAISE_USER}"
+    # Once the raise task has returned, the same holds.
+    af.raise_runs[RAISE_RUN] = ("success", af.answering[RAISE_RUN])
+    assert _answered(af, monkeypatch, by=RAISE_USER)["responded_by"] == "alice"
+
+
+@pytest.mark.parametrize("case", ["hand-written", "not announced", "raise task failed", "another cap"])
+def test_an_answer_as_the_raise_user_without_a_raise_behind_it_is_that_users_answer(af, monkeypatch, case,
+                                                                                    capsys) -> None:
+    if case == "hand-written":
+        af.variables[variable_key("run-1")] = _hand_written(cap=12_000)
+    else:
+        _raising(af, 16_384 if case == "another cap" else 12_000, announced=case != "not announced")
+        if case == "raise task failed":
+            af.raise_runs[RAISE_RUN] = ("failed", None)
+    decided = _answered(af, monkeypatch, by=RAISE_USER)
+    assert (decided["responded_by"], decided["option"]) == (RAISE_USER, "Continue at the cap typed below")
+    # The operator's log goes to the task log (structlog's stdout here), not through the root logger.
+    assert "answered as 'tracegen-raise', the raise user, but not by a raise this run can vouch for" in (
+        capsys.readouterr().out)
+
+
+def test_a_person_answering_for_themselves_is_never_taken_for_a_raise(af, monkeypatch) -> None:
+    _raising(af)
+    decided = _answered(af, monkeypatch, by="alice")
+    assert (decided["responded_by"], decided["option"]) == ("alice", "Continue at the cap typed below")

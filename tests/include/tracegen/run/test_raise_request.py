@@ -8,21 +8,60 @@ from typing import Any
 import pytest
 from engine_support.helpers import make_config, prepare, write_dataset
 
+from tracegen.audit.review import CAP_FIELD, PILOT, CapQuestion
+from tracegen.review.api_answer import AnswerFailed
+from tracegen.review.notify import ChannelMisconfigured
 from tracegen.run.cap_raise import CapRaise, RaiseFacts, parse, variable_key
 from tracegen.run.raise_request import RaiseRefused, request_raise
 
 TARGET = "manual__2026-12-01T09:00:00+00:00"
 
 
+class Answerer:
+    """The REST API as the raise's user sees it: records each answer, or fails as the api-server would."""
+
+    login = "tracegen-raise"
+
+    def __init__(self, fails: AnswerFailed | None = None) -> None:
+        self.fails, self.answers = fails, []
+
+    def answer(self, dag_id: str, run_id: str, task_id: str, option: str, params_input: dict[str, Any]) -> dict:
+        if self.fails is not None:
+            raise self.fails
+        self.answers.append((dag_id, run_id, task_id, option, params_input))
+        return {"responded_by_user": {"id": self.login, "name": self.login}}
+
+
+def _asked(cap: int = 4096) -> dict[str, Any]:
+    """What ask_about_cap pushes when the pilot gate asks (the run's cap 4096, the servers' context 40,960)."""
+    return CapQuestion(run_id="run-1", trigger=PILOT, current_cap=cap, recommended_cap=9216, max_cap=40_959,
+                       context_length=40_960, truncated_policy="extend", verdict={}, cap_rows=[], confidence=0.95,
+                       throughput=None, report_uri="", report_url=None, timeout_minutes=60.0).to_json()
+
+
 class View:
     """Airflow as the raise task sees it: the target run's state, XComs, deciding task, and the Variables."""
 
-    def __init__(self, spec, *, state: str | None = "running", deciding: list[str] | None = None) -> None:
+    def __init__(self, spec, *, state: str | None = "running", deciding: list[str] | None = None,
+                 review: list[str] | None = None, answerer: Any = None) -> None:
         self.spec, self.state = spec, state
         self.deciding = deciding or ["none"]  # successive answers; the last one repeats
+        self.review = review or ["none"]
         self.variables: dict[str, str] = {}
         self.decision: dict[str, Any] | None = None  # what ask_about_cap pushed as its question once finished
         self.withdrawn: list[str] = []
+        self._answerer, self.announced = answerer, []
+
+    def review_state(self, run_id: str) -> str:
+        return self.review.pop(0) if len(self.review) > 1 else self.review[0]
+
+    def answerer(self) -> Any:
+        if isinstance(self._answerer, Exception):
+            raise self._answerer
+        return self._answerer
+
+    def announce(self, raised: CapRaise) -> None:
+        self.announced.append(raised.to_json())
 
     def run_state(self, run_id: str) -> str | None:
         return self.state
@@ -93,8 +132,9 @@ def test_the_cap_is_refused_by_the_one_rule_before_anything_is_written(spec, cap
     assert view.variables == {}
 
 
-def test_a_run_whose_deciding_task_started_is_refused_and_nothing_written(spec) -> None:
-    view = View(spec, deciding=["running"])
+def test_a_run_whose_deciding_task_decided_without_asking_is_refused_and_nothing_written(spec) -> None:
+    view = View(spec, deciding=["running", "success"])
+    view.decision = {"decided": {"cap": 6144, "responded_at": "2026-12-01T09:00:00+00:00"}}
     with pytest.raises(RaiseRefused, match="already decided its cap"):
         _raise(view)
     assert view.variables == {}
@@ -105,7 +145,7 @@ def test_a_raise_read_too_late_is_withdrawn_and_refused(spec) -> None:
     # another decision: the raise must not stay behind as if taken.
     view = View(spec, deciding=["none", "running", "running", "success"])
     view.decision = {"decided": {"cap": 4096, "responded_at": "2026-12-01T09:00:00+00:00"}}
-    with pytest.raises(RaiseRefused, match="decided its cap while this raise was written"):
+    with pytest.raises(RaiseRefused, match="already decided its cap"):
         _raise(view)
     assert view.withdrawn == [variable_key("run-1")] and view.variables == {}
 
@@ -126,3 +166,78 @@ def test_a_deciding_task_that_never_ends_is_an_error_to_retry_not_a_refusal(spec
     view = View(spec, deciding=["none", "running"])
     with pytest.raises(RuntimeError, match="has been running for 0 s"):
         _raise(view, wait_s=0.0)
+
+
+# ---- a raise while the question waits is the answer --------------------------------------------------
+
+
+def test_a_raise_while_the_question_waits_answers_it_as_the_api_user(spec) -> None:
+    answerer = Answerer()
+    view = View(spec, deciding=["success"], review=["queued", "running", "awaiting_input"], answerer=answerer)
+    view.decision = _asked()
+    raised = _raise(view, 12_000)
+    assert answerer.answers == [("tracegen_generate", TARGET, "review_cap", "Continue at the cap typed below",
+                                 {CAP_FIELD: 12_000})]
+    # Pushed before answering, and kept as the run's raise: what review_cap checks the answer against.
+    assert view.announced == [raised.to_json()]
+    assert parse(view.variables[variable_key("run-1")], "run-1") == raised and view.withdrawn == []
+
+
+def test_a_raise_read_too_late_by_a_deciding_task_that_asked_answers_its_question(spec) -> None:
+    answerer = Answerer()
+    view = View(spec, deciding=["none", "running", "success"], review=["awaiting_input"], answerer=answerer)
+    view.decision = _asked()
+    raised = _raise(view, 9000)
+    assert [a[3:] for a in answerer.answers] == [("Continue at the cap typed below", {CAP_FIELD: 9000})]
+    assert parse(view.variables[variable_key("run-1")], "run-1") == raised
+
+
+def test_without_the_api_connection_the_raise_is_refused_saying_how_to_answer(spec) -> None:
+    view = View(spec, deciding=["success"], review=["awaiting_input"], answerer=None)
+    view.decision = _asked()
+    with pytest.raises(RaiseRefused, match=r"connection 'tracegen_api' \(TRACEGEN_API_CONN\), which is not "
+                                           r"defined.*'Continue at the cap typed below' and 12000"):
+        _raise(view, 12_000)
+    assert view.variables == {} and view.announced == []
+
+
+def test_a_malformed_api_connection_is_named(spec) -> None:
+    view = View(spec, deciding=["success"], review=["awaiting_input"],
+                answerer=ChannelMisconfigured("Airflow connection 'tracegen_api': no login or no password"))
+    view.decision = _asked()
+    with pytest.raises(RaiseRefused, match="'tracegen_api': no login or no password"):
+        _raise(view, 12_000)
+    assert view.variables == {}
+
+
+def test_a_reviewer_who_answered_first_wins_and_the_raise_is_withdrawn(spec) -> None:
+    view = View(spec, deciding=["success"], review=["awaiting_input"],
+                answerer=Answerer(AnswerFailed("HTTP 409 already updated", status=409)))
+    view.decision = _asked()
+    with pytest.raises(RaiseRefused, match="someone answered first"):
+        _raise(view, 12_000)
+    assert view.withdrawn == [variable_key("run-1")] and view.variables == {}
+
+
+@pytest.mark.parametrize("review", ["success", "skipped"])
+def test_a_question_already_answered_is_not_answered_again(spec, review) -> None:
+    answerer = Answerer()
+    view = View(spec, deciding=["success"], review=[review], answerer=answerer)
+    view.decision = _asked()
+    with pytest.raises(RaiseRefused, match=f"already decided its cap: its question \\(review_cap\\) is {review}"):
+        _raise(view, 12_000)
+    assert answerer.answers == [] and view.variables == {}
+
+
+def test_a_run_that_asked_nothing_is_refused(spec) -> None:
+    view = View(spec, deciding=["skipped"], answerer=Answerer())
+    with pytest.raises(RaiseRefused, match="already decided its cap"):
+        _raise(view, 12_000)
+    assert view.variables == {}
+
+
+def test_a_question_that_never_gets_asked_is_an_error_to_retry(spec) -> None:
+    view = View(spec, deciding=["success"], review=["queued"], answerer=Answerer())
+    view.decision = _asked()
+    with pytest.raises(RuntimeError, match="review_cap of run .* has been queued for 0 s without asking"):
+        _raise(view, 12_000, wait_s=0.0)
