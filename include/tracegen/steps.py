@@ -293,8 +293,9 @@ def _settle_the_question_when_last(spec) -> None:
     none (no gate held the run back, no raise to take), the question task is skipped now, and with it the
     answer and the second fan-out, instead of starting a process after this chunk only to skip itself.
     Two chunks ending at once may each see the other running: then neither skips, and the question task
-    decides, as it always can. A raise arriving after this check is refused by the raise task, since the
-    question task will not read it (`run.raise_request`)."""
+    decides, as it always can. Any raise Variable, even one its raise task has not yet vouched for, keeps
+    the question task: it reads the raise once vouched for. A raise written after this look sees the skip
+    (it looks again a few seconds after writing: `run.raise_request`) and is refused."""
     from tracegen.run.decision import held_by
     from tracegen.store.root import open_root
 
@@ -308,7 +309,11 @@ def _settle_the_question_when_last(spec) -> None:
               if k != f"{ti.task_id}_{ti.map_index}"]
     if not others or any(state not in ("success", "skipped") for state in others):
         return  # not the last (or a sibling failed: the question task is not run then anyway)
-    if _cap_raise(spec) is not None:
+    from airflow.sdk import Variable
+
+    from tracegen.run.cap_raise import variable_key
+
+    if Variable.get(variable_key(spec.run_id), default=None) is not None:
         return  # the question task turns the raise into the run's decision
     if held_by(spec, open_root(spec.config.output_uri, spec.config.aws_conn_id)) is not None:
         return

@@ -43,6 +43,8 @@ from tracegen.run.spec import RunSpec, RunSpecError
 log = logging.getLogger(__name__)
 NOT_STARTED = ("none", "scheduled", "queued")
 FINISHED = ("success", "skipped", "failed", "upstream_failed", "removed")
+# Seconds between the last chunk's look at the Variables and its skip of the question task, with room to spare.
+SETTLE_S = 5.0
 # A human-in-the-loop task parked until its question is answered (deferred: how providers before Airflow 3.3 wait).
 WAITING = ("awaiting_input", "deferred")
 
@@ -137,8 +139,9 @@ def _answer_the_question(view: RaiseView, target: str, raised: CapRaise, *, wait
     none waiting, the answer would be refused, no API connection is configured, or someone answered first."""
     asked = view.decided(target)
     if not isinstance(asked, dict) or "decided" in asked:
-        raise RaiseRefused(f"run {target!r} has already decided its cap ({DECIDING_TASK} has run): start a new run at "
-                           "the new cap, which resumes from the ledger and extends the truncated rows")
+        raise RaiseRefused(f"run {target!r} has already decided its cap ({DECIDING_TASK} has run, or was skipped with "
+                           "nothing to ask): start a new run at the new cap, which resumes from the ledger and "
+                           "extends the truncated rows")
     question = CapQuestion.from_json(asked)
     try:
         label = question.option_label(OTHER)
@@ -201,11 +204,14 @@ def _wait_for_review(view: RaiseView, run_id: str, *, wait_s: float, poll_s: flo
 
 def _taken(view: RaiseView, run_id: str, raised: CapRaise, *, wait_s: float, poll_s: float,
            sleep: Callable[[float], None]) -> bool:
-    """Whether the run's deciding task takes the raise just written. Not started yet, it will; started, it
-    may have read before the write, so wait for it and see whether its decision is this raise."""
+    """Whether the run's deciding task takes the raise just written. Not started yet, it will, unless the
+    last chunk of the first fan-out is skipping it on a look at the Variables taken just before the write
+    (`steps._settle_the_question_when_last`): so look again once such a skip would show. Started, it may
+    have read before the write, so wait for it and see whether its decision is this raise."""
     if view.deciding_state(run_id) in NOT_STARTED:
-        return True
-    if _wait_for_deciding(view, run_id, wait_s=wait_s, poll_s=poll_s, sleep=sleep) in NOT_STARTED:
-        return True
+        sleep(SETTLE_S)
+        if view.deciding_state(run_id) in NOT_STARTED:
+            return True
+    _wait_for_deciding(view, run_id, wait_s=wait_s, poll_s=poll_s, sleep=sleep)
     decided = (view.decided(run_id) or {}).get("decided") or {}
     return decided.get("responded_at") == raised.requested_at and decided.get("cap") == raised.cap

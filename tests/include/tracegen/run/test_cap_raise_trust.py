@@ -118,6 +118,9 @@ def spec(tmp_path):
 
 @pytest.fixture
 def af(spec, monkeypatch) -> Airflow:
+    from tracegen.run import raise_request
+
+    monkeypatch.setattr(raise_request, "SETTLE_S", 0.0)  # no chunk here skips the question task
     fake = Airflow(spec)
     monkeypatch.setattr(airflow_sdk, "get_current_context", lambda: fake.context)
     monkeypatch.setattr(airflow_sdk, "Variable", fake.variable())

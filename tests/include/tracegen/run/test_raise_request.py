@@ -150,6 +150,16 @@ def test_a_raise_read_too_late_is_withdrawn_and_refused(spec) -> None:
     assert view.withdrawn == [variable_key("run-1")] and view.variables == {}
 
 
+def test_a_raise_written_as_the_last_chunk_skips_the_question_is_withdrawn_and_refused(spec) -> None:
+    # The last chunk of the first fan-out looked at the Variables just before the write and found no raise:
+    # the question task is skipped a moment after the raise first saw it not started.
+    slept: list[float] = []
+    view = View(spec, deciding=["none", "none", "skipped"])
+    with pytest.raises(RaiseRefused, match="skipped with nothing to ask"):
+        request_raise(view, TARGET, 8192, requested_by="alice", raised_in="manual__raise", sleep=slept.append)
+    assert view.withdrawn == [variable_key("run-1")] and view.variables == {} and slept[0] >= 1.0
+
+
 def test_a_raise_the_deciding_task_took_stays(spec) -> None:
     view = View(spec, deciding=["none", "running", "success"])
 
