@@ -129,7 +129,7 @@ class CapReviewOperator(HITLOperator):
         is an answer by whoever Airflow says answered."""
         from airflow.sdk import Variable
 
-        from tracegen.review.api_answer import answering_login
+        from tracegen.run.api_answer import answering_login
         from tracegen.run.cap_raise import answered_by_raise, decode, variable_key
 
         login = answering_login()

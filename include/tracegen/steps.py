@@ -676,7 +676,7 @@ class _AirflowRaiseView:
         return dag_ids.state_name(state) or "none"
 
     def answerer(self):
-        from tracegen.review.api_answer import configured_answerer
+        from tracegen.run.api_answer import configured_answerer
 
         return configured_answerer()
 

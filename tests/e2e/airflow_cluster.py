@@ -288,7 +288,7 @@ class AirflowCluster:
     keep_database: bool = False
     # More users of the simple auth manager (name -> role), each with a password of its own (`passwords`).
     users: dict[str, str] = field(default_factory=dict)
-    # A user whose credentials the operator's API connection (tracegen.review.api_answer) holds: a raise
+    # A user whose credentials the operator's API connection (tracegen.run.api_answer) holds: a raise
     # made while the question waits answers it as them.
     api_conn_user: str | None = None
 

@@ -8,7 +8,7 @@ run into its own output root, named in `tracegen_output_roots` so the review pag
 The cluster is configured as an operator would to be told of questions (tracegen.review.notify): an e-mail
 connection and a webhook connection, pointing at an SMTP server and an HTTP receiver this module runs on
 loopback, and `admin` and `tracegen-raise` as the users who may answer. `tracegen-raise` is the user of the
-API connection a raise made while the question waits answers as (tracegen.review.api_answer).
+API connection a raise made while the question waits answers as (tracegen.run.api_answer).
 """
 
 from __future__ import annotations

@@ -33,20 +33,28 @@ from airflow.sdk.bases.notifier import BaseNotifier
 
 from tracegen.audit.figures import AT_CAP, figure
 from tracegen.audit.review import CapQuestion
+from tracegen.http_connection import (
+    HTTP_TYPES,
+    ConnectionMisconfigured,
+    connection_extra,
+    connection_flag,
+    connection_port,
+    http_url,
+)
 
 NOTIFY_ENV = "TRACEGEN_QUESTION_NOTIFY"
 ASSIGNED_USERS_ENV = "TRACEGEN_QUESTION_ASSIGNED_USERS"
 log = logging.getLogger(__name__)
 
 EMAIL_TYPES = ("smtp", "email")
-WEBHOOK_TYPES = ("http", "https")
+WEBHOOK_TYPES = HTTP_TYPES
 # Long enough for a slow relay, short enough that a dead one does not keep the question waiting to be posed
 # (the notifiers run before the task parks in AWAITING_INPUT).
 SEND_TIMEOUT_S = 15.0
 
 
-class ChannelMisconfigured(ValueError):
-    """A notification connection that cannot be used; the message names the field and what it needs."""
+# A notification connection that cannot be used (the name callers and tests know it by).
+ChannelMisconfigured = ConnectionMisconfigured
 
 
 class ChannelFailed(RuntimeError):
@@ -163,55 +171,6 @@ def question_url(dag_id: str, run_id: str, task_id: str, map_index: int = -1) ->
 # ---- the channels -------------------------------------------------------------------------------------
 
 
-def _extra(conn: Any) -> dict[str, Any]:
-    try:
-        extra = conn.extra_dejson
-    except Exception as exc:  # noqa: BLE001 - the SDK's own parse error; its message is what matters
-        raise ChannelMisconfigured(f"extra is not JSON ({exc})") from None
-    if not isinstance(extra, dict):
-        raise ChannelMisconfigured(f"extra must be a JSON object, got {type(extra).__name__}")
-    return extra
-
-
-def _flag(extra: dict[str, Any], key: str) -> bool:
-    value = extra.get(key, False)
-    if not isinstance(value, bool):
-        raise ChannelMisconfigured(f"extra {key!r} must be true or false, got {value!r}")
-    return value
-
-
-def _port(conn: Any, default: int) -> int:
-    port = conn.port if conn.port not in (None, "") else default
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        raise ChannelMisconfigured(f"port {port!r} is not a TCP port")
-    return port
-
-
-def http_url(conn: Any) -> str:
-    """The http(s) URL an HTTP connection names: its whole URL in host, as Airflow's HTTP connections allow,
-    or host, schema (http or https), port and extra `path`. `ChannelMisconfigured` names what is missing."""
-    extra = _extra(conn)
-    host = (conn.host or "").strip()
-    if not host:
-        raise ChannelMisconfigured("no host (a URL, or a host name with schema, port and extra 'path')")
-    if "://" in host:
-        url = host
-    else:
-        scheme = conn.schema or conn.conn_type
-        if scheme not in WEBHOOK_TYPES:
-            raise ChannelMisconfigured(
-                f"schema {scheme!r} is not http or https (a connection given as a URI puts the URL's path "
-                "in schema: give the whole URL as host instead)")
-        path = extra.get("path", "")
-        if not isinstance(path, str):
-            raise ChannelMisconfigured(f"extra 'path' must be a string, got {path!r}")
-        port = f":{_port(conn, 0)}" if conn.port else ""
-        url = f"{scheme}://{host}{port}/{path.lstrip('/')}"
-    if urlsplit(url).scheme not in WEBHOOK_TYPES or not urlsplit(url).hostname:
-        raise ChannelMisconfigured("the URL is not an http(s) URL with a host")
-    return url
-
-
 @dataclass(frozen=True)
 class EmailChannel:
     """An e-mail through an SMTP server: STARTTLS or implicit TLS when the connection asks for it, a login
@@ -228,7 +187,7 @@ class EmailChannel:
 
     @classmethod
     def from_connection(cls, conn: Any) -> EmailChannel:
-        extra = _extra(conn)
+        extra = connection_extra(conn)
         if not conn.host:
             raise ChannelMisconfigured("no host (the SMTP server's name or address)")
         sender = extra.get("from")
@@ -239,10 +198,10 @@ class EmailChannel:
         if (not isinstance(recipients, list) or not recipients
                 or not all(isinstance(a, str) and "@" in a for a in recipients)):
             raise ChannelMisconfigured(f"extra 'to' must be a list of addresses, got {to!r}")
-        starttls, ssl = _flag(extra, "starttls"), _flag(extra, "ssl")
+        starttls, ssl = connection_flag(extra, "starttls"), connection_flag(extra, "ssl")
         if starttls and ssl:
             raise ChannelMisconfigured("extra 'starttls' and 'ssl' are both true: choose one")
-        return cls(host=conn.host, port=_port(conn, 465 if ssl else 587 if starttls else 25), sender=sender,
+        return cls(host=conn.host, port=connection_port(conn, 465 if ssl else 587 if starttls else 25), sender=sender,
                    recipients=tuple(recipients), login=conn.login or None, password=conn.password or None,
                    starttls=starttls, ssl=ssl)
 
@@ -277,7 +236,7 @@ class WebhookChannel:
 
     @classmethod
     def from_connection(cls, conn: Any) -> WebhookChannel:
-        extra = _extra(conn)
+        extra = connection_extra(conn)
         url = http_url(conn)
         headers = extra.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str)

@@ -7,7 +7,7 @@ late. The raise waits for the task to finish and keeps the raise only if the run
 
 When the run has asked its reviewer instead (the question waits in Required Actions, `review_cap`), the
 raise is the answer: it answers "Continue at the cap typed below" with its cap through Airflow's REST API,
-as the user of the operator's API connection (`tracegen.review.api_answer`), having pushed the raise as its
+as the user of the operator's API connection (`tracegen.run.api_answer`), having pushed the raise as its
 XCom `answering` first, so that `review_cap` records the answer as this raise, by the person who triggered
 it (`cap_raise.answered_by_raise`). It does not wait for `review_cap` to resume: that needs a worker slot,
 and a raise holding one would only delay it. Airflow takes one answer per question: a reviewer who answered
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from tracegen.audit.review import CAP_FIELD, OTHER, AnswerRefused, CapQuestion, decide
 from tracegen.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
-from tracegen.review.api_answer import API_CONN_ENV, AnswerFailed, api_conn_id
+from tracegen.run.api_answer import API_CONN_ENV, AnswerFailed, api_conn_id
 from tracegen.run.cap_raise import (
     CapRaise,
     RaiseFacts,
@@ -73,7 +73,7 @@ class RaiseView(Protocol):
 
     def answerer(self) -> Any:
         """What answers a question through the REST API (`api_answer.ApiAnswerer`: `answer(...)`, `login`),
-        None when the operator configured none. Raises `ChannelMisconfigured` for a malformed one."""
+        None when the operator configured none. Raises `ConnectionMisconfigured` for a malformed one."""
 
     def announce(self, raised: CapRaise) -> None:
         """Push `raised` as this task's XCom `answering` (`cap_raise.ANSWERING_KEY`)."""
@@ -158,7 +158,7 @@ def _answer_the_question(view: RaiseView, target: str, raised: CapRaise, *, wait
     where = f"answer it in Required Actions ({REVIEW_TASK}) with '{label}' and {raised.cap}"
     try:
         answerer = view.answerer()
-    except ValueError as exc:  # ChannelMisconfigured
+    except ValueError as exc:  # ConnectionMisconfigured
         raise RaiseRefused(f"run {target!r} asks its reviewer, and the raise cannot answer: {exc}; {where}") from None
     if answerer is None:
         raise RaiseRefused(f"run {target!r} asks its reviewer, and a raise answers only through the REST API as the "

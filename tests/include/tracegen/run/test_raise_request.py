@@ -9,8 +9,8 @@ import pytest
 from engine_support.helpers import make_config, prepare, write_dataset
 
 from tracegen.audit.review import CAP_FIELD, PILOT, CapQuestion
-from tracegen.review.api_answer import AnswerFailed
-from tracegen.review.notify import ChannelMisconfigured
+from tracegen.http_connection import ConnectionMisconfigured
+from tracegen.run.api_answer import AnswerFailed
 from tracegen.run.cap_raise import CapRaise, RaiseFacts, parse, variable_key
 from tracegen.run.raise_request import RaiseRefused, request_raise
 
@@ -213,7 +213,7 @@ def test_without_the_api_connection_the_raise_is_refused_saying_how_to_answer(sp
 
 def test_a_malformed_api_connection_is_named(spec) -> None:
     view = View(spec, deciding=["success"], review=["awaiting_input"],
-                answerer=ChannelMisconfigured("Airflow connection 'tracegen_api': no login or no password"))
+                answerer=ConnectionMisconfigured("Airflow connection 'tracegen_api': no login or no password"))
     view.decision = _asked()
     with pytest.raises(RaiseRefused, match="'tracegen_api': no login or no password"):
         _raise(view, 12_000)

@@ -1,4 +1,4 @@
-"""The operator's API connection a raise answers the question through (`tracegen.review.api_answer`): read
+"""The operator's API connection a raise answers the question through (`tracegen.run.api_answer`): read
 from an Airflow connection as the operator defines it, refused naming what is missing, and an api-server that
 cannot be reached reported, not waited on. Answering a real api-server is tests/e2e/test_cap_review.py's."""
 
@@ -9,14 +9,14 @@ import socket
 
 import pytest
 
-from tracegen.review.api_answer import (
+from tracegen.http_connection import ConnectionMisconfigured
+from tracegen.run.api_answer import (
     API_CONN_ENV,
     AnswerFailed,
     ApiAnswerer,
     answering_login,
     configured_answerer,
 )
-from tracegen.review.notify import ChannelMisconfigured
 
 
 def _define(monkeypatch: pytest.MonkeyPatch, conn_id: str = "tracegen_api", **fields) -> None:
@@ -56,7 +56,7 @@ def test_no_connection_is_none(monkeypatch) -> None:
 ])
 def test_a_malformed_connection_is_refused_naming_it_and_what_is_wrong(monkeypatch, fields, why) -> None:
     _define(monkeypatch, **fields)
-    with pytest.raises(ChannelMisconfigured, match=f"Airflow connection 'tracegen_api': {why}"):
+    with pytest.raises(ConnectionMisconfigured, match=f"Airflow connection 'tracegen_api': {why}"):
         configured_answerer()
     assert answering_login() is None  # nobody's answer is taken for a raise
 

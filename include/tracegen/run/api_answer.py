@@ -7,7 +7,7 @@ to make a raise the answer to a question that waits, answers through the Core AP
 the Airflow connection TRACEGEN_API_CONN names (default `tracegen_api`):
 
 - host: the api-server's URL (`http://airflow-apiserver:8080`), or a host name with schema, port and extra
-  `path` (a UI served under a prefix), as for the webhook notifier;
+  `path` (a UI served under a prefix), as for the webhook notifier (`tracegen.http_connection`);
 - login / password: a user the auth manager issues a token to at `/auth/token` (the simple auth manager's
   and FAB's). It needs permission to answer the DAG's questions and, when TRACEGEN_QUESTION_ASSIGNED_USERS
   limits who may answer, to be one of them.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from tracegen.review.notify import ChannelMisconfigured, http_url
+from tracegen.http_connection import ConnectionMisconfigured, http_url
 
 API_CONN_ENV = "TRACEGEN_API_CONN"
 DEFAULT_API_CONN = "tracegen_api"
@@ -55,10 +55,10 @@ class ApiAnswerer:
 
     @classmethod
     def from_connection(cls, conn: Any, conn_id: str) -> ApiAnswerer:
-        """`ChannelMisconfigured` (naming the field) for a connection that cannot answer."""
+        """`ConnectionMisconfigured` (naming the field) for a connection that cannot answer."""
         url = http_url(conn).rstrip("/")
         if not (conn.login or "").strip() or not conn.password:
-            raise ChannelMisconfigured("no login or no password: the user the raise answers as")
+            raise ConnectionMisconfigured("no login or no password: the user the raise answers as")
         return cls(base_url=url, login=conn.login.strip(), password=conn.password, conn_id=conn_id)
 
     def answer(self, dag_id: str, run_id: str, task_id: str, option: str, params_input: dict[str, Any], *,
@@ -101,7 +101,7 @@ def _json(response: Any) -> dict[str, Any]:
 
 def configured_answerer() -> ApiAnswerer | None:
     """The answerer the operator's connection describes; None when there is no such connection.
-    `ChannelMisconfigured` for one that is malformed, naming the connection."""
+    `ConnectionMisconfigured` for one that is malformed, naming the connection."""
     conn_id = api_conn_id()
     try:
         from airflow.sdk import BaseHook
@@ -111,8 +111,8 @@ def configured_answerer() -> ApiAnswerer | None:
         return None
     try:
         return ApiAnswerer.from_connection(conn, conn_id)
-    except ChannelMisconfigured as exc:
-        raise ChannelMisconfigured(f"Airflow connection {conn_id!r}: {exc}") from None
+    except ConnectionMisconfigured as exc:
+        raise ConnectionMisconfigured(f"Airflow connection {conn_id!r}: {exc}") from None
 
 
 def answering_login() -> str | None:
@@ -120,6 +120,6 @@ def answering_login() -> str | None:
     malformed: whoever answered as anyone else answered for themselves."""
     try:
         answerer = configured_answerer()
-    except ChannelMisconfigured:
+    except ConnectionMisconfigured:
         return None
     return answerer.login if answerer is not None else None
