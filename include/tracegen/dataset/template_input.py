@@ -7,6 +7,11 @@ and `OpenAIServingChat._apply_jinja_template` and `_process_messages` prepare th
   (`process_content_for_template_format`); an assistant's tool-call `arguments` given as a JSON string is
   parsed into its object (`request_rules.tool_call_arguments`; a request whose arguments are not one is
   refused before this);
+- **a final assistant message**: SGLang's chat route hands every request to `_handle_last_assistant_message`,
+  so a last message from the assistant becomes a user message with the same content (its tool calls and
+  reasoning dropped); with `continue_final_message` it is taken out instead, and its content encoded after
+  the rendered prompt (`template_messages`). Its /tokenize route does the same unless `add_generation_prompt`
+  is given, which renders the messages as they are;
 - **tools**: as its `Tool` model dumps them: `type`, then `function` (the keys the client sent, in its
   order, then `description` and `parameters` as null when it left them out; `strict` and `defer_loading`
   only when set), then `defer_loading` (null unless sent); database-style type names in `parameters`
@@ -58,6 +63,35 @@ def template_message(message: Mapping[str, Any]) -> dict[str, Any]:
     if message.get("tool_calls") is not None:
         out["tool_calls"] = [_tool_call(c) for c in message["tool_calls"]]
     return out
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]], *, continue_final_message: bool = False,
+                      as_given: bool = False) -> tuple[list[dict[str, Any]], str]:
+    """The messages SGLang hands the chat template, and the text it encodes after the rendered prompt ("" for
+    none). A final assistant message becomes a user message with its content, or with
+    `continue_final_message` is taken out and its content is that text; `as_given` (/tokenize with
+    `add_generation_prompt` set) leaves it, unless `continue_final_message`."""
+    out = [template_message(m) for m in messages]
+    if not _ends_with_assistant([m["role"] for m in out]) or (as_given and not continue_final_message):
+        return out, ""
+    if continue_final_message:
+        return out[:-1], out[-1]["content"]
+    out[-1] = {"role": USER_ROLE, "content": out[-1]["content"]}
+    return out, ""
+
+
+def served_roles(messages: Sequence[Any]) -> list[str]:
+    """Each message's role as a chat completion's template sees it (`template_messages`), without building
+    the messages: lower case, a final assistant message's as user."""
+    roles = [USER_ROLE if m.get("role") == USER_ROLE else str(m.get("role")).lower()
+             for m in messages if isinstance(m, Mapping)]
+    if _ends_with_assistant(roles):
+        roles[-1] = USER_ROLE
+    return roles
+
+
+def _ends_with_assistant(roles: Sequence[str]) -> bool:
+    return bool(roles) and roles[-1] == "assistant"
 
 
 def template_tool(tool: Mapping[str, Any]) -> dict[str, Any]:

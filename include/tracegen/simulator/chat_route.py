@@ -63,7 +63,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return refused
     req = p.parse_chat(p.parse_json_object(await request.read()))
     ctx = state.settings.context_length
-    ids = chat_prompt_ids(req.messages, req.tools, req.enable_thinking, req.tool_choice)
+    ids = chat_prompt_ids(req.messages, req.tools, req.enable_thinking, req.tool_choice, req.continue_final_message)
     n_prompt = len(ids)
     p.check_context(n_prompt, req.max_tokens, ctx)
     cap = req.max_tokens if req.max_tokens is not None else ctx - n_prompt

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from tracegen.dataset.template_input import template_message, template_tools
+from tracegen.dataset.template_input import template_messages, template_tools
 from tracegen.simulator.bpe import TOKENIZER_DIR
 
 TEMPLATE_FILE = TOKENIZER_DIR / "chat_template.jinja"
@@ -45,17 +45,23 @@ def _template() -> Any:
 
 
 def render_chat(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None, *,
-                thinking: bool = True, add_generation_prompt: bool = True,
-                tool_choice: str | Mapping[str, Any] = "auto") -> str:
-    """The prompt text SGLang's chat handler renders for these messages and tools."""
+                thinking: bool = True, add_generation_prompt: bool | None = None,
+                tool_choice: str | Mapping[str, Any] = "auto",
+                continue_final_message: bool = False) -> tuple[str, str]:
+    """(the prompt text SGLang's chat handler renders for these messages and tools, the text it encodes
+    after it: a final assistant message's content under `continue_final_message`, else ""). None for
+    `add_generation_prompt` is a chat completion's rendering; True or False is /tokenize's, as given."""
     key = json.dumps([messages, tools, tool_choice], ensure_ascii=False, default=str)
-    return _rendered(key, thinking, add_generation_prompt)
+    return _rendered(key, thinking, add_generation_prompt, continue_final_message)
 
 
 @lru_cache(maxsize=4096)
-def _rendered(key: str, thinking: bool, add_generation_prompt: bool) -> str:
+def _rendered(key: str, thinking: bool, add_generation_prompt: bool | None,
+              continue_final_message: bool) -> tuple[str, str]:
     messages, tools, tool_choice = json.loads(key)
+    handed, after = template_messages(messages, continue_final_message=continue_final_message,
+                                      as_given=add_generation_prompt is not None)
     kwargs = {} if thinking else {"enable_thinking": False}  # SGLang passes chat_template_kwargs as given
-    return _template().render(messages=[template_message(m) for m in messages],
-                              tools=template_tools(tools, tool_choice),
-                              add_generation_prompt=add_generation_prompt, **kwargs)
+    text = _template().render(messages=handed, tools=template_tools(tools, tool_choice),
+                              add_generation_prompt=add_generation_prompt is not False, **kwargs)
+    return text, after

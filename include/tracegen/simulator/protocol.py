@@ -96,6 +96,10 @@ def _bool(body: Mapping[str, Any], key: str, default: bool, where: str = "") -> 
     return value
 
 
+def _optional_bool(body: Mapping[str, Any], key: str) -> bool | None:
+    return None if body.get(key) is None else _bool(body, key, False)
+
+
 def _seed(body: Mapping[str, Any], key: str, where: str = "") -> int | None:
     value = body.get(key)
     if value is None:
@@ -131,6 +135,7 @@ class ChatRequest:
     return_token_ids: bool = False
     tool_choice: str | dict[str, Any] = "none"
     priority: int | None = None
+    continue_final_message: bool = False
 
 
 def _tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:
@@ -183,9 +188,10 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string")
-    # Accepted as SGLang accepts it. The stand-in cannot recover a sample from text, so a prefilled
-    # assistant message is just more prompt: continue rows by token ids through /generate instead.
-    _bool(body, "continue_final_message", False)
+    # As SGLang: a final assistant message is continued (its content encoded after the generation prompt),
+    # or without this flag served as a user message. The stand-in cannot recover a sample from text, so
+    # the continuation is a fresh sample of those prompt ids: continue rows by token ids through /generate.
+    continue_final_message = _bool(body, "continue_final_message", False)
     try:  # SGLang parses earlier tool calls' arguments while it converts the request for its template
         check_tool_call_arguments(messages, locate=False)
     except ValueError as exc:
@@ -206,6 +212,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         return_token_ids=return_token_ids,
         tool_choice=tool_choice,
         priority=priority,
+        continue_final_message=continue_final_message,
     )
 
 
@@ -315,13 +322,14 @@ class TokenizeRequest:
     messages: list[dict[str, Any]] | None
     tools: list[dict[str, Any]] | None
     enable_thinking: bool
-    add_generation_prompt: bool
+    add_generation_prompt: bool | None  # None: render as a chat completion does; set: render as given
+    continue_final_message: bool = False
 
 
 def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
     """SGLang's TokenizeRequest: exactly one of `prompt` (a string or a list of strings) and `messages`
     (checked as the chat route checks them); with messages, `add_generation_prompt` (default: as a chat
-    completion renders them) and `chat_template_kwargs.enable_thinking`."""
+    completion renders them), `continue_final_message` and `chat_template_kwargs.enable_thinking`."""
     prompt, messages = body.get("prompt"), body.get("messages")
     if (prompt is None) == (messages is None):
         raise BadRequest("Value error, Exactly one of 'prompt' or 'messages' must be provided.")
@@ -354,7 +362,8 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
     return TokenizeRequest(
         prompt=prompt, messages=messages, tools=tools or None,
         enable_thinking=_bool(kwargs or {}, "enable_thinking", True, "chat_template_kwargs."),
-        add_generation_prompt=_bool(body, "add_generation_prompt", True),
+        add_generation_prompt=_optional_bool(body, "add_generation_prompt"),
+        continue_final_message=_bool(body, "continue_final_message", False),
     )  # fmt: skip
 
 

@@ -10,10 +10,9 @@ from aiohttp import web
 
 from tracegen.dataset.request_rules import check_tool
 from tracegen.simulator import protocol as p
-from tracegen.simulator.chat_template import render_chat
 from tracegen.simulator.reasoning import UnmodelledParser, UnsupportedParser, separate_reasoning
 from tracegen.simulator.responses import json_response
-from tracegen.simulator.tokens import TOKENIZER_MAX_LENGTH, text_ids, tokenizer
+from tracegen.simulator.tokens import TOKENIZER_MAX_LENGTH, chat_prompt_ids, text_ids, tokenizer
 from tracegen.simulator.tool_calls import (
     AdapterToolParser,
     UnmodelledToolParser,
@@ -27,8 +26,9 @@ async def tokenize_endpoint(request: web.Request) -> web.Response:
     tokenizer and chat template."""
     req = p.parse_tokenize(p.parse_json_object(await request.read()))
     if req.messages is not None:
-        tokens: Any = text_ids(render_chat(req.messages, req.tools, thinking=req.enable_thinking,
-                                           add_generation_prompt=req.add_generation_prompt))
+        tokens: Any = chat_prompt_ids(req.messages, req.tools, req.enable_thinking,
+                                      continue_final_message=req.continue_final_message,
+                                      add_generation_prompt=req.add_generation_prompt)
         count: Any = len(tokens)
     elif isinstance(req.prompt, str):
         tokens = text_ids(req.prompt)

@@ -92,9 +92,14 @@ def _encoded(text: str) -> tuple[int, ...]:
 
 
 def chat_prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
-                    thinking: bool = True, tool_choice: str | Mapping[str, Any] = "auto") -> list[int]:
-    """Ids of a templated chat prompt, the generation prompt included."""
-    return list(_encoded(render_chat(messages, tools, thinking=thinking, tool_choice=tool_choice)))
+                    thinking: bool = True, tool_choice: str | Mapping[str, Any] = "auto",
+                    continue_final_message: bool = False, add_generation_prompt: bool | None = None) -> list[int]:
+    """Ids of a templated chat prompt, the generation prompt included, as SGLang encodes it: the rendered
+    text, then on its own what it appends (a final assistant message continued)."""
+    text, after = render_chat(messages, tools, thinking=thinking, tool_choice=tool_choice,
+                              continue_final_message=continue_final_message,
+                              add_generation_prompt=add_generation_prompt)
+    return list(_encoded(text)) + (list(_encoded(after)) if after else [])
 
 
 def opens_without_thinking(ids: Sequence[int]) -> bool:
@@ -105,7 +110,7 @@ def opens_without_thinking(ids: Sequence[int]) -> bool:
 
 def chat_prompt_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
                        thinking: bool = True) -> int:
-    return len(_encoded(render_chat(messages, tools, thinking=thinking)))
+    return len(chat_prompt_ids(messages, tools, thinking))
 
 
 _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)

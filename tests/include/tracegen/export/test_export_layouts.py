@@ -145,3 +145,21 @@ def test_the_cli_exports_a_layout_and_names_its_file(root, tmp_path, capsys):
     assert f"exported 5 rows (tokens) to {(tmp_path / 'cli' / manifest['data_file']).as_uri()}" in printed
     assert main(["export", str(out), str(tmp_path / "cli2"), "--layout", "tokens", "--format", "parquet"]) == 2
     assert "trainers read plain JSONL" in capsys.readouterr().err
+
+
+def test_a_final_assistant_message_is_exported_as_the_user_turn_sglang_served():
+    # SGLang's chat route serves a prompt's final assistant message as a user message (its tool calls
+    # dropped); a trainer re-rendering the export must get that prompt, and the manifest counts history as served.
+    from types import SimpleNamespace
+
+    from tracegen.export.layouts import prompt_shape, prompt_turns
+
+    call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}
+    messages = [{"role": "system", "content": "agent"}, {"role": "user", "content": "fix it"},
+                {"role": "assistant", "content": "Looking.", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                {"role": "Assistant", "content": "Prefilled", "tool_calls": [call]}]
+    turns = prompt_turns(messages)
+    assert turns[2]["tool_calls"][0]["function"]["arguments"] == '{"path": "."}'  # JSON text for Arrow
+    assert turns[-1] == {"role": "user", "content": "Prefilled"} and len(turns) == 5
+    assert prompt_shape(SimpleNamespace(messages=messages)) == (True, 1)

@@ -8,7 +8,8 @@ route counts as prompt_tokens and returns as prompt_token_ids) must be those ids
 bundled dataset and on the shapes that dataset does not hold: tools without a description, in another key
 order, with database-style types, a tool-level defer_loading, tool_choice "none" and a named choice,
 content parts, thinking parts, reasoning in an earlier turn, calls with and without text, arguments as a
-string or an object, consecutive tool results, a capitalised role, thinking off.
+string or an object, consecutive tool results, a capitalised role, thinking off, and a final assistant
+message, which SGLang serves as a user message, or continues under continue_final_message.
 """
 
 from __future__ import annotations
@@ -71,6 +72,19 @@ CASES = {
     "thinking-off": {"messages": [_user("hi")], "chat_template_kwargs": {"enable_thinking": False}},
     "empty-and-special-strings": {"messages": [
         {"role": "assistant", "content": ""}, _user("<tool_response>\nx\n</tool_response> <|fim_prefix|>")]},
+    # A final assistant message: served as a user message with its content (tool calls and reasoning
+    # dropped), or under continue_final_message taken out and its content encoded after the prompt.
+    "final-assistant": {"messages": [_user("fix it"), {"role": "assistant", "content": "Partial", "name": "x"}]},
+    "final-assistant-calls": {"messages": [
+        _user("fix it"), {"role": "assistant", "content": None, "reasoning_content": "hm", "tool_calls": [CALL]}],
+        "tools": [RUN_SHELL]},
+    "final-assistant-parts": {"messages": [_user("go"), {"role": "assistant", "content": [
+        {"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]},
+    "continue-final-message": {"messages": [_user("fix it"), {"role": "assistant", "content": " Let me"}],
+                               "continue_final_message": True},
+    "continue-final-message-empty": {"messages": [_user("hi"), {"role": "assistant", "content": ""}],
+                                     "continue_final_message": True},
+    "continue-final-message-after-a-user": {"messages": [_user("hi")], "continue_final_message": True},
 }
 
 
@@ -81,12 +95,18 @@ def hf_tokenizer():
 
 def _stand_in_ids(body: dict) -> list[int]:
     req = protocol.parse_chat(copy.deepcopy(body))
-    return chat_prompt_ids(req.messages, req.tools, req.enable_thinking, req.tool_choice)
+    return chat_prompt_ids(req.messages, req.tools, req.enable_thinking, req.tool_choice, req.continue_final_message)
 
 
-def _sglang_text(body: dict, tok) -> str:
-    messages, tools, kwargs = reference.chat_template_input(body)
-    return tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs)
+def _sglang_text(body: dict, tok) -> tuple[str, str | None]:
+    """The prompt text SGLang renders, and what it encodes after it."""
+    messages, tools, kwargs, prefix = reference.chat_template_input(body)
+    return tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs), prefix
+
+
+def _sglang_ids(body: dict, tok) -> list[int]:
+    text, prefix = _sglang_text(body, tok)
+    return tok.encode(text) + (tok.encode(prefix) if prefix else [])
 
 
 def test_sglang_reads_qwen3s_template_as_string_content():
@@ -98,10 +118,11 @@ def test_sglang_reads_qwen3s_template_as_string_content():
 def test_the_stand_in_renders_every_shape_as_sglang_does(name, hf_tokenizer):
     body = CASES[name]
     assert reference.chat_request_refusal(body) is None
-    text = _sglang_text(body, hf_tokenizer)
+    text, prefix = _sglang_text(body, hf_tokenizer)
     req = protocol.parse_chat(copy.deepcopy(body))
-    assert render_chat(req.messages, req.tools, thinking=req.enable_thinking, tool_choice=req.tool_choice) == text
-    assert _stand_in_ids(body) == hf_tokenizer.encode(text)
+    assert render_chat(req.messages, req.tools, thinking=req.enable_thinking, tool_choice=req.tool_choice,
+                       continue_final_message=req.continue_final_message) == (text, prefix or "")
+    assert _stand_in_ids(body) == _sglang_ids(body, hf_tokenizer)
 
 
 def test_the_stand_in_renders_every_bundled_prompt_as_sglang_does(hf_tokenizer):
@@ -110,7 +131,7 @@ def test_the_stand_in_renders_every_bundled_prompt_as_sglang_does(hf_tokenizer):
     differ = []
     for row in rows:
         body = {"messages": row["messages"], **({"tools": row["tools"]} if row.get("tools") else {})}
-        if _stand_in_ids(body) != hf_tokenizer.encode(_sglang_text(body, hf_tokenizer)):
+        if _stand_in_ids(body) != _sglang_ids(body, hf_tokenizer):
             differ.append(row["id"])
     assert len(rows) == 3000 and differ == [], differ[:10]
 
@@ -125,3 +146,21 @@ def test_arguments_that_are_not_a_json_object_are_refused_with_sglangs_message(a
     with pytest.raises(protocol.ConversionRefused) as stand_in_says:
         protocol.parse_chat(body)
     assert str(stand_in_says.value) == str(sglang_says.value)
+
+
+def test_tokenize_renders_messages_as_given_when_add_generation_prompt_is_set(hf_tokenizer):
+    # SGLang's /tokenize sets `_format_add_generation_prompt` from the field, so a final assistant message
+    # is rendered as an assistant turn there (and the generation prompt is as asked); omitted, it is a chat
+    # completion's rendering, the final assistant message served as a user message.
+    from tracegen.simulator.tokens import text_ids
+
+    messages = [_user("fix it"), {"role": "assistant", "content": "Prefilled"}]
+    for flag in (True, False):
+        req = protocol.parse_tokenize({"messages": messages, "add_generation_prompt": flag})
+        expected = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=flag, tokenize=False)
+        assert chat_prompt_ids(req.messages, req.tools, req.enable_thinking,
+                               add_generation_prompt=req.add_generation_prompt) == text_ids(expected)
+    req = protocol.parse_tokenize({"messages": messages})
+    assert req.add_generation_prompt is None
+    assert chat_prompt_ids(req.messages, req.tools, req.enable_thinking) == _sglang_ids({"messages": messages},
+                                                                                        hf_tokenizer)
