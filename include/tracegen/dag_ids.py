@@ -34,3 +34,10 @@ def state_name(state: object) -> str | None:
     """A task state as `get_task_states` returns it (a TaskInstanceState or its string), as the lower-case
     name the task-state checks compare against ("running", "success", ...); None stays None."""
     return None if state is None else str(state).removeprefix("TaskInstanceState.").lower()
+
+
+def task_state(ti: object, dag_id: str, run_id: str, task_id: str) -> str | None:
+    """The lower-case state of one task of one DAG run, read through a running task's `ti`
+    (`get_task_states`); None when Airflow has no such task instance yet."""
+    states = ti.get_task_states(dag_id=dag_id, run_ids=[run_id], task_ids=[task_id])  # type: ignore[attr-defined]
+    return state_name(((states or {}).get(run_id) or {}).get(task_id))

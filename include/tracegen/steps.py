@@ -671,9 +671,7 @@ class _AirflowRaiseView:
         return self._state(run_id, dag_ids.REVIEW_TASK)
 
     def _state(self, run_id: str, task_id: str) -> str:
-        states = self.ti.get_task_states(dag_id=GENERATE_DAG, run_ids=[run_id], task_ids=[task_id])
-        state = ((states or {}).get(run_id) or {}).get(task_id)
-        return dag_ids.state_name(state) or "none"
+        return dag_ids.task_state(self.ti, GENERATE_DAG, run_id, task_id) or "none"
 
     def answerer(self):
         from tracegen.run.api_answer import configured_answerer

@@ -166,7 +166,7 @@ def verify(raised: CapRaise, facts: RaiseFacts, *, answering: bool = False) -> C
     `answering`: read by `review_cap` for an answer given as the raise's user while the raise task may still
     run (it answers, then returns): its XCom `answering` (`facts.record`, pushed before it answered) must be
     this raise, and the task running or succeeded."""
-    made = ("running", "success") if answering else ("success",)
+    _, made = _vouching(answering)
     if facts.raise_state not in made:
         raise RaiseRefused(f"it names {RAISE_DAG} run {raised.raised_in!r}, whose {RAISE_TASK} task is "
                            f"{facts.raise_state or 'not found'}, not {' or '.join(made)}: no raise task made it")
@@ -220,13 +220,17 @@ def raise_facts(ti: Any, raised: CapRaise, *, run_cap: int, context_length: int 
     """`RaiseFacts` with the state and result of the raise task `raised` names, read through `ti` (an
     Airflow task instance: `get_task_states` and `xcom_pull` across DAGs). `answering`: its XCom
     `answering` instead of its result, read while it runs too (`verify`)."""
-    states = ti.get_task_states(dag_id=RAISE_DAG, run_ids=[raised.raised_in], task_ids=[RAISE_TASK])
-    state = ((states or {}).get(raised.raised_in) or {}).get(RAISE_TASK)
-    state = dag_ids.state_name(state)
-    key, readable = (ANSWERING_KEY, ("running", "success")) if answering else ("return_value", ("success",))
+    state = dag_ids.task_state(ti, RAISE_DAG, raised.raised_in, RAISE_TASK)
+    key, made = _vouching(answering)
     record = (ti.xcom_pull(task_ids=RAISE_TASK, dag_id=RAISE_DAG, run_id=raised.raised_in, key=key,
-                           map_indexes=-1) if state in readable else None)
+                           map_indexes=-1) if state in made else None)
     return RaiseFacts(run_cap=run_cap, context_length=context_length, raise_state=state, record=record)
+
+
+def _vouching(answering: bool) -> tuple[str, tuple[str, ...]]:
+    """(the raise task's XCom that vouches for a raise, the states it vouches in): its result once it has
+    succeeded; while it answers a question, the `answering` it pushed first, running or succeeded."""
+    return (ANSWERING_KEY, ("running", "success")) if answering else ("return_value", ("success",))
 
 
 def airflow_facts(ti: Any, run_id: str | None = None, *, answering: bool = False) -> Callable[[CapRaise], RaiseFacts]:

@@ -179,26 +179,27 @@ def _answer_the_question(view: RaiseView, target: str, raised: CapRaise, *, wait
 def _wait_for_deciding(view: RaiseView, run_id: str, *, wait_s: float, poll_s: float,
                        sleep: Callable[[float], None]) -> str:
     """The deciding task's state once it has finished; a RuntimeError (retried, not refused) after `wait_s`."""
-    state, deadline = view.deciding_state(run_id), time.monotonic() + wait_s
-    while state not in FINISHED:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{DECIDING_TASK} of run {run_id!r} has been {state} for {wait_s:.0f} s: whether it "
-                               f"took the raise is in its log (and in run.json's decisions once it is done)")
-        sleep(poll_s)
-        state = view.deciding_state(run_id)
-    return state
+    return _wait_for(view.deciding_state, run_id, FINISHED, wait_s=wait_s, poll_s=poll_s, sleep=sleep,
+                     late=f"{DECIDING_TASK} of run {run_id!r} has been {{state}} for {wait_s:.0f} s: whether it took "
+                          "the raise is in its log (and in run.json's decisions once it is done)")
 
 
 def _wait_for_review(view: RaiseView, run_id: str, *, wait_s: float, poll_s: float,
                      sleep: Callable[[float], None]) -> str:
     """The question task's state once it waits for an answer or has finished (it is queued, then poses the
     question, for a moment after the deciding task ends); a RuntimeError after `wait_s`."""
-    state, deadline = view.review_state(run_id), time.monotonic() + wait_s
-    while state not in WAITING and state not in FINISHED:
+    return _wait_for(view.review_state, run_id, (*WAITING, *FINISHED), wait_s=wait_s, poll_s=poll_s, sleep=sleep,
+                     late=f"{REVIEW_TASK} of run {run_id!r} has been {{state}} for {wait_s:.0f} s without asking")
+
+
+def _wait_for(state_of: Callable[[str], str], run_id: str, until: tuple[str, ...], *, wait_s: float, poll_s: float,
+              sleep: Callable[[float], None], late: str) -> str:
+    state, deadline = state_of(run_id), time.monotonic() + wait_s
+    while state not in until:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{REVIEW_TASK} of run {run_id!r} has been {state} for {wait_s:.0f} s without asking")
+            raise RuntimeError(late.format(state=state))
         sleep(poll_s)
-        state = view.review_state(run_id)
+        state = state_of(run_id)
     return state
 
 
