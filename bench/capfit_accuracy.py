@@ -2,7 +2,7 @@
 
 For every stand-in length law (`tracegen.simulator.lengths.LAWS`, except `fixed`, which has no tail), alone and
 with 5% runaway samples (the law's `runaway_rate`), calibrated so 18% of rows pass 4096
-(`LengthModel.calibrated`), and for `--seeds` seeds each (plus, unless `--stand-in-only`, the issue's gamma,
+(`LengthModel.calibrated`), and for `--seeds` seeds each (plus, unless `--stand-in-only`, the gamma,
 Weibull and Lomax laws from scipy, same calibration, without text and so without runaways):
 
 1. a pilot of `--pilot` rows at cap 4096: one stand-in sample per prompt (`fresh_sample`, the draw the server
@@ -88,7 +88,7 @@ class Pilot:
 
 
 class ScipyLaw:
-    """A law the stand-in does not have (the issue's gamma, Weibull, Lomax), with the stand-in's interface for this
+    """A law the stand-in does not have (scipy's gamma, Weibull, Lomax), with the stand-in's interface for this
     benchmark: its exact survival and a pilot of natural lengths. It has no text, so no runaways."""
 
     runaway_rate = 0.0
@@ -174,7 +174,7 @@ def main() -> None:
             models[law + (f" +{rate:.0%} runaway" if rate else "")] = LengthModel(
                 kind=law, runaway_rate=rate).calibrated(0.18, PILOT_CAP)
     if not args.stand_in_only:
-        # The laws of the issue, beyond the stand-in's: shapes as a model's lengths might have (a gamma of shape 2,
+        # Laws beyond the stand-in's: shapes as a model's lengths might have (a gamma of shape 2,
         # a Weibull of shape 1.2, a Lomax of tail index 3: from light to power-law tails).
         models["gamma(2) [scipy, no text]"] = ScipyLaw(lambda scale=1.0: stats.gamma(2.0, scale=scale))
         models["weibull(1.2) [scipy, no text]"] = ScipyLaw(lambda scale=1.0: stats.weibull_min(1.2, scale=scale))

@@ -101,8 +101,8 @@ def measure(params: dict, url: str, run_id: str, start: int, stop: int, spool: P
 
 def peak_rss_mib() -> float:
     """This process's peak RSS. VmHWM belongs to the process's own address space; ru_maxrss does not:
-    Linux carries the parent's RSS at fork/exec into a child's ru_maxrss, which made every child of a big
-    parent look big (the first version of this bench measured its own parent's ledger that way)."""
+    Linux carries the parent's RSS at fork/exec into a child's ru_maxrss, which makes every child of a big
+    parent look big (a child would report its parent's ledger as its own)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):

@@ -2,17 +2,17 @@
 
 A chunk task reads the ledger twice before it sends a request: the continuous gate's sample of the whole
 dataset (`plan_frame(continuous_sample)`), then its own rows (`plan_frame(chunk)`). Each read takes the
-newest snapshot (one Parquet GET, range-filtered) plus every entry committed since. Only the planner and
-audit tasks used to write snapshots, so through a fan-out the entries since the last one pile up and
-every chunk start parses all of them: the full-scale rehearsal (docs/benchmarks.md) saw chunk starts
-grow slower with every chunk done. Chunk tasks now fold those entries into a new snapshot first
-(`Snapshots.compact_loose`, streamed) once there are more than COMPACT_OVER.
+newest snapshot (one Parquet GET, range-filtered) plus every entry committed since. If only the planner and
+audit tasks wrote snapshots, the entries since the last one would pile up through a fan-out and every chunk
+start would parse all of them, growing slower with every chunk done (docs/benchmarks.md, the full-scale
+rehearsal). So chunk tasks fold those entries into a new snapshot first (`Snapshots.compact_loose`, streamed)
+once there are more than COMPACT_OVER.
 
 Same process, same ledger: a 1,000,000-row ledger in 2,000 entries of 500 rows (about the reference job's
 913,786 rows in its ~2,300 parts), a snapshot covering the first `--snapshot-share` of them (what the
 planner left), and the rest loose:
-- before: the two reads as a chunk start made them;
-- after: `compact_loose` (timed, with its own peak RSS in a fresh process), then the same two reads.
+- before the fold: the two reads with the loose entries parsed;
+- after the fold: `compact_loose` (timed, with its own peak RSS in a fresh process), then the same two reads.
 
     .venv/bin/python bench/chunk_start.py [--rows 1000000] [--segment 500] [--snapshot-share 0.05]
 """

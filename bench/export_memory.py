@@ -1,19 +1,19 @@
 """Peak memory and time of `export`, `status` and `audit` on a synthetic full-scale output root (913,786 rows),
-against the old paths in the same run (docs/benchmarks.md).
+against the same commands reading the whole ledger frame, in the same run (docs/benchmarks.md).
 
 The root: a dataset of short prompts, one run at 4096 whose rows all finished (short texts, 40 prompt ids
 and 80 response ids each, 500 rows a part: 1,828 parts), folded into a Parquet snapshot as a long run's
 planner leaves it, plus a few hundred loose entries on top of it. Each measurement is a fresh subprocess
 (this file with --child) that exports the root and reports its own peak RSS (VmHWM) and wall time:
 
-- `old`: the export that built the whole ledger frame: the whole ledger frame (`Snapshots.frame()`: every column of
-  every ledger row as one pandas frame) chosen from, then the same shards;
-- `messages`, `tokens`: the export now (the ledger read a snapshot batch at a time with the export's
+- `old`: an export that chooses its rows from the whole ledger frame (`Snapshots.frame()`: every column of
+  every ledger row as one pandas frame), then writes the same shards: the baseline;
+- `messages`, `tokens`: the export as it is (the ledger read a snapshot batch at a time with the export's
   columns only, strings as codes; a trainer layout's file streamed to disk);
-- `status-old`, `status`: `tracegen status` of the root, reading the whole ledger frame, and now (the same
+- `status-old`, `status`: `tracegen status` of the root, reading the whole ledger frame, and as it is (the same
   bounded reader as the export);
 - `audit-old`, `audit`: `tracegen audit` of the root (the final report: statistics, cap fit, report files),
-  reading the whole ledger frame (`Snapshots.frame(compact_over=...)`, as it did), and now (the bounded reader
+  reading the whole ledger frame (`Snapshots.frame(compact_over=...)`), and as it is (the bounded reader
   with the report's columns, after the streamed `compact_loose`). Both fold the loose entries into a snapshot,
   as `tracegen audit` does; the snapshot and report files an audit writes are removed after it, so every path
   reads the root as it was built.

@@ -195,7 +195,7 @@ ONE_WRITER_ROWS = 600
 @pytest.mark.timeout(900)
 def test_the_rerun_never_races_a_live_run_and_finishes_a_crashed_one(cluster: AirflowCluster,
                                                                       api: AirflowApi) -> None:
-    """#25: the rerun DAG unpaused on a one-minute schedule during a live multi-minute run generates none
+    """The rerun DAG unpaused on a one-minute schedule during a live multi-minute run generates none
     of its rows; the run's worker and scheduler then die (the run marked failed, as its retries would end
     it), and once the dead tasks' lease expires the next rerun finishes the run. No index is ever
     committed twice under one cap."""

@@ -1,4 +1,4 @@
-"""Issue #30: Airflow hears of an export. On the real scheduler (PostgreSQL, CeleryExecutor on Redis), a
+"""Airflow hears of an export. On the real scheduler (PostgreSQL, CeleryExecutor on Redis), a
 `tracegen_export` run publishes an export and emits an Asset event through the AssetAlias
 `tracegen_export`, resolving to the destination's manifest; a downstream DAG scheduled on that alias
 (tests/e2e/dags/tracegen_export_consumer.py, added to the cluster as a DAG bundle of its own: a test's DAG

@@ -506,7 +506,7 @@ def test_browser_trigger_form_refuses_invalid_max_tokens_and_sends_a_typed_valid
     assert conf == {**defaults, "max_tokens": 8192}, conf  # the untouched fields keep their defaults
 
 
-# ---- the reviewer's journey (#20) and what a planted report can do (#14) ------------------------------
+# ---- the reviewer's journey and what a planted report can do -----------------------------------------
 
 GONE_RUN = "manual__2026-01-02T14:00:00.000000+00:00"  # prepared, then its output root was removed
 LIVE_RUN = "manual__2026-01-02T15:00:00.000000+00:00"  # generating: the progress view

@@ -160,7 +160,7 @@ def verify(raised: CapRaise, facts: RaiseFacts, *, answering: bool = False) -> C
     by the one cap rule against the run's cap and the servers' context length, as read now.
 
     Until the raise task has succeeded (it writes the Variable, then checks the run has not decided yet)
-    its raise is not taken; `run.raise_request` settles the race with `ask_about_cap` as before: had that task
+    its raise is not taken; `run.raise_request` settles the race with `ask_about_cap`: had that task
     read the Variable in between, its decision is not this raise, and the raise is withdrawn and refused.
 
     `answering`: read by `review_cap` for an answer given as the raise's user while the raise task may still

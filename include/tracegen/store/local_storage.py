@@ -159,7 +159,7 @@ class LocalStorage(Storage):
         if stat.S_ISREG(st.st_mode):
             return fd
         os.close(fd)
-        if stat.S_ISDIR(st.st_mode):  # a directory is not an object, as before
+        if stat.S_ISDIR(st.st_mode):  # a directory is not an object
             raise StorageKeyError(self.uri_for(key))
         raise StorageLinkError(self.uri_for(key), f"{key} is not a regular file")
 

@@ -1,4 +1,4 @@
-"""Issue #26, findings 4 and 5: damage shows wherever completeness is claimed, through `python -m tracegen`.
+"""Damage shows wherever completeness is claimed, through `python -m tracegen`.
 
 The output root: 10 prompts; run A committed indices 0-4 (entry seg-a) and 5-7 (seg-b), all `stop`, with a
 truncation threshold of 50% (so 0 truncated of 8 is a clear pass). Damage is done to seg-b's part (3 rows)

@@ -1,11 +1,11 @@
-"""Issue #25 item 2: one export at a time per destination, through `python -m tracegen export` in real processes.
+"""One export at a time per destination, through `python -m tracegen export` in real processes.
 
 Export A runs in its own process with one hook: after writing its first shard it says so (a `ready` file)
 and waits for a `go` file, so it is mid-export, holding the destination, for as long as a test needs.
 Export B is a plain `python -m tracegen export ... --overwrite` into the same destination meanwhile.
 
-Before the lock both exited 0: B removed every shard it listed at its start (A's first shard among them),
-and A then published a manifest listing a shard that no longer existed. Now B refuses, naming A (host, pid),
+Without a lock both would exit 0: B removes every shard it listed at its start (A's first shard among them),
+and A then publishes a manifest listing a shard that no longer exists. So B refuses, naming A (host, pid),
 A publishes, and every shard of the published manifest exists and matches its sha256. A lock whose holder
 died is taken over once stale (then the old holder publishes nothing), and a manifest changed under an
 export is never published over. Locally and on S3 (moto's server: conditional PUTs).

@@ -60,10 +60,10 @@ def _respond(task, cap: Any, option: str) -> tuple[Any, _TI]:
 # ---- a typed cap of 10**400 -------------------------------------------------------------
 
 
-def test_finding_6_a_huge_typed_cap_is_refused_and_asked_again_not_a_failed_run() -> None:
+def test_a_huge_typed_cap_is_refused_and_asked_again_not_a_failed_run() -> None:
     q = question()
     task, asked_again, refused_key = _review_task(q)
-    # Before: float(10**400) raised OverflowError out of the handler, and the run failed.
+    # The attack: float(10**400) raises OverflowError, which out of the handler would fail the run.
     result, ti = _respond(task, 10**400, q.option_label(OTHER))
     assert result == "waiting again" and len(asked_again) == 1
     [(key, refused)] = ti.pushed
@@ -76,7 +76,7 @@ def test_finding_6_a_huge_typed_cap_is_refused_and_asked_again_not_a_failed_run(
                                    "1e400", "nan"],
                          ids=["10^400", "-10^400", "10^5000", "5000-digit-str", "60-digit-str", "1e308", "inf",
                               "str-1e400", "str-nan"])
-def test_finding_6_numbers_of_any_size_or_kind_are_refused_by_the_answer_parsing(typed) -> None:
+def test_numbers_of_any_size_or_kind_are_refused_by_the_answer_parsing(typed) -> None:
     with pytest.raises(AnswerRefused) as info:
         answer(question(), typed)
     message = str(info.value)
@@ -94,10 +94,10 @@ def test_integral_numbers_of_either_json_kind_are_taken_as_exact_integers() -> N
 # ---- a typed cap below the current one ---------------------------------------------------
 
 
-def test_finding_9_a_typed_cap_below_or_at_the_current_one_is_refused_and_asked_again() -> None:
+def test_a_typed_cap_below_or_at_the_current_one_is_refused_and_asked_again() -> None:
     q = question()
     task, asked_again, refused_key = _review_task(q)
-    # Before: 100 at a 4096 question was taken, and the run went on at 100.
+    # The attack: 100 at a 4096 question, taken, would have the run go on at 100.
     result, ti = _respond(task, 100, q.option_label(OTHER))
     assert result == "waiting again" and len(asked_again) == 1
     [(key, refused)] = ti.pushed

@@ -1,8 +1,8 @@
 """A dataset edited in place after a run indexed it.
 
-Rows are paired with prompts by position. A file edited in place with the same byte size passed the old
-size check, so a later chunk generated for the new prompts under the old fingerprint, and export paired
-the old completions with the new prompts. The run records the file's size and version (mtime / ETag);
+Rows are paired with prompts by position. A file edited in place with the same byte size passes a size
+check, so a later chunk would generate for the new prompts under the old fingerprint, and export would pair
+the old completions with the new prompts. The run therefore records the file's size and version (mtime / ETag);
 chunk reads and export compare them and re-hash when they differ, and refuse other bytes, naming the file
 and both identities, before reading a row or writing anything. Checked on a local file and on the
 S3-compatible server, through the chunk task's callable and the CLI.

@@ -1,5 +1,4 @@
-"""Issue #30: both drafter trainers tokenize every row of the `conversations` export of a `make demo`-sized
-run to the ids the server generated, through their own conversation-form preprocessing.
+"""Both drafter trainers tokenize every row of the `conversations` export of a `make demo`-sized run to the ids the server generated, through their own conversation-form preprocessing.
 
 SpecForge: `preprocess_conversations` (what `build_eagle3_dataset` maps over the rows) with its
 `qwen3-thinking` template and `train_only_last_turn`, at the manifest's settings. speculators:

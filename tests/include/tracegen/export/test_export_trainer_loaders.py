@@ -1,4 +1,4 @@
-"""Issue #30: the drafter trainers' own loaders read an export of a `make demo`-sized run as it is.
+"""The drafter trainers' own loaders read an export of a `make demo`-sized run as it is.
 
 SpecForge 0.2.0 and speculators 0.9.0 are installed from requirements-trainers.txt (their data loaders and
 what those import, CPU torch). The `tokens` layout goes through the very functions their CLIs call:

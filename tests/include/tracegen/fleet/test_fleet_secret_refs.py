@@ -1,13 +1,14 @@
 """Fleet secret references.
 
-(a) A token pasted where the *name* of a Variable or connection goes was accepted and printed by
-`fleet validate`. A reference name now has to look like an Airflow id (a letter, then letters, digits, `_`,
+(a) A token pasted where the *name* of a Variable or connection goes must be neither accepted nor printed by
+`fleet validate`: a reference name has to look like an Airflow id (a letter, then letters, digits, `_`,
 `.`, `-`, at most 64 characters) and not like a credential; a refused name is never echoed.
-(b) An env value with a control character was echoed (escaped) in the error: an env value may be a secret that
-does not look like one, so the refusal names the entry and the character, never the value; C1 controls
+(b) An env value with a control character is not echoed, even escaped, in the error: an env value may be a
+secret that does not look like one, so the refusal names the entry and the character, never the value; C1 controls
 (U+0080..U+009F, a terminal's CSI among them) are refused like C0 ones, and no error prints a raw control
 character.
-(c) Any connection, `airflow_db` included, could be sent into a host's environment. Airflow's own connections
+(c) No connection Airflow or the fleet itself uses (`airflow_db` among them) may be sent into a host's
+environment. Airflow's own connections
 (`airflow*`, `*_default`) and the fleet's own (the hosts' SSH connections, the API key's) are refused when the
 fleet is validated, and on the worker a referenced connection must be of the Generic type, the one meant to
 hold a bare credential.

@@ -147,9 +147,9 @@ def _what_the_run_does(af: Airflow, spec) -> tuple[int, dict[str, Any] | None]:
     return cap, decided
 
 
-def test_finding_7_a_hand_written_raise_is_ignored_by_the_chunks_and_the_question(af, spec, caplog) -> None:
-    # Before: a chunk generated at 1,048,576 (the context is 40,960) and the run recorded it as decided by
-    # "the-ceo" in 2020.
+def test_a_hand_written_raise_is_ignored_by_the_chunks_and_the_question(af, spec, caplog) -> None:
+    # The attack: taken at its word, the Variable has chunks generate at 1,048,576 (the context is 40,960)
+    # and the run record it as decided by "the-ceo" in 2020.
     af.variables[variable_key("run-1")] = _hand_written()
     with caplog.at_level(logging.WARNING, logger="tracegen.run.cap_raise"):
         assert _what_the_run_does(af, spec) == (4096, None)
@@ -205,8 +205,8 @@ def test_the_reader_checks_the_cap_again_by_the_one_rule(spec) -> None:
 
 
 def test_the_raise_task_ignores_a_hand_written_earlier_raise(af, spec, caplog) -> None:
-    # Before: the forged 1,048,576 counted as the run's cap, and an honest raise to 8192 was refused as
-    # "already raised to 1,048,576 by the-ceo".
+    # The attack: taken at its word, the forged 1,048,576 counts as the run's cap, and an honest raise to
+    # 8192 is refused as "already raised to 1,048,576 by the-ceo".
     af.variables[variable_key("run-1")] = _hand_written()
     with caplog.at_level(logging.WARNING, logger="tracegen.run.cap_raise"):
         made = af.run_raise_task(8192, user="alice")

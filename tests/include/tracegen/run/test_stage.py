@@ -1,6 +1,6 @@
 """One rule for a run's stage at its gate (`run.stage.run_stage`): the rerun, the review pages and
-`status` read every stage the same way, including the one they used to disagree on (gate_mode=ask, the
-pilot said stop, and the question is not written yet)."""
+`status` read every stage the same way, including the one that is easiest to read three ways (gate_mode=ask,
+the pilot said stop, and the question is not written yet)."""
 
 from __future__ import annotations
 

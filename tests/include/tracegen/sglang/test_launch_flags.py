@@ -44,8 +44,8 @@ def test_the_parser_built_from_the_table_has_sglangs_actions():
         assert mine == real, real["options"]
 
 
-# (argv after --model-path, does SGLang 0.5.23 start with it). The first rows are the issue's: flags the old
-# stand-in took that SGLang refuses, and flags SGLang takes that the old stand-in refused.
+# (argv after --model-path, does SGLang 0.5.23 start with it). The first rows are the easy ones to get wrong
+# by hand: flags that look valid but SGLang refuses, and flags SGLang takes that look unlikely.
 VERDICTS = [
     ("--cuda-graph-bs 8 16", False),  # ambiguous: --cuda-graph-bs-decode / --cuda-graph-bs-prefill
     ("--cuda-graph-max-bs 256", False),
@@ -138,7 +138,7 @@ def _fleet(**flags) -> FleetSpec:
 
 def test_the_plan_sizes_a_speculative_fleet_by_sglangs_cap_of_48():
     # SGLang caps running requests at 48 with EAGLE/EAGLE3/NEXTN when the flag is not given: the plan's
-    # slots are 48 per server, not "unknown" (and not the 256 the stand-in used to run).
+    # slots are 48 per server, not "unknown" (nor the 256 the stand-in decodes when no cap applies).
     fleet = _fleet(**{"--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "d"})
     assert fleet.max_running_requests == 48
     assert FleetRef.of(fleet, "fleet.json").slots == 48 * 4

@@ -90,8 +90,8 @@ def continue_row(replies: list[dict[str, Any]], *, max_new_tokens: int = 8, atte
 # ---- through the client -----------------------------------------------------------------
 
 
-def test_finding_11_counts_beyond_the_cap_or_the_ids_are_retried_and_the_honest_answer_is_kept() -> None:
-    # Before: the first answer was committed as an ok row of 10**12 completion tokens, at attempt 1.
+def test_counts_beyond_the_cap_or_the_ids_are_retried_and_the_honest_answer_is_kept() -> None:
+    # The attack: taken at its word, the first answer is committed as an ok row of 10**12 completion tokens.
     row, seen = complete([chat(10**12), chat(9000, ids=[11, 12]), chat(2, ids=[11, 12])], max_tokens=16)
     assert len(seen) == 3 and seen[0]["max_tokens"] == 16
     assert (row.status, row.attempt, row.completion_tokens, row.finish_reason) == ("ok", 3, 2, "stop")
@@ -104,14 +104,14 @@ def test_finding_11_counts_beyond_the_cap_or_the_ids_are_retried_and_the_honest_
     (chat(2, ids=[11, 12], prompt_ids=[1]), "usage.prompt_tokens is 3 but the response returned 1 prompt token ids"),
     (chat(2, reasoning=5), "usage.reasoning_tokens is 5, above completion_tokens (2)"),
 ], ids=["10^12-stop", "9000-for-2-ids", "over-the-cap", "prompt-ids", "reasoning-over-completion"])
-def test_finding_11_a_server_that_keeps_miscounting_leaves_a_failed_row_naming_it(reply, needle) -> None:
+def test_a_server_that_keeps_miscounting_leaves_a_failed_row_naming_it(reply, needle) -> None:
     row, seen = complete([reply], max_tokens=16, attempts=2)
     assert len(seen) == 2  # retried like any bad body
     assert row.status == "failed" and row.completion_tokens == 0  # nothing of it is kept
     assert f"usage inconsistent with the response: {needle}" in row.error, row.error
 
 
-def test_finding_11_a_continuation_is_held_to_its_max_new_tokens_and_its_output_ids() -> None:
+def test_a_continuation_is_held_to_its_max_new_tokens_and_its_output_ids() -> None:
     out, seen = continue_row([generated(9000, [11, 12]), generated(10**12, None), generated(2, [11, 12])])
     assert len(seen) == 3 and seen[0]["sampling_params"]["max_new_tokens"] == 8
     assert out.value is not None and (out.value.completion_tokens, out.value.output_ids, out.attempt) == (2, [11, 12], 3)
@@ -122,7 +122,7 @@ def test_finding_11_a_continuation_is_held_to_its_max_new_tokens_and_its_output_
 # ---- the parsers -----------------------------------------------------------------------------------
 
 
-def test_counts_that_agree_are_read_as_before() -> None:
+def test_counts_that_agree_are_read_as_given() -> None:
     c = parse_completion(json.dumps(chat(16, ids=list(range(16)), finish="length", reasoning=4)).encode(),
                          max_tokens=16)
     assert (c.completion_tokens, c.reasoning_tokens, len(c.response_token_ids or [])) == (16, 4, 16)
