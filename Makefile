@@ -15,10 +15,14 @@ AIRFLOW_ENV := AIRFLOW_HOME=$(STATE)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR
 	TRACEGEN_STATE_DIR=$(STATE) TRACEGEN_SPOOL_DIR=$(STATE)/spool TRACEGEN_OUTPUT_URI=$(STATE)/demo/output
 
 # The venv is rebuilt when a requirements file changes. uv resolves in seconds where pip takes minutes.
-# The CPU build of torch the trainers' loaders import (requirements-trainers.txt): a wheel on this machine's
-# disk (PyPI's x86_64 torch is a CUDA build of several GB). uv only looks there when told to.
+# The CPU build of torch the trainers' loaders import (requirements-trainers.txt); PyPI's x86_64 torch is a
+# CUDA build of several GB. Taken from the wheel folder TORCH_WHEELS when it holds that version's wheel (no
+# download), else from PyTorch's own CPU index, which serves the `+cpu` local versions. uv only looks in
+# either when told to, and only for this one package (--no-deps).
 TORCH_WHEELS ?= /opt/wheels
 TORCH_CPU ?= torch==2.13.0+cpu
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_SOURCE = $(if $(wildcard $(TORCH_WHEELS)/$(subst ==,-,$(TORCH_CPU))-*.whl),--find-links $(TORCH_WHEELS),--index-url $(TORCH_CPU_INDEX))
 
 $(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.txt requirements-trainers.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,7 +39,7 @@ $(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.t
 	# tests read each layout with their own loaders, which need only what requirements-trainers.txt lists and
 	# CPU torch (about 35 s and 750 MB).
 	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) -r requirements-trainers.txt
-	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) --find-links $(TORCH_WHEELS) "$(TORCH_CPU)"
+	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) $(TORCH_SOURCE) "$(TORCH_CPU)"
 	# Make `include/` importable as the `tracegen` package, as Airflow workers see it.
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tracegen-include.pth"
 	touch $@
