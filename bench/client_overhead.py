@@ -1,4 +1,5 @@
-"""Client CPU per completion: `SGLangClient.complete()` vs a bare httpx loop, same stand-in, same process.
+"""Client CPU per completion: `SGLangClient.complete()` and its ledger row (`generate.rows.complete_row`) vs a bare
+httpx loop, same stand-in, same process.
 
 The stand-in runs in its own process, so this process's CPU time (time.process_time) is the client's cost.
 Baselines, same bodies and concurrency, rounds interleaved so drift hits all alike: a bare httpx.AsyncClient
@@ -26,7 +27,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "include"))
 
-from tracegen.sglang.client import ClientConfig, Sampling, ServerEndpoint, SGLangClient  # noqa: E402
+from tracegen.generate.rows import complete_row  # noqa: E402
+from tracegen.sglang.client import ChatRequest, ClientConfig, Sampling, ServerEndpoint, SGLangClient  # noqa: E402
 
 MODEL = "sim/bench"
 BUDGET_MS = 1.0
@@ -126,7 +128,9 @@ async def tracegen_client(url: str, n: int, concurrency: int, max_tokens: int) -
 
         async def one(i: int) -> bool:
             async with gate:
-                row = await client.complete(i, messages(i), sampling=sampling, model=MODEL, run_id="bench")
+                # The row as the engine records it: the client's answer and its conversion to a ledger row.
+                request = ChatRequest(i, messages(i), sampling=sampling, model=MODEL)
+                row = await complete_row(client, request, run_id="bench", chunk=0)
             return row.status == "ok"
 
         return sum(await asyncio.gather(*(one(i) for i in range(n))))

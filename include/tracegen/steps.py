@@ -100,16 +100,10 @@ def prepare_run(lead: int) -> dict[str, Any]:
 
 
 def _skip_tasks(*task_ids: str) -> None:
-    """Mark tasks of this run skipped before they start, as a branch skips the paths it does not take: the
-    Execution API's skip (it leaves a task already running or finished alone)."""
-    from airflow.sdk.execution_time import task_runner
-    from airflow.sdk.execution_time.comms import SkipDownstreamTasks
+    """Mark tasks of this run skipped before they start (`tracegen.run.skip_tasks`)."""
+    from tracegen.run.skip_tasks import skip_tasks
 
-    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)  # set in a task process only
-    if comms is None:
-        log.info("not in an Airflow task: nothing to skip (%s)", ", ".join(task_ids))
-        return
-    comms.send(SkipDownstreamTasks(tasks=[(t, -1) for t in task_ids]))
+    skip_tasks(*task_ids)
 
 
 def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import KW_ONLY, asdict, dataclass, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -95,38 +95,71 @@ def _check_count(name: str, value: Any) -> int:
     return value
 
 
-def decide(
-    truncated: int,
-    total: int,
-    threshold: float,
-    confidence: float = 0.95,
-    min_sample: int = DEFAULT_MIN_SAMPLE,
-    *,
-    max_tokens: int | None = None,
-    suggested_cap: int | None = None,
-    suggested_truncation: float | None = None,
-    suggestion_basis: str | None = None,
-    caps_weighed: bool = True,
-    damage: Sequence[Any] = (),
-) -> GateDecision:
-    """Judge ``truncated`` of ``total`` rows against ``threshold`` (a share in [0, 1]); see the module rule.
+@dataclass(frozen=True, slots=True)
+class GateRule:
+    """The test a gate applies: the truncated share it tolerates (``threshold``, in [0, 1]), the interval's
+    ``confidence``, and the sample size from which a share at or under the threshold passes even when the
+    interval reaches past it (``min_sample``)."""
 
-    ``damage`` (``PartDamage`` items: ``part``, ``n_rows``) makes the verdict ``damaged``, naming them.
+    threshold: float
+    confidence: float = 0.95
+    min_sample: int = DEFAULT_MIN_SAMPLE
 
-    ``suggested_cap``/``suggested_truncation`` (from the cap table) are only quoted in the reason and action;
-    ``suggestion_basis`` says where the suggestion comes from when it was measured rather than predicted
+    def __post_init__(self) -> None:
+        threshold = self.threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be a share within [0, 1] (0.05 = 5%), got {threshold!r}")
+        if not 0.0 < self.confidence < 1.0:
+            raise ValueError(f"confidence must be within (0, 1), got {self.confidence!r}")
+        _check_count("min_sample", self.min_sample)
+
+
+@dataclass(frozen=True, slots=True)
+class CapSuggestion:
+    """What the cap table says would fix a truncation, quoted in the reason and action only.
+
+    ``cap``/``truncation``: the smallest cap meeting the threshold and its predicted truncation (None: none
+    does); ``basis`` says where the suggestion comes from when it was measured rather than predicted
     ("measured: 3.1% of 500 pilot rows run past 8192 ..."), and is quoted instead of the prediction.
-    ``caps_weighed=False``: the caller judged counts without a cap table (the running gates); then no cap is
+    ``weighed=False``: the caller judged counts without a cap table (the running gates); then no cap is
     suggested and the reason says where the caps are weighed, instead of that none meets the threshold.
     """
-    _check_count("truncated", truncated)
-    _check_count("total", total)
-    _check_count("min_sample", min_sample)
-    if truncated > total:
-        raise ValueError(f"truncated ({truncated}) cannot exceed total ({total})")
-    decision = _judge_truncation(truncated, total, threshold, confidence, min_sample, max_tokens=max_tokens,
-                                 suggested_cap=suggested_cap, suggested_truncation=suggested_truncation,
-                                 suggestion_basis=suggestion_basis, caps_weighed=caps_weighed)
+
+    cap: int | None = None
+    truncation: float | None = None
+    basis: str | None = None
+    weighed: bool = True
+
+
+# The running gates' suggestion: they weigh no caps.
+NOT_WEIGHED = CapSuggestion(weighed=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GateInputs:
+    """What a gate judges: ``truncated`` of ``total`` rows at cap ``max_tokens`` by ``rule``, what the cap
+    table suggests, and ``damage`` (``PartDamage`` items: ``part``, ``n_rows``, ``problem``), which makes the
+    verdict ``damaged``, naming them."""
+
+    truncated: int
+    total: int
+    rule: GateRule
+    _: KW_ONLY
+    max_tokens: int | None = None
+    suggestion: CapSuggestion = CapSuggestion()
+    damage: Sequence[Any] = ()
+
+    def __post_init__(self) -> None:
+        _check_count("truncated", self.truncated)
+        _check_count("total", self.total)
+        if self.truncated > self.total:
+            raise ValueError(f"truncated ({self.truncated}) cannot exceed total ({self.total})")
+
+
+def decide(inputs: GateInputs) -> GateDecision:
+    """Judge ``inputs.truncated`` of ``inputs.total`` rows by ``inputs.rule``; see the module rule."""
+    decision = _judge_truncation(inputs)
+    damage = inputs.damage
     if not damage:
         return decision
     damage = list(damage)
@@ -144,24 +177,11 @@ def decide(
     )
 
 
-def _judge_truncation(
-    truncated: int,
-    total: int,
-    threshold: float,
-    confidence: float,
-    min_sample: int,
-    *,
-    max_tokens: int | None,
-    suggested_cap: int | None,
-    suggested_truncation: float | None,
-    suggestion_basis: str | None,
-    caps_weighed: bool,
-) -> GateDecision:
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold must be a share within [0, 1] (0.05 = 5%), got {threshold!r}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be within (0, 1), got {confidence!r}")
-
+def _judge_truncation(inputs: GateInputs) -> GateDecision:
+    truncated, total, max_tokens = inputs.truncated, inputs.total, inputs.max_tokens
+    threshold, confidence, min_sample = inputs.rule.threshold, inputs.rule.confidence, inputs.rule.min_sample
+    suggested_cap, suggested_truncation = inputs.suggestion.cap, inputs.suggestion.truncation
+    suggestion_basis, caps_weighed = inputs.suggestion.basis, inputs.suggestion.weighed
     lo, hi = wilson_interval(truncated, total, confidence)
     rate = truncated / total if total else None
     at = f" at max_tokens={max_tokens}" if max_tokens is not None else ""

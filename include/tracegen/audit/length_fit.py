@@ -355,7 +355,7 @@ def _fit_tails(fit: LengthFit, counts: np.ndarray, mu: float, sigma: float, draw
     fit.tail_measured = float(s_all[0][values <= u][-1] if (values <= u).any() else 1.0) >= TAIL_SPAN * s_m
     tails = []
     for fam in FAMILIES:
-        t = fit_tail(fam, *tail_data(values, kind, counts, u), u, (mu, sigma), draws, rng)
+        t = fit_tail(fam, tail_data(values, kind, counts, u), (mu, sigma), draws, rng)
         if t is not None:
             tails.append(t)
     if tails:
@@ -365,7 +365,7 @@ def _fit_tails(fit: LengthFit, counts: np.ndarray, mu: float, sigma: float, draw
     if WHOLE_SAMPLE_LOGNORMAL:
         # The log-normal of all rows, as one more opinion: on a short measured tail it is
         # the steadiest of them (its likelihood is over other rows, so it is not compared with the tail fits').
-        t = fit_tail(FAMILIES[0], *tail_data(values, kind, counts, 0.5), 0.5, (mu, sigma), draws, rng)
+        t = fit_tail(FAMILIES[0], tail_data(values, kind, counts, 0.5), (mu, sigma), draws, rng)
         if t is not None:
             t.family = WHOLE_SAMPLE
             # Centred on the exact (unbinned) maximum-likelihood fit the comparison column shows.

@@ -129,10 +129,23 @@ def _log_interval(ls_a: np.ndarray, ls_b: np.ndarray) -> np.ndarray:
         return ls_a + np.log(-np.expm1(np.minimum(ls_b - ls_a, -1e-300)))
 
 
-def fit_tail(fam: Family, edges: np.ndarray, w_bins: np.ndarray, cens: np.ndarray, w_cens: np.ndarray, u: float,
-             whole: tuple[float, float], draws: int, rng: np.random.Generator) -> TailFit | None:
-    """Censored, left-truncated (at u) maximum likelihood on binned events and censored values, started from
-    the whole-sample log-normal (mu, sigma)."""
+@dataclass(frozen=True, slots=True)
+class TailData:
+    """The rows a tail family is fitted to: those above the tail start ``u``, their events binned (``edges``,
+    ``w_bins``: the weight of each bin) and their censored values with their weights."""
+
+    edges: np.ndarray
+    w_bins: np.ndarray
+    cens: np.ndarray
+    w_cens: np.ndarray
+    u: float
+
+
+def fit_tail(fam: Family, data: TailData, whole: tuple[float, float], draws: int,
+             rng: np.random.Generator) -> TailFit | None:
+    """Censored, left-truncated (at ``data.u``) maximum likelihood on binned events and censored values,
+    started from the whole-sample log-normal (mu, sigma)."""
+    edges, w_bins, cens, w_cens, u = data.edges, data.w_bins, data.cens, data.w_cens, data.u
     total = float(w_bins.sum() + w_cens.sum())
     mids = np.concatenate([(edges[:-1] + edges[1:]) / 2, cens])
     excess = float(np.average(mids - u, weights=np.concatenate([w_bins, w_cens])))
@@ -175,8 +188,8 @@ def fit_tail(fam: Family, edges: np.ndarray, w_bins: np.ndarray, cens: np.ndarra
     return TailFit(fam.name, theta, theta[None, :] + z @ chol.T, -f0, fam.logsf)
 
 
-def tail_data(values: np.ndarray, kind: np.ndarray, counts: np.ndarray, u: float):
-    """(bin edges, event weight per bin, censored values, their weights) of the non-looping rows above u."""
+def tail_data(values: np.ndarray, kind: np.ndarray, counts: np.ndarray, u: float) -> TailData:
+    """The non-looping rows above u: their events binned, their censored values."""
     sel_ev = (kind == 0) & (values > u)
     sel_c = (kind == 1) & (values > u)
     ev_v, ev_w = values[sel_ev], counts[sel_ev]
@@ -190,4 +203,4 @@ def tail_data(values: np.ndarray, kind: np.ndarray, counts: np.ndarray, u: float
         edges = np.concatenate([ev_v, [ev_v[-1] + 1.0]])
     w_bins = np.bincount(np.searchsorted(edges, ev_v, side="right") - 1, weights=ev_w,
                          minlength=edges.size - 1)[: edges.size - 1]
-    return edges, w_bins, values[sel_c], counts[sel_c]
+    return TailData(edges, w_bins, values[sel_c], counts[sel_c], u)

@@ -41,8 +41,16 @@ from tracegen.generate.extend import (
     regenerated_provenance,
     superseded_map,
 )
+from tracegen.generate.rows import complete_row
 from tracegen.sglang.autotune import InFlightLimit
-from tracegen.sglang.client import ClientConfig, FatalClientError, Sampling, ServerEndpoint, SGLangClient
+from tracegen.sglang.client import (
+    ChatRequest,
+    ClientConfig,
+    FatalClientError,
+    Sampling,
+    ServerEndpoint,
+    SGLangClient,
+)
 from tracegen.store.lease import RootLease, holding_root, lease_ttl_s
 from tracegen.store.records import (
     EXTENDED,
@@ -367,10 +375,8 @@ class ChunkEngine:
                                       run_id=self.run_id, chunk=self.chunk)
             result.id = row.prompt.id if row.prompt is not None else row.source.id
             return result
-        result = await client.complete(
-            row.index, row.messages, sampling=self.sampling, model=self.model, tools=row.tools,
-            run_id=self.run_id, chunk=self.chunk, category=row.category,
-        )
+        request = ChatRequest(row.index, row.messages, model=self.model, sampling=self.sampling, tools=row.tools)
+        result = await complete_row(client, request, run_id=self.run_id, chunk=self.chunk, category=row.category)
         result.id = row.id
         superseded = self._superseded.get(row.index)
         if superseded is not None and result.status == OK:

@@ -31,9 +31,10 @@ from typing import Any
 import pandas as pd
 
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
+from tracegen.generate.rows import complete_row
 from tracegen.run.records import read_run_record
 from tracegen.run.spec import RunSpecError
-from tracegen.sglang.client import Outcome, Sampling, SGLangClient
+from tracegen.sglang.client import ChatRequest, Outcome, Sampling, SGLangClient
 from tracegen.sglang.wire import Generated, ServerParsers
 from tracegen.store.entries import LedgerError
 from tracegen.store.records import (
@@ -222,10 +223,8 @@ async def _generate_again(client: SGLangClient, job: Extension, reason: str, *, 
     source = job.source
     assert job.prompt is not None  # extension_jobs reads the dataset row of every such row
     log.debug("row %d: %s: generating it again under %d", source.index, reason, sampling.max_tokens)
-    row = await client.complete(
-        source.index, job.prompt.messages, sampling=sampling, model=model, tools=job.prompt.tools,
-        run_id=run_id, chunk=chunk, category=source.category,
-    )
+    request = ChatRequest(source.index, job.prompt.messages, model=model, sampling=sampling, tools=job.prompt.tools)
+    row = await complete_row(client, request, run_id=run_id, chunk=chunk, category=source.category)
     if row.status == OK:
         row.provenance = regenerated_provenance(job.superseded, "extend", reason)
     return row

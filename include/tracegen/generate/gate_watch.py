@@ -35,8 +35,8 @@ def continuous_gate(spec: RunSpec, root: OutputRoot) -> str | None:
     if config.gate_mode not in HOLDING_MODES:
         return None
     truncated, judged = gate_counts(root.snapshots.plan_frame(continuous_sample(spec)), config.max_tokens)
-    decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens,
-                           caps_weighed=False)
+    decision = gate.decide(gate.GateInputs(truncated, judged, gate.GateRule(config.truncation_threshold),
+                                           max_tokens=config.max_tokens, suggestion=gate.NOT_WEIGHED))
     return decision.reason if decision.verdict == gate.STOP else None
 
 
@@ -70,8 +70,9 @@ class PilotGateWatch:
         if judged < gate.DEFAULT_MIN_SAMPLE:
             return None
         config = self.spec.config
-        own = gate.decide(truncated, judged, config.truncation_threshold, confidence=0.99,
-                          max_tokens=config.max_tokens, caps_weighed=False)
+        rule = gate.GateRule(config.truncation_threshold, confidence=0.99)
+        own = gate.decide(gate.GateInputs(truncated, judged, rule, max_tokens=config.max_tokens,
+                                          suggestion=gate.NOT_WEIGHED))
         if own.verdict == gate.STOP:
             self._settled = True
             self.closed = f"this chunk's own rows close the gate before the pilot's verdict: {own.reason}"

@@ -113,7 +113,8 @@ def trigger(spec: RunSpec, frame: pd.DataFrame) -> str | None:
     if config.measure_tail == "always":
         return "measure_tail=always"
     truncated, judged = gate_counts(frame, config.max_tokens)
-    decision = gate.decide(truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens)
+    decision = gate.decide(gate.GateInputs(truncated, judged, gate.GateRule(config.truncation_threshold),
+                                           max_tokens=config.max_tokens))
     if decision.verdict != gate.STOP:
         return None
     return (f"the pilot's truncation at max_tokens={config.max_tokens:,} is over the {config.truncation_threshold:.1%} "

@@ -103,12 +103,11 @@ def audit_and_report(
 
     truncated, judged = gate_counts(frame, config.max_tokens)
     measurement = measure_report.read_measurement(root, spec.run_id)
-    decision = gate.decide(
-        truncated, judged, config.truncation_threshold, max_tokens=config.max_tokens,
-        suggested_cap=table.recommended_cap if table else None,
-        suggested_truncation=table.recommended_truncation if table else None,
-        suggestion_basis=_measured_basis(spec, frame, table, measurement), damage=damaged,
-    )
+    suggestion = gate.CapSuggestion(table.recommended_cap if table else None,
+                                    table.recommended_truncation if table else None,
+                                    basis=_measured_basis(spec, frame, table, measurement))
+    decision = gate.decide(gate.GateInputs(truncated, judged, gate.GateRule(config.truncation_threshold),
+                                           max_tokens=config.max_tokens, suggestion=suggestion, damage=damaged))
     measured = measure_report.section(
         measurement, runaways=runaway_counts(runaway_scope, runaways) | {"whole_scope": whole,
                                                                           "resampled": _resampled(frame)},

@@ -1,18 +1,19 @@
-"""Async client that turns one dataset row into one `GeneratedRow` via SGLang's `/v1/chat/completions`,
+"""Async client that asks SGLang's `/v1/chat/completions` for one dataset row's completion (a `ChatRequest`),
 and sends the requests that continue a truncated row (`/generate` from its token ids, then SGLang's
 reasoning and tool-call split of the whole text: `tracegen.generate.extend` puts them together).
 
-The chunk engine calls `SGLangClient.complete()` once per row, with up to `client.capacity` calls in
-flight. Every call ends in exactly one of:
-- an `ok` row (finish_reason stop/length/tool_calls, token counts from `usage`);
-- a `rejected` row: the server refused the request itself (400, e.g. context overflow), recorded once;
-- a `failed` row: transient failures (5xx, dropped connections, timeouts, `abort`, malformed bodies,
+The client returns what the server said; it knows nothing of the ledger (`tracegen.generate.rows` turns an
+answer into a ledger row). The chunk engine calls `SGLangClient.complete()` once per row, with up to
+`client.capacity` calls in flight. Every call ends in exactly one of:
+- an `Outcome` with a `Completion` value (finish_reason stop/length/tool_calls, token counts from `usage`,
+  the prompt's and the response's token ids);
+- an `Outcome` `rejected`: the server refused the request itself (400, e.g. context overflow), for good;
+- an `Outcome` `failed`: transient failures (5xx, dropped connections, timeouts, `abort`, malformed bodies,
   token counts that disagree with the response's ids or the request's cap) used up the retry budget;
   a later run retries the row;
 - `FatalClientError` raised: the configuration is wrong (401, no server reachable for a long time) and
   every further row would fail the same way.
-Every other request goes through the same routing, deadlines and retries and ends in an `Outcome`: a
-value, a rejection or a failure.
+Every other request goes through the same routing, deadlines and retries and ends in an `Outcome` too.
 Routing, quarantine and probes live in `tracegen.sglang.routing`; failure kinds and backoff in `tracegen.sglang.retry`.
 """
 
@@ -45,6 +46,7 @@ from tracegen.sglang.wire import (
     PATH,
     SEPARATE_REASONING_PATH,
     SERVER_INFO_PATH,
+    ChatRequest,
     Completion,
     Generated,
     MalformedResponse,
@@ -62,9 +64,9 @@ from tracegen.sglang.wire import (
     parse_separate_reasoning,
     parse_server_parsers,
 )
-from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow, pack_token_ids
 
-__all__ = ["ClientConfig", "FatalClientError", "Outcome", "Sampling", "SGLangClient", "ServerEndpoint"]
+__all__ = ["ChatRequest", "ClientConfig", "Completion", "FatalClientError", "Outcome", "Sampling", "SGLangClient",
+           "ServerEndpoint"]
 
 T = TypeVar("T")
 
@@ -171,73 +173,26 @@ class SGLangClient:
         """Per-server counters (sent, completed, failures, quarantined, ...)."""
         return self._pool.snapshot()
 
-    async def complete(
-        self,
-        index: int,
-        messages: list[dict[str, Any]],
-        *,
-        sampling: Sampling,
-        model: str,
-        tools: list[dict[str, Any]] | None = None,
-        run_id: str = "",
-        chunk: int = 0,
-        category: str | None = None,
-        extra_body: dict[str, Any] | None = None,
-    ) -> GeneratedRow:
-        """Generate the completion of dataset row `index`. Raises FatalClientError on configuration problems."""
+    async def complete(self, request: ChatRequest) -> Outcome[Completion]:
+        """The completion of one dataset row, as the server gave it, or why there is none (`rejected`,
+        `failed`). Raises FatalClientError on configuration problems."""
         if self._fatal is not None:
             raise self._fatal
         self._start_tuner()
+        index, messages, tools, model = request.index, request.messages, request.tools, request.model
         if not isinstance(messages, list) or not messages:
             raise ValueError(f"row {index}: messages must be a non-empty list, got {type(messages).__name__}")
         if tools is not None and not isinstance(tools, list):
             raise ValueError(f"row {index}: tools must be a list or None, got {type(tools).__name__}")
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
-        body = build_body(
-            messages,
-            model=model,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            tools=tools,
-            extra=extra_body,
-            # What a truncated row is continued from, and what a drafter trainer reads without re-tokenising.
-            return_token_ids=True,
-        )
+        # Token ids: what a truncated row is continued from, and what a drafter trainer reads without
+        # re-tokenising.
+        body = build_body(request, return_token_ids=True)
         self._pool.probe_model = model
         # The response's counts are checked against its own token ids and this request's cap.
-        out = await self._call("POST", PATH, body, lambda raw: _chat_result(raw, sampling.max_tokens))
-
-        def row(status: str, **fields: Any) -> GeneratedRow:
-            # The fields every outcome of this call shares; the outcome adds its own.
-            return GeneratedRow(index=index, status=status, max_tokens=sampling.max_tokens, run_id=run_id,
-                                chunk=chunk, category=category, attempt=out.attempt, **fields)
-
-        if out.failed is not None:
-            return row(FAILED, server="", error=out.failed)
-        if out.rejected is not None:
-            return row(REJECTED, server=out.server, error=out.rejected)
-        result = out.value
-        assert result is not None
-        ids = result.prompt_token_ids, result.response_token_ids
-        return row(
-            OK,
-            server=out.server,
-            id=result.id,
-            content=result.content,
-            reasoning_content=result.reasoning_content,
-            tool_calls=result.tool_calls,
-            finish_reason=result.finish_reason,
-            prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            reasoning_tokens=result.reasoning_tokens,
-            latency_s=out.latency_s,
-            # Both or neither: a continuation needs the prompt and the response.
-            prompt_token_ids=pack_token_ids(ids[0]) if None not in ids else None,
-            response_token_ids=pack_token_ids(ids[1]) if None not in ids else None,
-        )
+        max_tokens = request.sampling.max_tokens
+        return await self._call("POST", PATH, body, lambda raw: _chat_result(raw, max_tokens))
 
     async def generate(
         self, input_ids: list[int], *, max_new_tokens: int, sampling: Sampling, require_reasoning: bool = False
@@ -296,6 +251,7 @@ class SGLangClient:
             raise self._fatal
         self._start_tuner()
         pool = self._pool
+        call = _Call(method, path, body, parse, generation, optional)
         last_error = ""
         previous: ServerState | None = None
         attempt = 0
@@ -308,8 +264,7 @@ class SGLangClient:
             attempt += 1
             started = time.monotonic()
             try:
-                result = await self._attempt(server, http, method, path, body, parse, started, generation,
-                                             optional)
+                result = await self._attempt(server, http, call, started)
             except TransientError as exc:
                 last_error = f"{server.url}: {exc}"
             else:
@@ -327,24 +282,16 @@ class SGLangClient:
         return Outcome(failed=f"{attempt} attempts failed; last: {last_error}", attempt=attempt)
 
     async def _attempt(
-        self,
-        server: ServerState,
-        http: httpx.AsyncHTTPTransport,
-        method: str,
-        path: str,
-        body: bytes | None,
-        parse: Callable[[bytes], T],
-        started: float,
-        generation: bool,
-        optional: bool = False,
+        self, server: ServerState, http: httpx.AsyncHTTPTransport, call: _Call[T], started: float
     ) -> T | _Rejected:
-        """One HTTP attempt. Returns the parsed body (ok) or a `_Rejected` (the server's message);
-        raises TransientError (retry) or FatalClientError (stop)."""
+        """One HTTP attempt of `call` on `server`, started at `started` (monotonic). Returns the parsed
+        body (ok) or a `_Rejected` (the server's message); raises TransientError (retry) or
+        FatalClientError (stop)."""
         pool = self._pool
         # The chat URL is built once per server: it is on the hot path of every row.
-        url = server.chat_url if path == PATH else httpx.URL(server.url + path)
+        url = server.chat_url if call.path == PATH else httpx.URL(server.url + call.path)
         request = httpx.Request(
-            method, url, headers=server.headers, content=body, extensions=server.extensions
+            call.method, url, headers=server.headers, content=call.body, extensions=server.extensions
         )
         task = asyncio.create_task(_send(http, request))
         server.tasks.add(task)
@@ -376,7 +323,7 @@ class SGLangClient:
         status, raw = response
         if status == 200:
             try:
-                result = parse(raw)
+                result = call.parse(raw)
             except MalformedResponse as exc:
                 reason = f"{exc.kind}: {exc}"  # malformed, or usage inconsistent with the response
                 pool.record_failure(server, reason)
@@ -384,7 +331,7 @@ class SGLangClient:
             except _Aborted:
                 pool.record_failure(server, "finish_reason abort")
                 raise TransientError("finish_reason abort (the server aborted the request)") from None
-            if generation:
+            if call.generation:
                 pool.record_success(server)
             return result
 
@@ -394,7 +341,7 @@ class SGLangClient:
             reason = f"HTTP {status}: {message}"
             pool.record_failure(server, reason)
             raise TransientError(reason)
-        if optional and status in (404, 405):
+        if call.optional and status in (404, 405):
             # A route this server does not have (an older release): the request is answered, not the URL wrong.
             return _Rejected(f"HTTP {status}: {message}")
         if kind == FATAL:
@@ -410,3 +357,16 @@ class SGLangClient:
 @dataclass(frozen=True, slots=True)
 class _Rejected:
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Call(Generic[T]):
+    """One request as every attempt of it sends it: the route, the encoded body, how a 200 body is read,
+    and how its answer counts (`generation`, `optional`: see `SGLangClient._call`)."""
+
+    method: str
+    path: str
+    body: bytes | None
+    parse: Callable[[bytes], T]
+    generation: bool
+    optional: bool

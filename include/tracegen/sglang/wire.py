@@ -18,10 +18,10 @@ request allowed, is `InconsistentUsage` (a `MalformedResponse`: retried the same
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from tracegen.store.records import FINISH_REASONS
+from tracegen.sglang.settings import Sampling
 
 PATH = "/v1/chat/completions"
 GENERATE_PATH = "/generate"
@@ -29,6 +29,8 @@ SEPARATE_REASONING_PATH = "/separate_reasoning"
 PARSE_FUNCTION_CALL_PATH = "/parse_function_call"
 SERVER_INFO_PATH = "/server_info"
 DETOKENIZE_PATH = "/detokenize"
+# The finish reasons of a completion, as SGLang reports them: it ended by itself, or at the cap ("length").
+FINISH_REASONS = ("stop", "tool_calls", "length")
 # What SGLang reports; `abort` is not a completion (the client retries it), the rest are.
 SERVER_FINISH_REASONS = frozenset({*FINISH_REASONS, "abort"})
 
@@ -82,35 +84,39 @@ class ServerParsers:
     tool_call: str | None
 
 
-def build_body(
-    messages: list[dict[str, Any]],
-    *,
-    model: str,
-    max_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
-    tools: list[dict[str, Any]] | None = None,
-    extra: dict[str, Any] | None = None,
-    return_token_ids: bool = False,
-) -> bytes:
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat completion to ask for: the dataset row's messages and tools, the model and the sampling.
+    `index` is the row's, named in the errors a bad request raises; `extra` goes into the body as is."""
+
+    index: int
+    messages: list[dict[str, Any]]
+    _: KW_ONLY
+    model: str
+    sampling: Sampling
+    tools: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] | None = None
+
+
+def build_body(request: ChatRequest, *, return_token_ids: bool = False) -> bytes:
     """The JSON request body, encoded once per row (retries resend the same bytes)."""
+    sampling = request.sampling
     body: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
+        "model": request.model,
+        "messages": request.messages,
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
         "stream": False,
     }
-    if seed is not None:
-        body["seed"] = seed
-    if tools:
-        body["tools"] = tools
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if request.tools:
+        body["tools"] = request.tools
     if return_token_ids:
         body["return_token_ids"] = True
-    if extra:
-        body.update(extra)
+    if request.extra:
+        body.update(request.extra)
     return _encode(body)
 
 

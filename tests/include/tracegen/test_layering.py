@@ -139,3 +139,32 @@ def test_the_layer_check_catches_a_planted_climb(tmp_path: Path) -> None:
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json"))
     (copy / "store" / "planted.py").write_text("from tracegen.run.records import read_run_record\n")
     assert climbs(copy) == ["store/planted: imports tracegen.run (layer 5) from layer 9"]
+
+
+# Imports the layers allow but the design does not: the SGLang client returns what the server said, and
+# `tracegen.generate.rows` turns it into ledger rows, so nothing in sglang/ knows the ledger's format.
+FORBIDDEN: dict[str, tuple[str, ...]] = {"sglang": ("store",)}
+
+
+def forbidden_imports(package: Path = PACKAGE) -> list[str]:
+    """Every import of a package that FORBIDDEN keeps from the importing one."""
+    found = []
+    for unit, banned in FORBIDDEN.items():
+        for path in sorted((package / unit).rglob("*.py")):
+            rel = path.relative_to(package).with_suffix("")
+            hits = sorted({m.split(".")[1] for m in _imports(path) if len(m.split(".")) > 1} & set(banned))
+            found.extend(f"{rel}: imports tracegen.{target}" for target in hits)
+    return found
+
+
+def test_the_sglang_client_imports_nothing_of_the_store() -> None:
+    assert forbidden_imports() == []
+
+
+def test_the_forbidden_import_check_catches_a_planted_import(tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "tracegen"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json"))
+    (copy / "sglang" / "planted.py").write_text("def f():\n    from tracegen.store.records import GeneratedRow\n")
+    assert forbidden_imports(copy) == ["sglang/planted: imports tracegen.store"]

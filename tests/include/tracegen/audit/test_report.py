@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from tracegen.audit.capfit import Throughput, cap_table
-from tracegen.audit.gate import decide
+from tracegen.audit.gate import CapSuggestion, GateInputs, GateRule, decide
 from tracegen.audit.length_fit import fit_lengths
 from tracegen.audit.report import (
     EXAMPLES_PER_OUTCOME,
@@ -73,8 +73,8 @@ def build(hostile: bool = False):
     result = audit(f, 4096, run_id="r1")
     table = cap_table(fit_lengths(*censoring_arrays(f), bootstrap=50), 4096,
                       throughput=Throughput(1500.0, 7, 900_000), context_length=32768)
-    gate = decide(*gate_counts(f, 4096), 0.05, max_tokens=4096, suggested_cap=table.recommended_cap,
-                  suggested_truncation=table.recommended_truncation)
+    gate = decide(GateInputs(*gate_counts(f, 4096), GateRule(0.05), max_tokens=4096,
+                             suggestion=CapSuggestion(table.recommended_cap, table.recommended_truncation)))
     meta = {"run_id": "r1", "model": PAYLOAD if hostile else "Qwen3.6-27B", "max_tokens": 4096,
             "fleet": {"gpus": 7}, PAYLOAD if hostile else "dataset": "s3://bucket/prompts.jsonl"}
     return result, table, gate, render_report(result, table, gate, meta, examples(hostile))

@@ -19,7 +19,7 @@ from tracegen.sglang.autotune import (
     decide,
     parse_metrics,
 )
-from tracegen.sglang.client import ClientConfig, Sampling, SGLangClient
+from tracegen.sglang.client import ChatRequest, ClientConfig, Sampling, SGLangClient
 from tracegen.sglang.routing import ServerEndpoint
 
 POLICY = TunePolicy(headroom=0.5, shrink_at=2.0, ceiling=1024)
@@ -227,15 +227,13 @@ def test_autotune_raises_a_bad_default_until_the_stand_in_runs_full_batches(sim_
             async def one(i: int) -> str:
                 await gate.acquire()
                 try:
-                    row = await client.complete(
-                        i,
-                        [{"role": "user", "content": f"q{i}"}],
-                        sampling=Sampling(max_tokens=200),
-                        model="m",
+                    out = await client.complete(
+                        ChatRequest(i, [{"role": "user", "content": f"q{i}"}], sampling=Sampling(max_tokens=200),
+                                    model="m")
                     )
                 finally:
                     gate.release()
-                return row.status
+                return "ok" if out.value is not None else out.failed or out.rejected or "?"
 
             statuses = await asyncio.gather(*(one(i) for i in range(300)))
             assert set(statuses) == {"ok"}

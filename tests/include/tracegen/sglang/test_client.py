@@ -16,7 +16,15 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tracegen.sglang.client import ClientConfig, FatalClientError, Sampling, ServerEndpoint, SGLangClient
+from tracegen.generate.rows import complete_row
+from tracegen.sglang.client import (
+    ChatRequest,
+    ClientConfig,
+    FatalClientError,
+    Sampling,
+    ServerEndpoint,
+    SGLangClient,
+)
 from tracegen.store.records import GeneratedRow
 
 MODEL = "m"
@@ -37,7 +45,8 @@ async def run_rows(
 
     async def one(i: int) -> GeneratedRow:
         async with gate:
-            return await client.complete(i, prompt(i), sampling=sampling, model=MODEL, run_id="run1", chunk=2)
+            return await complete_row(client, ChatRequest(i, prompt(i), sampling=sampling, model=MODEL),
+                                      run_id="run1", chunk=2)
 
     return list(await asyncio.gather(*(one(i) for i in indices)))
 
@@ -128,8 +137,9 @@ def test_tools_are_sent_and_tool_calls_kept(sim_server) -> None:
 
     async def main() -> GeneratedRow:
         async with SGLangClient([ServerEndpoint(sim.url)], ClientConfig(**FAST)) as client:
-            return await client.complete(
-                0, prompt(0), tools=tools, sampling=Sampling(max_tokens=8192), model=MODEL
+            return await complete_row(
+                client, ChatRequest(0, prompt(0), tools=tools, sampling=Sampling(max_tokens=8192), model=MODEL),
+                run_id="", chunk=0,
             )
 
     row = asyncio.run(main())
@@ -144,10 +154,12 @@ def test_context_overflow_is_rejected_once(sim_server) -> None:
         async with CountingProxy(sim.url) as proxy:
             async with SGLangClient([ServerEndpoint(proxy.url)], ClientConfig(**FAST)) as client:
                 # Prompt fits, prompt + cap does not: SGLang's "Requested token count exceeds ..." 400.
-                over = await client.complete(5, prompt(5, 40), sampling=Sampling(max_tokens=250), model=MODEL)
+                over = await complete_row(client, ChatRequest(5, prompt(5, 40), sampling=Sampling(max_tokens=250),
+                                                              model=MODEL), run_id="", chunk=0)
                 # The whole prompt is longer than the context: another 400 message, also rejected.
                 huge = [{"role": "user", "content": "word " * 2000}]
-                too_long = await client.complete(6, huge, sampling=Sampling(max_tokens=8), model=MODEL)
+                too_long = await complete_row(client, ChatRequest(6, huge, sampling=Sampling(max_tokens=8),
+                                                                  model=MODEL), run_id="", chunk=0)
             return [over, too_long], proxy.completions
 
     (over, too_long), sent = asyncio.run(main())
@@ -257,9 +269,11 @@ def test_wedge_cancels_younger_requests_and_probe_restores(sim_server) -> None:
         config = ClientConfig(max_attempts=5, request_deadline_s=1.0, **FAST)
         async with SGLangClient([ServerEndpoint(sim.url)], config) as client:
             sampling = Sampling(max_tokens=16)
-            first = asyncio.create_task(client.complete(0, prompt(0), sampling=sampling, model=MODEL))
+            first = asyncio.create_task(complete_row(
+                client, ChatRequest(0, prompt(0), sampling=sampling, model=MODEL), run_id="", chunk=0))
             await asyncio.sleep(0.5)
-            second = asyncio.create_task(client.complete(1, prompt(1), sampling=sampling, model=MODEL))
+            second = asyncio.create_task(complete_row(
+                client, ChatRequest(1, prompt(1), sampling=sampling, model=MODEL), run_id="", chunk=0))
             while not client.stats()[0]["quarantined"]:
                 await asyncio.sleep(0.01)
             # The first request's deadline passed with no completion at all: the younger request must be
@@ -283,7 +297,8 @@ def test_quarantined_server_comes_back_when_healthy(sim_server) -> None:
         config = ClientConfig(max_attempts=20, quarantine_after=2, **FAST)
         async with SGLangClient([ServerEndpoint(sim.url)], config) as client:
             task = asyncio.create_task(
-                client.complete(0, prompt(0), sampling=Sampling(max_tokens=16), model=MODEL)
+                complete_row(client, ChatRequest(0, prompt(0), sampling=Sampling(max_tokens=16), model=MODEL),
+                             run_id="", chunk=0)
             )
             while not client.stats()[0]["quarantined"]:
                 await asyncio.sleep(0.02)

@@ -15,7 +15,15 @@ from collections.abc import Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from tracegen.sglang.client import ClientConfig, FatalClientError, Sampling, ServerEndpoint, SGLangClient
+from tracegen.generate.rows import complete_row
+from tracegen.sglang.client import (
+    ChatRequest,
+    ClientConfig,
+    FatalClientError,
+    Sampling,
+    ServerEndpoint,
+    SGLangClient,
+)
 from tracegen.sglang.retry import FATAL, REJECTED, TRANSIENT, backoff_delay, classify_status
 from tracegen.sglang.wire import (
     MalformedResponse,
@@ -130,7 +138,7 @@ def test_error_message_shapes() -> None:
 
 
 def test_build_body_includes_only_what_is_set() -> None:
-    body = json.loads(build_body(MESSAGES, model="m", max_tokens=8, temperature=0.6, top_p=0.95, seed=None))
+    body = json.loads(build_body(ChatRequest(0, MESSAGES, model="m", sampling=Sampling(8, 0.6, 0.95, None))))
     assert body == {
         "model": "m",
         "messages": MESSAGES,
@@ -141,16 +149,16 @@ def test_build_body_includes_only_what_is_set() -> None:
     }
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     body = json.loads(
-        build_body(MESSAGES, model="m", max_tokens=8, temperature=0, top_p=1, seed=3, tools=tools,
-                   extra={"chat_template_kwargs": {"enable_thinking": False}})
+        build_body(ChatRequest(0, MESSAGES, model="m", sampling=Sampling(8, 0, 1, 3), tools=tools,
+                               extra={"chat_template_kwargs": {"enable_thinking": False}}))
     )
     assert body["seed"] == 3 and body["tools"] == tools and body["chat_template_kwargs"] == {"enable_thinking": False}
     with pytest.raises(ValueError, match="JSON"):
-        build_body([{"content": object()}], model="m", max_tokens=8, temperature=0, top_p=1, seed=None)
+        build_body(ChatRequest(0, [{"content": object()}], model="m", sampling=Sampling(8, 0, 1, None)))
 
 
 def test_token_ids_are_asked_for_and_read_back() -> None:
-    body = json.loads(build_body(MESSAGES, model="m", max_tokens=8, temperature=0.6, top_p=0.95, seed=None,
+    body = json.loads(build_body(ChatRequest(0, MESSAGES, model="m", sampling=Sampling(8, 0.6, 0.95, None)),
                                  return_token_ids=True))
     assert body["return_token_ids"] is True and body["stream"] is False
     choice = {**good_body()["choices"][0], "prompt_token_ids": [1, 2, 3], "response_token_ids": [9, 151645]}
@@ -265,7 +273,8 @@ def test_malformed_bodies_are_retried_then_succeed() -> None:
         runner, url = await serve(handler)
         try:
             async with SGLangClient([ServerEndpoint(url)], ClientConfig(**FAST)) as client:
-                row = await client.complete(3, MESSAGES, sampling=Sampling(max_tokens=16), model="m", run_id="r")
+                row = await complete_row(client, ChatRequest(3, MESSAGES, sampling=Sampling(max_tokens=16), model="m"),
+                                         run_id="r", chunk=0)
         finally:
             await runner.cleanup()
         assert row.status == "ok" and row.attempt == 3 and row.content == "42"
@@ -285,7 +294,8 @@ def test_malformed_forever_gives_failed_row_naming_the_problem() -> None:
         try:
             cfg = ClientConfig(max_attempts=2, quarantine_after=5, **FAST)
             async with SGLangClient([ServerEndpoint(url)], cfg) as client:
-                row = await client.complete(0, MESSAGES, sampling=Sampling(max_tokens=16), model="m")
+                row = await complete_row(client, ChatRequest(0, MESSAGES, sampling=Sampling(max_tokens=16), model="m"),
+                                         run_id="", chunk=0)
         finally:
             await runner.cleanup()
         assert row.status == "failed" and row.attempt == 2
@@ -303,9 +313,9 @@ def test_404_is_fatal_and_latches() -> None:
         try:
             async with SGLangClient([ServerEndpoint(url)], ClientConfig(**FAST)) as client:
                 with pytest.raises(FatalClientError, match="404"):
-                    await client.complete(0, MESSAGES, sampling=Sampling(max_tokens=16), model="m")
+                    await client.complete(ChatRequest(0, MESSAGES, sampling=Sampling(max_tokens=16), model="m"))
                 with pytest.raises(FatalClientError):
-                    await client.complete(1, MESSAGES, sampling=Sampling(max_tokens=16), model="m")
+                    await client.complete(ChatRequest(1, MESSAGES, sampling=Sampling(max_tokens=16), model="m"))
         finally:
             await runner.cleanup()
 
@@ -316,7 +326,7 @@ def test_bad_messages_are_a_clear_error() -> None:
     async def main() -> None:
         async with SGLangClient([ServerEndpoint("http://127.0.0.1:9")]) as client:
             with pytest.raises(ValueError, match="row 7: messages"):
-                await client.complete(7, [], sampling=Sampling(max_tokens=16), model="m")
+                await client.complete(ChatRequest(7, [], sampling=Sampling(max_tokens=16), model="m"))
 
     run(main())
 
@@ -332,7 +342,7 @@ def test_nothing_listening_becomes_fatal_after_all_down_window() -> None:
         cfg = ClientConfig(quarantine_after=2, all_down_fatal_s=0.5, max_attempts=50, **FAST)
         async with SGLangClient([ServerEndpoint(f"http://127.0.0.1:{port}")], cfg) as client:
             with pytest.raises(FatalClientError, match="unusable for more than 0.5 s") as info:
-                await client.complete(0, MESSAGES, sampling=Sampling(max_tokens=16), model="m")
+                await client.complete(ChatRequest(0, MESSAGES, sampling=Sampling(max_tokens=16), model="m"))
             assert "ConnectError" in str(info.value)
             assert client.stats()[0]["quarantined"]
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tracegen.sglang.client import ClientConfig, Sampling, ServerEndpoint, SGLangClient
+from tracegen.generate.rows import complete_row
+from tracegen.sglang.client import ChatRequest, ClientConfig, Sampling, ServerEndpoint, SGLangClient
 from tracegen.sglang.wire import InconsistentUsage, MalformedResponse, parse_completion, parse_generate
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -63,8 +64,9 @@ def complete(replies: list[dict[str, Any]], *, max_tokens: int = 16, attempts: i
         try:
             cfg = ClientConfig(max_attempts=attempts, quarantine_after=50, **FAST)
             async with SGLangClient([ServerEndpoint(url)], cfg) as client:
-                return await client.complete(0, MESSAGES, sampling=Sampling(max_tokens=max_tokens), model="m",
-                                             run_id="r")
+                return await complete_row(
+                    client, ChatRequest(0, MESSAGES, sampling=Sampling(max_tokens=max_tokens), model="m"),
+                    run_id="r", chunk=0)
         finally:
             await runner.cleanup()
 
