@@ -76,6 +76,7 @@ def prepare_run(lead: int) -> dict[str, Any]:
     from tracegen.fleet import FleetSpecError
     from tracegen.fleet.sources import reference
     from tracegen.run.prepare import prepare_run as prepare
+    from tracegen.run.records import RunRecordTaken
 
     ctx = _context()
     params = dict(ctx["params"])
@@ -87,11 +88,14 @@ def prepare_run(lead: int) -> dict[str, Any]:
             config.check_context_length(declared)
     except (ConfigError, FleetSpecError) as exc:
         raise AirflowFailException(f"invalid params: {exc}") from None
-    run_id = safe_run_id(ctx["run_id"])
-    log.info("run %s: max_tokens=%d, dataset %s, output %s, %d GPUs", run_id, config.max_tokens,
-             config.dataset_uri, config.output_uri, len(fleet.servers()))
-    spec, work = prepare(config, run_id, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
-                         airflow_run_id=ctx["run_id"])
+    try:
+        safe_run_id(ctx["run_id"])
+        spec, work = prepare(config, None, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
+                             airflow_run_id=ctx["run_id"])
+    except (ConfigError, RunRecordTaken) as exc:
+        raise AirflowFailException(f"run {ctx['run_id']!r}: {exc}") from None
+    log.info("run %s (stored as %s): max_tokens=%d, dataset %s, output %s, %d GPUs", ctx["run_id"], spec.run_id,
+             config.max_tokens, config.dataset_uri, config.output_uri, len(fleet.servers()))
     if config.runaway_policy != "resample":
         # Skipped now, not by a process started after the last chunk only to skip itself: the report and
         # teardown then follow the last chunk in the scheduler's next loop (docs/benchmarks.md).
