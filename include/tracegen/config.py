@@ -7,6 +7,7 @@ the form and the validation cannot drift. Errors name the param and the accepted
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -85,6 +86,26 @@ def stored_as(stored: str, airflow_run_id: str, recorded: str | None) -> bool:
     except ConfigError:
         return False
     return recorded == airflow_run_id and stored == legacy_run_id(airflow_run_id)
+
+
+def check_conf_keys(conf: Any, declared: Any, *, dag_id: str) -> None:
+    """`ConfigError` naming every key of a DagRun's conf that is not one of its DAG's params, each with the
+    closest param. Airflow merges a conf key it does not know into the params as it is, and nothing reads
+    it: `max_token` would run at the default cap without a word."""
+    if not conf:
+        return
+    if not isinstance(conf, dict):
+        raise ConfigError(f"the conf of a {dag_id} run must be a JSON object, got {type(conf).__name__}")
+    known = sorted(str(k) for k in declared)
+    unknown = sorted(str(k) for k in conf if k not in declared)
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise ConfigError(f"unknown conf key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: {dag_id} takes "
+                      f"{', '.join(known) or 'no conf'}; correct the conf and trigger again")
 
 
 def state_dir() -> Path:

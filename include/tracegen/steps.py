@@ -27,6 +27,26 @@ def _context() -> dict[str, Any]:
     return get_current_context()
 
 
+def refuse_unknown_conf(ctx: dict[str, Any] | None = None) -> None:
+    """Fail the task, without retries, when its DagRun's conf holds a key that is not one of the DAG's (or
+    the task's) params: the one check for every DAG that takes conf (`config.check_conf_keys`). Outside a
+    DagRun nothing was triggered with conf."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.config import ConfigError, check_conf_keys
+
+    ctx = _context() if ctx is None else ctx
+    dag_run, dag = ctx.get("dag_run"), ctx.get("dag")
+    if dag_run is None or dag is None:
+        return
+    task = ctx.get("task")
+    declared = set(dag.params.keys()) | set(getattr(task, "params", None) or {})
+    try:
+        check_conf_keys(getattr(dag_run, "conf", None), declared, dag_id=dag.dag_id)
+    except ConfigError as exc:
+        raise AirflowFailException(f"invalid params: {exc}") from None
+
+
 def _spec(run: dict[str, Any]):
     from tracegen.run.spec import RunSpec
 
@@ -79,6 +99,7 @@ def prepare_run(lead: int) -> dict[str, Any]:
     from tracegen.run.records import RunRecordTaken
 
     ctx = _context()
+    refuse_unknown_conf(ctx)
     params = dict(ctx["params"])
     try:
         config = RunConfig.from_params({k: params[k] for k in CONFIG_PARAMS})
@@ -640,6 +661,7 @@ def raise_cap() -> dict[str, Any]:
     from tracegen.run.raise_request import RaiseRefused, request_raise
 
     ctx = _context()
+    refuse_unknown_conf(ctx)
     target = str(ctx["params"]["run_id"]).strip()
     try:
         raised = request_raise(_AirflowRaiseView(ctx["ti"]), target, ctx["params"]["max_tokens"],
@@ -746,7 +768,9 @@ def find_unfinished_work() -> list[dict[str, Any]]:
     [] when all is done, and nothing for a root a live run or another writer owns (`run.rerun`)."""
     from tracegen.run.rerun import unfinished_work
 
-    airflow = _AirflowRuns(_context()["ti"])
+    ctx = _context()
+    refuse_unknown_conf(ctx)
+    airflow = _AirflowRuns(ctx["ti"])
     work: list[dict[str, Any]] = []
     for root in output_roots():
         if not root.startswith("s3://") and not Path(root.removeprefix("file://")).exists():
@@ -801,7 +825,9 @@ def fleet_action() -> list[dict[str, Any]]:
     from tracegen.fleet import provision, status, teardown
     from tracegen.fleet.sources import load_fleet
 
-    params = _context()["params"]
+    ctx = _context()
+    refuse_unknown_conf(ctx)
+    params = ctx["params"]
     fleet = load_fleet(params["fleet"])
     action = params["action"]
     if action == "start":
