@@ -704,6 +704,16 @@ class _AirflowRaiseView:
 
         return configured_answerer()
 
+    def assigned_users(self):
+        from tracegen.review.notify import assigned_users
+
+        return assigned_users()
+
+    def may_answer(self, user: str) -> bool | None:
+        from tracegen.run.api_answer import hitl_permission
+
+        return hitl_permission(user, GENERATE_DAG)
+
     def announce(self, raised) -> None:
         from tracegen.run.cap_raise import ANSWERING_KEY
 
