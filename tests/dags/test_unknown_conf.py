@@ -12,7 +12,6 @@ from airflow.sdk.exceptions import AirflowFailException
 from engine_support.helpers import write_dataset
 
 from tracegen import steps
-from tracegen.config import ConfigError, check_conf_keys
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 
@@ -76,6 +75,8 @@ def test_the_export_task_refuses_unknown_keys_before_exporting(dagbag, tmp_path,
 
 
 def test_known_keys_and_no_conf_pass() -> None:
+    from tracegen.config import ConfigError, check_conf_keys
+
     check_conf_keys({"a": 1}, {"a", "b"}, dag_id="d")
     check_conf_keys(None, {"a"}, dag_id="d")
     check_conf_keys({}, set(), dag_id="d")

@@ -10,8 +10,8 @@ from engine_support.helpers import make_config, prepare, write_dataset
 
 from tracegen.audit.review import CAP_FIELD, PILOT, CapQuestion
 from tracegen.http_connection import ConnectionMisconfigured
-from tracegen.review.notify import assigned_users
-from tracegen.run.api_answer import ASSIGNED_USERS_ENV, AnswerFailed, hitl_permission
+from tracegen.review.notify import ASSIGNED_USERS_ENV, assigned_users
+from tracegen.run.api_answer import AnswerFailed
 from tracegen.run.cap_raise import CapRaise, RaiseFacts, parse, variable_key
 from tracegen.run.raise_request import RaiseRefused, request_raise
 
@@ -68,6 +68,9 @@ class View:
         return assigned_users()
 
     def may_answer(self, user: str) -> bool | None:
+        # Airflow's auth manager, as the raise task asks it.
+        from tracegen.run.api_answer import hitl_permission
+
         return hitl_permission(user, "tracegen_generate")
 
     def run_state(self, run_id: str) -> str | None:

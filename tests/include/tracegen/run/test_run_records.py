@@ -11,19 +11,12 @@ from engine_support.helpers import fleet_ref, make_config, write_dataset
 
 from tracegen import steps
 from tracegen.audit.review import OTHER, CapDecision
-from tracegen.config import RUN_ID_PATTERN, ConfigError, legacy_run_id, safe_run_id, stored_as
+from tracegen.config import RUN_ID_PATTERN, ConfigError, safe_run_id
 from tracegen.params import default_params
 from tracegen.review.access import AirflowRun
-from tracegen.review.roots import airflow_run_of
 from tracegen.run import RUN_FILE
 from tracegen.run.prepare import prepare_run
-from tracegen.run.records import (
-    RunRecordTaken,
-    create_run_record,
-    read_run_record,
-    stored_run_id,
-    write_run_record,
-)
+from tracegen.run.records import read_run_record, write_run_record
 from tracegen.store.root import open_root
 
 EARLIER = "manual__2026-12-03T12:00:56.997472+00:00"  # as Airflow names a run triggered from the UI
@@ -32,6 +25,8 @@ LOOKALIKE = "manual__2026-12-03T12_00_56.997472_00_00"
 
 
 def test_two_airflow_run_ids_that_clean_alike_are_stored_apart() -> None:
+    from tracegen.config import legacy_run_id
+
     assert legacy_run_id(EARLIER) == LOOKALIKE  # the form the earlier run was stored under
     assert safe_run_id(LOOKALIKE) == LOOKALIKE  # an id that is already safe stays readable as it is
     assert safe_run_id(EARLIER) != LOOKALIKE and safe_run_id(EARLIER).startswith(LOOKALIKE + "--")
@@ -83,6 +78,8 @@ def test_a_chosen_run_id_does_not_take_over_another_runs_record(tmp_path, monkey
 
 
 def test_a_run_of_the_earlier_id_form_keeps_its_record_and_new_runs_get_their_own(tmp_path, monkeypatch) -> None:
+    from tracegen.run.records import stored_run_id
+
     config = make_config(write_dataset(tmp_path / "d.jsonl", 40), tmp_path / "out", chunk_size=100)
     record = _earlier_run_stored_as_before(config)
     root = open_root(config.output_uri)
@@ -107,6 +104,8 @@ def test_a_run_of_the_earlier_id_form_keeps_its_record_and_new_runs_get_their_ow
 def test_a_first_record_is_created_exclusively(tmp_path) -> None:
     """Of two first tasks writing one `runs/<id>/`, the second is refused whatever it names, and one of the
     same Airflow run (a retry) replaces its own record."""
+    from tracegen.run.records import RunRecordTaken, create_run_record
+
     config = make_config(write_dataset(tmp_path / "d.jsonl", 10), tmp_path / "out")
     spec, _ = prepare_run(config, "shared", fleet_ref(), airflow_run_id="run-a")
     root = open_root(config.output_uri)
@@ -126,6 +125,9 @@ def test_a_first_record_is_created_exclusively(tmp_path) -> None:
 
 
 def test_the_review_pages_find_a_run_stored_under_the_earlier_id_form() -> None:
+    from tracegen.config import stored_as
+    from tracegen.review.roots import airflow_run_of
+
     earlier = AirflowRun(EARLIER, "success", None, {})
     lookalike = AirflowRun(LOOKALIKE, "running", None, {})
     by_stored = {safe_run_id(r.run_id): r for r in (earlier, lookalike)}
