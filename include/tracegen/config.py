@@ -31,7 +31,7 @@ _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
 RUN_ID_MAX = 120
 # What `safe_run_id` appends to an id it had to change: "--" and 16 hex digits of the exact id's SHA-256.
-_HASH_SUFFIX = re.compile(r"--[0-9a-f]{16}")
+_HASH_SUFFIX = re.compile(r"--[0-9a-f]{16}\Z")
 _HASH_HEX = 16
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = PACKAGE_DIR.parents[1]
@@ -56,11 +56,11 @@ def safe_run_id(run_id: str) -> str:
         raise ConfigError(f"run id must be a string, got {type(run_id).__name__}")
     if RUN_ID_PATTERN.fullmatch(run_id) and not _HASH_SUFFIX.search(run_id):
         return run_id
-    cleaned = _RUN_ID_UNSAFE.sub("_", run_id).strip("._")
-    if not cleaned:
+    cleaned = _RUN_ID_UNSAFE.sub("_", run_id).strip("._-")
+    if not re.search(r"[A-Za-z0-9]", cleaned):
         raise ConfigError(f"run id {run_id!r} has no usable characters")
     digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_HEX]
-    readable = cleaned[: RUN_ID_MAX - len(digest) - 2].rstrip("._-") or "run"
+    readable = cleaned[: RUN_ID_MAX - len(digest) - 2].rstrip("._-")
     return f"{readable}--{digest}"
 
 

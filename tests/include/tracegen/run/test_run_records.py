@@ -33,12 +33,13 @@ def test_two_airflow_run_ids_that_clean_alike_are_stored_apart() -> None:
     # An id copying another run's stored id is not stored there: a kept id never ends as a changed one does.
     assert safe_run_id(safe_run_id(EARLIER)) != safe_run_id(EARLIER)
     ids = [EARLIER, LOOKALIKE, "manual__2026-12-03T12:00:56.997472_00:00", "a" * 300, "a" * 300 + "b",
-           "_x", "x_", "x.", safe_run_id(EARLIER), "run-1", "run 1", "run+1", "run:1"]
+           "_x", "x_", "x.", "-x", "-x:", ".-_x", safe_run_id(EARLIER), "run-1", "run 1", "run+1", "run:1"]
     stored = [safe_run_id(i) for i in ids]
     assert len(set(stored)) == len(ids)
     assert all(RUN_ID_PATTERN.fullmatch(s) for s in stored), stored
-    with pytest.raises(ConfigError, match="no usable characters"):
-        safe_run_id("::")
+    for unusable in ("::", "-_.", "--"):
+        with pytest.raises(ConfigError, match="no usable characters"):
+            safe_run_id(unusable)
 
 
 def _decided(spec, who: str = "alice"):
