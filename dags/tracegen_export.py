@@ -57,8 +57,11 @@ PARAMS = {
 def tracegen_export():
     @task(outlets=[AssetAlias(ALIAS)])
     def export(*, params, outlet_events) -> dict:
+        from tracegen import steps
         from tracegen.export import export_dataset
         from tracegen.export.announce import ASSET_GROUP, asset_uri, event_extra
+
+        steps.refuse_unknown_conf()
 
         result = export_dataset(params["output_uri"], params["dest_uri"], layout=params["layout"],
                                 include_truncated=params["include_truncated"], overwrite=True)

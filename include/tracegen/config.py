@@ -7,6 +7,8 @@ the form and the validation cannot drift. Errors name the param and the accepted
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
 import os
 import re
@@ -27,7 +29,10 @@ WHILE_ASKING_MODES = ("recommended", "current", "idle")
 # matches RUN_ID_PATTERN; the review pages accept nothing else.
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
-
+RUN_ID_MAX = 120
+# What `safe_run_id` appends to an id it had to change: "--" and 16 hex digits of the exact id's SHA-256.
+_HASH_SUFFIX = re.compile(r"--[0-9a-f]{16}\Z")
+_HASH_HEX = 16
 PACKAGE_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = PACKAGE_DIR.parents[1]
 SAMPLE_DATASET = PACKAGE_DIR / "sample_data" / "agentic_coding_prompts.jsonl.gz"
@@ -39,11 +44,68 @@ class ConfigError(ValueError):
 
 
 def safe_run_id(run_id: str) -> str:
-    """A run id usable in object keys and file names (it matches RUN_ID_PATTERN), still recognisable."""
-    cleaned = _RUN_ID_UNSAFE.sub("_", run_id).strip("._")
-    if not cleaned:
+    """The id a run's files are stored under (`runs/<id>/`, ledger rows, spool dirs, its raise Variable): it
+    matches RUN_ID_PATTERN, stays recognisable, and two different run ids never share it.
+
+    An id that already matches the pattern is kept as it is, unless it ends the way a changed id does.
+    Any other id keeps its readable part (unsafe characters replaced, cut to length) and gets "--" and a
+    hash of the exact id: Airflow accepts both `manual__...T12:00:56+00:00` and `manual__...T12_00_56_00_00`,
+    which read alike once cleaned, and the hash keeps them apart. A kept id never ends like a changed one,
+    so no id can choose to be stored where another run is."""
+    if not isinstance(run_id, str):
+        raise ConfigError(f"run id must be a string, got {type(run_id).__name__}")
+    if RUN_ID_PATTERN.fullmatch(run_id) and not _HASH_SUFFIX.search(run_id):
+        return run_id
+    cleaned = _RUN_ID_UNSAFE.sub("_", run_id).strip("._-")
+    if not re.search(r"[A-Za-z0-9]", cleaned):
         raise ConfigError(f"run id {run_id!r} has no usable characters")
-    return cleaned[:120]
+    digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_HEX]
+    readable = cleaned[: RUN_ID_MAX - len(digest) - 2].rstrip("._-")
+    return f"{readable}--{digest}"
+
+
+def legacy_run_id(run_id: str) -> str | None:
+    """The id a run was stored under before stored ids carried a hash (the cleaned id alone), or None when
+    it is the same as `safe_run_id`'s. Two Airflow runs could share that form, so it finds a run's files only
+    when their record names that exact Airflow run (`stored_as`)."""
+    cleaned = _RUN_ID_UNSAFE.sub("_", run_id).strip("._")[:RUN_ID_MAX]
+    if not cleaned or not RUN_ID_PATTERN.fullmatch(cleaned) or cleaned == safe_run_id(run_id):
+        return None
+    return cleaned
+
+
+def stored_as(stored: str, airflow_run_id: str, recorded: str | None) -> bool:
+    """Whether `runs/<stored>/`, whose record names the Airflow run `recorded` (None: no record, or one
+    naming none), holds the Airflow run `airflow_run_id`'s files: the one rule every reader that maps an
+    Airflow run to its files applies. Never when the record names another Airflow run."""
+    if recorded not in (None, airflow_run_id):
+        return False
+    try:
+        if stored == safe_run_id(airflow_run_id):
+            return True
+    except ConfigError:
+        return False
+    return recorded == airflow_run_id and stored == legacy_run_id(airflow_run_id)
+
+
+def check_conf_keys(conf: Any, declared: Any, *, dag_id: str) -> None:
+    """`ConfigError` naming every key of a DagRun's conf that is not one of its DAG's params, each with the
+    closest param. Airflow merges a conf key it does not know into the params as it is, and nothing reads
+    it: `max_token` would run at the default cap without a word."""
+    if not conf:
+        return
+    if not isinstance(conf, dict):
+        raise ConfigError(f"the conf of a {dag_id} run must be a JSON object, got {type(conf).__name__}")
+    known = sorted(str(k) for k in declared)
+    unknown = sorted(str(k) for k in conf if k not in declared)
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise ConfigError(f"unknown conf key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: {dag_id} takes "
+                      f"{', '.join(known) or 'no conf'}; correct the conf and trigger again")
 
 
 def state_dir() -> Path:

@@ -27,6 +27,26 @@ def _context() -> dict[str, Any]:
     return get_current_context()
 
 
+def refuse_unknown_conf(ctx: dict[str, Any] | None = None) -> None:
+    """Fail the task, without retries, when its DagRun's conf holds a key that is not one of the DAG's (or
+    the task's) params: the one check for every DAG that takes conf (`config.check_conf_keys`). Outside a
+    DagRun nothing was triggered with conf."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.config import ConfigError, check_conf_keys
+
+    ctx = _context() if ctx is None else ctx
+    dag_run, dag = ctx.get("dag_run"), ctx.get("dag")
+    if dag_run is None or dag is None:
+        return
+    task = ctx.get("task")
+    declared = set(dag.params.keys()) | set(getattr(task, "params", None) or {})
+    try:
+        check_conf_keys(getattr(dag_run, "conf", None), declared, dag_id=dag.dag_id)
+    except ConfigError as exc:
+        raise AirflowFailException(f"invalid params: {exc}") from None
+
+
 def _spec(run: dict[str, Any]):
     from tracegen.run.spec import RunSpec
 
@@ -76,8 +96,10 @@ def prepare_run(lead: int) -> dict[str, Any]:
     from tracegen.fleet import FleetSpecError
     from tracegen.fleet.sources import reference
     from tracegen.run.prepare import prepare_run as prepare
+    from tracegen.run.records import RunRecordTaken
 
     ctx = _context()
+    refuse_unknown_conf(ctx)
     params = dict(ctx["params"])
     try:
         config = RunConfig.from_params({k: params[k] for k in CONFIG_PARAMS})
@@ -87,11 +109,14 @@ def prepare_run(lead: int) -> dict[str, Any]:
             config.check_context_length(declared)
     except (ConfigError, FleetSpecError) as exc:
         raise AirflowFailException(f"invalid params: {exc}") from None
-    run_id = safe_run_id(ctx["run_id"])
-    log.info("run %s: max_tokens=%d, dataset %s, output %s, %d GPUs", run_id, config.max_tokens,
-             config.dataset_uri, config.output_uri, len(fleet.servers()))
-    spec, work = prepare(config, run_id, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
-                         airflow_run_id=ctx["run_id"])
+    try:
+        safe_run_id(ctx["run_id"])
+        spec, work = prepare(config, None, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
+                             airflow_run_id=ctx["run_id"])
+    except (ConfigError, RunRecordTaken) as exc:
+        raise AirflowFailException(f"run {ctx['run_id']!r}: {exc}") from None
+    log.info("run %s (stored as %s): max_tokens=%d, dataset %s, output %s, %d GPUs", ctx["run_id"], spec.run_id,
+             config.max_tokens, config.dataset_uri, config.output_uri, len(fleet.servers()))
     if config.runaway_policy != "resample":
         # Skipped now, not by a process started after the last chunk only to skip itself: the report and
         # teardown then follow the last chunk in the scheduler's next loop (docs/benchmarks.md).
@@ -630,6 +655,7 @@ def raise_cap() -> dict[str, Any]:
     from tracegen.run.raise_request import RaiseRefused, request_raise
 
     ctx = _context()
+    refuse_unknown_conf(ctx)
     target = str(ctx["params"]["run_id"]).strip()
     try:
         raised = request_raise(_AirflowRaiseView(ctx["ti"]), target, ctx["params"]["max_tokens"],
@@ -671,6 +697,16 @@ class _AirflowRaiseView:
         from tracegen.run.api_answer import configured_answerer
 
         return configured_answerer()
+
+    def assigned_users(self):
+        from tracegen.review.notify import assigned_users
+
+        return assigned_users()
+
+    def may_answer(self, user: str) -> bool | None:
+        from tracegen.run.api_answer import hitl_permission
+
+        return hitl_permission(user, GENERATE_DAG)
 
     def announce(self, raised) -> None:
         from tracegen.run.cap_raise import ANSWERING_KEY
@@ -736,7 +772,9 @@ def find_unfinished_work() -> list[dict[str, Any]]:
     [] when all is done, and nothing for a root a live run or another writer owns (`run.rerun`)."""
     from tracegen.run.rerun import unfinished_work
 
-    airflow = _AirflowRuns(_context()["ti"])
+    ctx = _context()
+    refuse_unknown_conf(ctx)
+    airflow = _AirflowRuns(ctx["ti"])
     work: list[dict[str, Any]] = []
     for root in output_roots():
         if not root.startswith("s3://") and not Path(root.removeprefix("file://")).exists():
@@ -791,7 +829,9 @@ def fleet_action() -> list[dict[str, Any]]:
     from tracegen.fleet import provision, status, teardown
     from tracegen.fleet.sources import load_fleet
 
-    params = _context()["params"]
+    ctx = _context()
+    refuse_unknown_conf(ctx)
+    params = ctx["params"]
     fleet = load_fleet(params["fleet"])
     action = params["action"]
     if action == "start":

@@ -72,4 +72,5 @@ def register(app: FastAPI, site: Site) -> None:
         output_root, uri, data = _checked(request, site, root, run_id, name)
         if name.endswith(".json"):
             return Response(data, media_type="application/json")
-        return show_report(request, site, root, uri, read_run(output_root, run_id), name, site.airflow_run_for(run_id))
+        view = read_run(output_root, run_id)
+        return show_report(request, site, root, uri, view, name, site.airflow_run_for(run_id, view.airflow_run_id))

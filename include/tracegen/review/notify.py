@@ -41,9 +41,9 @@ from tracegen.http_connection import (
     connection_port,
     http_url,
 )
+from tracegen.run.api_answer import ASSIGNED_USERS_ENV
 
 NOTIFY_ENV = "TRACEGEN_QUESTION_NOTIFY"
-ASSIGNED_USERS_ENV = "TRACEGEN_QUESTION_ASSIGNED_USERS"
 log = logging.getLogger(__name__)
 
 EMAIL_TYPES = ("smtp", "email")

@@ -40,7 +40,7 @@ def progress_of(request: Request, site: Site, root: str, run_id: str) -> tuple[d
         raise HTTPException(404, f"run {run_id!r} has no run record in {uri}: no progress to show") from None
     except (StorageError, RunSpecError) as exc:
         raise HTTPException(503, f"cannot read the progress of run {run_id!r}: {exc}") from None
-    af = site.airflow_run_for(run_id)
+    af = site.airflow_run_for(run_id, record.airflow_run_id)
     state = af.state if af else None
     stage = view.stage_and_decider[0]
     live = state in LIVE_STATES and stage is None and progress["left"] > 0

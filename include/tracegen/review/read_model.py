@@ -83,6 +83,12 @@ class RunView:
         return tuple(name for name in REPORT_FILES if name in self.present)
 
     @property
+    def airflow_run_id(self) -> str | None:
+        """The Airflow run the record names, as written: a key to find the run by, not proof it is that run."""
+        named = (self.record or {}).get("airflow_run_id")
+        return named if isinstance(named, str) and named else None
+
+    @property
     def has_record(self) -> bool:
         return RUN_FILE in self.present
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi.exceptions import HTTPException
 
-from tracegen.config import RUN_ID_PATTERN, ConfigError, safe_run_id
+from tracegen.config import RUN_ID_PATTERN, ConfigError, safe_run_id, stored_as
 from tracegen.review.access import GENERATE_DAG, AirflowRun
 from tracegen.review.summary import RunSummary, summarise_run
 
@@ -102,6 +102,20 @@ def list_root(uri: str, limit: int = MAX_RUNS_PER_ROOT) -> RootListing:
     return RootListing(key, uri, tuple(runs[:limit]))
 
 
+def airflow_run_of(stored: str, recorded: str | None, by_stored: dict[str, AirflowRun]) -> AirflowRun | None:
+    """The run of `by_stored` (`Site.by_stored_id`) whose files are `runs/<stored>/`, the record there naming
+    the Airflow run `recorded` (None: no record, or one naming none): the run the record names, when its
+    files are there by `config.stored_as` (its stored id, or that id's earlier form); without a name, the run
+    whose stored id it is."""
+    if recorded is None:
+        return by_stored.get(stored)
+    try:
+        named = by_stored.get(safe_run_id(recorded))
+    except ConfigError:
+        return None
+    return named if named is not None and stored_as(stored, named.run_id, recorded) else None
+
+
 class Site:
     """The roots and Airflow's runs as one request sees them: `roots` lists the configured output roots,
     `runs` reads `tracegen_generate` runs from Airflow's metadata DB."""
@@ -154,7 +168,8 @@ class Site:
         return uris + [r.output_uri for r in self.known_runs()[0] if r.output_uri]
 
     def by_stored_id(self) -> dict[str, AirflowRun]:
-        """Airflow's runs by their stored id (Airflow's ids carry ':' and '+', storage has them replaced)."""
+        """Airflow's runs by their stored id (`safe_run_id`: Airflow's ids carry ':' and '+'). A run stored
+        under the earlier id form is found by `airflow_run_for` with the Airflow id its record names."""
         out: dict[str, AirflowRun] = {}
         for r in self.known_runs()[0]:
             try:
@@ -163,8 +178,12 @@ class Site:
                 continue
         return out
 
-    def airflow_run_for(self, stored: str) -> AirflowRun | None:
-        return self.by_stored_id().get(stored)
+    def airflow_run_for(self, stored: str, recorded: str | None = None,
+                        by_stored: dict[str, AirflowRun] | None = None) -> AirflowRun | None:
+        """The Airflow run stored as `stored`, whose record names the Airflow run `recorded` (`config.stored_as`).
+        `by_stored`: `by_stored_id()`, when the caller holds it already."""
+        by_stored = self.by_stored_id() if by_stored is None else by_stored
+        return airflow_run_of(stored, recorded, by_stored)
 
     def refused_answer(self, airflow_run_id: str) -> dict[str, Any] | None:
         from tracegen.review.access import refused_answer

@@ -11,13 +11,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import HTTPException
 from fastapi.responses import RedirectResponse, Response
 
-from tracegen.config import ConfigError, safe_run_id
+from tracegen.config import ConfigError, safe_run_id, stored_as
 from tracegen.review.access import AirflowRun, require_dag_read
 from tracegen.review.files_page import show_report
 from tracegen.review.page import progress_url
 from tracegen.review.read_model import FINAL_HTML, PILOT_HTML, read_run, run_files
 from tracegen.review.roots import Site, check_run_id, root_key
 from tracegen.review.summary import summarise
+from tracegen.run.records import stored_run_id
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def register(app: FastAPI, site: Site) -> None:
         check_run_id(stored)
         found, _ = site.known_runs(run_id)
         af = found[0] if found else site.airflow_run_for(stored)
+        the_id = stored
         by_key, _problems = site.resolve_roots()
         order = list(by_key)
         if af is not None and af.output_uri:
@@ -67,10 +69,14 @@ def register(app: FastAPI, site: Site) -> None:
         for key in order:
             output_root, uri = site.open_root(key, by_key)
             try:
+                # In each root: under its stored id, or the earlier id form its record names it by.
+                stored = stored_run_id(output_root, run_id)
                 present = run_files(output_root, stored)
                 if not present:
                     continue
                 view = read_run(output_root, stored, present)
+                if not stored_as(stored, run_id, view.airflow_run_id):
+                    continue  # another run's record: not this run's report
                 summary = summarise(view)
                 if summary.stage is not None and summary.deciding_report:
                     name = summary.deciding_report
@@ -85,4 +91,4 @@ def register(app: FastAPI, site: Site) -> None:
                 return show_report(request, site, key, uri, view, name, af, raw_run_id=run_id)
             except StorageError as exc:
                 log.warning("run %s in %s: %s", stored, output_root.storage.uri, exc)
-        raise HTTPException(404, missing_run_message(run_id, stored, dag_id, af, len(by_key)))
+        raise HTTPException(404, missing_run_message(run_id, the_id, dag_id, af, len(by_key)))

@@ -11,9 +11,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure
+from tracegen.config import safe_run_id
 from tracegen.review.access import GENERATE_DAG, AirflowRun, airflow_run_path, require_dag_read
 from tracegen.review.page import file_url, html_response, progress_url, render_page
-from tracegen.review.roots import RootListing, Site, list_root
+from tracegen.review.roots import RootListing, Site, airflow_run_of, list_root
 from tracegen.review.summary import RunSummary
 from tracegen.run.stage import ASKING, STOPPED
 
@@ -110,8 +111,10 @@ def render_index(request: Request, listings: list[RootListing], problems: list[s
     listed: set[str] = set()
     for listing in listings:
         for r in listing.runs:
-            af = airflow.get(r.run_id)
+            af = airflow_run_of(r.run_id, r.airflow_run_id, airflow)
             listed.add(r.run_id)
+            if af is not None:
+                listed.add(safe_run_id(af.run_id))  # a run stored under the earlier id form is listed once
             lines.append((_when(r, af), _line(request, listing, r, af, r.run_id)))
     for stored, af in airflow.items():
         if stored not in listed:

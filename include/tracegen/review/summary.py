@@ -29,6 +29,7 @@ class RunSummary:
     # The shown report's truncation figures under their names (`audit.figures.AT_CAP`, `STILL`): (count, of).
     truncation_figures: dict[str, tuple[int, int]] | None = None
     decision: str | None = None  # the run's last decision in words: who, when, what
+    airflow_run_id: str | None = None  # the Airflow run its record names (`RunView.airflow_run_id`)
 
     @property
     def verdict(self) -> str | None:
@@ -80,6 +81,7 @@ def summarise(view: RunView) -> RunSummary:
         has_record=view.has_record,
         truncation_figures=figures_from_report(shown) or None,
         decision=decision_text(view.decisions[-1] if view.decisions else None),
+        airflow_run_id=view.airflow_run_id,
     )
 
 

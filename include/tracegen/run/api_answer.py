@@ -27,6 +27,9 @@ from urllib.parse import quote
 from tracegen.http_connection import ConnectionMisconfigured, http_url
 
 API_CONN_ENV = "TRACEGEN_API_CONN"
+# Names the users who alone may answer the gate's question (`review.notify.assigned_users` reads it); a raise
+# answers only for one of them.
+ASSIGNED_USERS_ENV = "TRACEGEN_QUESTION_ASSIGNED_USERS"
 DEFAULT_API_CONN = "tracegen_api"
 # A token and one PATCH; an api-server slower than this is reported, not waited on.
 TIMEOUT_S = 30.0
@@ -113,6 +116,28 @@ def configured_answerer() -> ApiAnswerer | None:
         return ApiAnswerer.from_connection(conn, conn_id)
     except ConnectionMisconfigured as exc:
         raise ConnectionMisconfigured(f"Airflow connection {conn_id!r}: {exc}") from None
+
+
+def hitl_permission(user: str, dag_id: str) -> bool | None:
+    """Whether Airflow lets `user` answer `dag_id`'s questions when they name no assigned users: the Core API's
+    hitlDetails route asks the auth manager for PUT on the DAG's HITL detail (`is_authorized_dag` with
+    `DagAccessEntity.HITL_DETAIL`). None when that cannot be told from a worker: only the simple auth manager's
+    users (and their roles) are in the configuration every component reads; FAB's and others' are in the
+    api-server's user store."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+    from airflow.configuration import conf
+
+    manager = conf.getimport("core", "auth_manager")  # as `airflow.api_fastapi.app.get_auth_manager_cls` reads it
+    if not (isinstance(manager, type) and issubclass(manager, SimpleAuthManager)):
+        return None
+    if conf.getboolean("core", "simple_auth_manager_all_admins", fallback=False):
+        return True  # every signed-in user is an admin
+    known = next((u for u in manager.get_users() if u.username == user), None)
+    if known is None:
+        return False
+    return manager().is_authorized_dag(method="PUT", access_entity=DagAccessEntity.HITL_DETAIL,
+                                       details=DagDetails(id=dag_id), user=known)
 
 
 def answering_login() -> str | None:

@@ -9,7 +9,7 @@ import time
 from tracegen import plan
 from tracegen.config import RunConfig
 from tracegen.dataset.stored import bind_index
-from tracegen.run.records import write_run_record
+from tracegen.run.records import create_run_record, stored_run_id
 from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
 from tracegen.store.root import open_root
 from tracegen.store.snapshots import COMPACT_OVER
@@ -18,12 +18,18 @@ log = logging.getLogger(__name__)
 
 
 def prepare_run(
-    config: RunConfig, run_id: str, fleet: FleetRef, *, stagger: int = 0, teardown: bool = False,
+    config: RunConfig, run_id: str | None, fleet: FleetRef, *, stagger: int = 0, teardown: bool = False,
     airflow_run_id: str | None = None,
 ) -> tuple[RunSpec, list[plan.ChunkWork]]:
     """The run's spec and its chunks with work left. `stagger`: chunk tasks in flight at once (see
-    `plan.chunks`); 0 for equal chunks."""
+    `plan.chunks`); 0 for equal chunks. `run_id` None: the Airflow run's stored id in this root
+    (`records.stored_run_id`: a run recorded under an earlier id form keeps it). Refused with
+    `RunRecordTaken`, writing nothing under `runs/`, when the run's directory holds another run's record."""
     root = open_root(config.output_uri, config.aws_conn_id)
+    if run_id is None:
+        if airflow_run_id is None:
+            raise ValueError("prepare_run needs a run id or the Airflow run id to derive it from")
+        run_id = stored_run_id(root, airflow_run_id)
     index = bind_index(root, config.dataset_uri, config.aws_conn_id)
     layout = plan.choose_layout(config, index.n_rows, fleet.slots, stagger)
     spec = RunSpec(
@@ -32,7 +38,7 @@ def prepare_run(
                                 index.source_version), layout=layout,
         teardown=teardown, airflow_run_id=airflow_run_id,
     )
-    write_run_record(root, spec)
+    create_run_record(root, spec)
     work = plan.chunks_with_work(root.snapshots.frame(compact_over=COMPACT_OVER), index.n_rows, layout, config)
     log.info(
         "plan: %d rows, chunks of %d (the first %d of %s, then %d staggered), %d chunks with work left "

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from tracegen.audit.review import CAP_FIELD, OTHER, AnswerRefused, CapQuestion, decide
 from tracegen.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
-from tracegen.run.api_answer import API_CONN_ENV, AnswerFailed, api_conn_id
+from tracegen.run.api_answer import API_CONN_ENV, ASSIGNED_USERS_ENV, AnswerFailed, api_conn_id
 from tracegen.run.cap_raise import (
     CapRaise,
     RaiseFacts,
@@ -77,6 +77,14 @@ class RaiseView(Protocol):
 
     def announce(self, raised: CapRaise) -> None:
         """Push `raised` as this task's XCom `answering` (`cap_raise.ANSWERING_KEY`)."""
+
+    def assigned_users(self) -> list[dict[str, str]] | None:
+        """Who alone may answer the run's question ({"id", "name"} each: TRACEGEN_QUESTION_ASSIGNED_USERS, as
+        `review_cap` poses it), None when anyone Airflow lets answer may."""
+
+    def may_answer(self, user: str) -> bool | None:
+        """Whether Airflow lets `user` answer the generate DAG's questions when no users are assigned
+        (`api_answer.hitl_permission`); None when that cannot be told here."""
 
     def facts(self, raised: CapRaise, *, run_cap: int, context_length: int | None) -> RaiseFacts:
         """`RaiseFacts` for an earlier raise, from the raise task it names."""
@@ -151,6 +159,7 @@ def _answer_the_question(view: RaiseView, target: str, raised: CapRaise, *, wait
                responded_at=raised.requested_at)
     except (StopIteration, AnswerRefused) as exc:
         raise RaiseRefused(f"run {target!r} asks its reviewer, who could not answer {raised.cap:,}: {exc}") from None
+    check_respondent(view, target, raised.requested_by)
     review = _wait_for_review(view, target, wait_s=wait_s, poll_s=poll_s, sleep=sleep)
     if review not in WAITING:
         raise RaiseRefused(f"run {target!r} has already decided its cap: its question ({REVIEW_TASK}) is {review}, "
@@ -174,6 +183,34 @@ def _answer_the_question(view: RaiseView, target: str, raised: CapRaise, *, wait
     log.warning("answered the question of run %r (%s) as %r: '%s' with %d; %s records it as this raise when it "
                 "resumes", target, question.subject, answerer.login, label, raised.cap, REVIEW_TASK)
     return raised
+
+
+def check_respondent(view: RaiseView, target: str, user: str | None) -> None:
+    """`RaiseRefused`, naming `user`, unless the person who triggered the raise may answer run `target`'s
+    question themselves: one of its assigned users (by id, or by the name the operator gave), or, where none
+    are assigned, a user Airflow lets answer it. The raise answers as the API connection's user, whom Airflow
+    checks; this checks the person it answers for, so a raise is never a way round who may answer."""
+    where = f"answer it in Required Actions ({REVIEW_TASK})"
+    if not user:
+        raise RaiseRefused(f"run {target!r} asks its reviewer, and this raise names no triggering user, so it cannot "
+                           f"answer for anyone: {where}")
+    assigned = view.assigned_users()
+    if assigned:
+        if any(user in (a.get("id"), a.get("name")) for a in assigned):
+            return
+        names = ", ".join(a.get("id", "?") for a in assigned)
+        raise RaiseRefused(f"run {target!r} asks its reviewer, and {user!r}, who triggered this raise, is not one of "
+                           f"the users who may answer it ({names}: {ASSIGNED_USERS_ENV}): one of them may raise, or "
+                           f"{where}")
+    allowed = view.may_answer(user)
+    if allowed:
+        return
+    if allowed is None:
+        raise RaiseRefused(f"run {target!r} asks its reviewer, and whether {user!r}, who triggered this raise, may "
+                           f"answer it cannot be told from a worker under this auth manager: name who may answer in "
+                           f"{ASSIGNED_USERS_ENV}, or {where}")
+    raise RaiseRefused(f"run {target!r} asks its reviewer, and {user!r}, who triggered this raise, may not answer "
+                       f"{GENERATE}'s questions (Airflow's permission to update its Required Actions): {where}")
 
 
 def _wait_for_deciding(view: RaiseView, run_id: str, *, wait_s: float, poll_s: float,

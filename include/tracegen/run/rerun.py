@@ -14,7 +14,6 @@ root it reads:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -22,13 +21,11 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from tracegen import plan
-from tracegen.run import RUN_FILE
-from tracegen.run.records import stopped_at_gate
+from tracegen.run.records import recorded_airflow_run, stopped_at_gate
 from tracegen.run.spec import RunSpec
 from tracegen.store.lease import fresh_holders, lease_ttl_s
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.snapshots import COMPACT_OVER
-from tracegen.store.storage import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +120,7 @@ def _airflow_key(root: OutputRoot, run_id: str) -> str:
     """The id to ask Airflow about the run stored as `runs/<run_id>/`: the record's `airflow_run_id` (the
     stored id is its file-safe form) or the stored id itself. Only a key: the run Airflow returns for it
     must be the one stored under `run_id`, or it is not this record's run."""
-    try:
-        hint = json.loads(root.run_files.get(run_id, RUN_FILE)).get("airflow_run_id")
-    except (StorageError, ValueError, AttributeError):
-        hint = None
-    return hint if isinstance(hint, str) and 0 < len(hint) <= 250 else run_id
+    return recorded_airflow_run(root, run_id) or run_id
 
 
 def root_owner(root: OutputRoot, newest: RootRun | None) -> str | None:

@@ -59,6 +59,11 @@ class RunFiles:
         self.storage.put(key, data)
         return self.storage.uri_for(key)
 
+    def create(self, run_id: str, name: str, data: bytes) -> bool:
+        """Write `runs/<run_id>/<name>` only if it is not there yet (`Storage.create`): True when this call
+        wrote it."""
+        return self.storage.create(_key(run_id, name), data)
+
     def get(self, run_id: str, name: str) -> bytes:
         return self.storage.get(_key(run_id, name))
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tracegen.config import ConfigError, RunConfig, safe_run_id
+from tracegen.config import RUN_ID_PATTERN, ConfigError, RunConfig, safe_run_id
 
 BASE = {"dataset_uri": "/data/prompts.jsonl", "output_uri": "/out"}
 
@@ -75,7 +75,9 @@ def test_config_round_trips_through_json():
 
 
 def test_safe_run_id():
-    assert safe_run_id("manual__2026-11-29T19:16:49.123+00:00") == "manual__2026-11-29T19_16_49.123_00_00"
+    stored = safe_run_id("manual__2026-11-29T19:16:49.123+00:00")
+    assert stored.startswith("manual__2026-11-29T19_16_49.123_00_00--") and RUN_ID_PATTERN.fullmatch(stored)
+    assert safe_run_id("run-1") == "run-1"
     with pytest.raises(ConfigError):
         safe_run_id("::")
 

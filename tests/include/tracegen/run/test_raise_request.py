@@ -10,6 +10,7 @@ from engine_support.helpers import make_config, prepare, write_dataset
 
 from tracegen.audit.review import CAP_FIELD, PILOT, CapQuestion
 from tracegen.http_connection import ConnectionMisconfigured
+from tracegen.review.notify import ASSIGNED_USERS_ENV, assigned_users
 from tracegen.run.api_answer import AnswerFailed
 from tracegen.run.cap_raise import CapRaise, RaiseFacts, parse, variable_key
 from tracegen.run.raise_request import RaiseRefused, request_raise
@@ -63,6 +64,15 @@ class View:
     def announce(self, raised: CapRaise) -> None:
         self.announced.append(raised.to_json())
 
+    def assigned_users(self) -> Any:
+        return assigned_users()
+
+    def may_answer(self, user: str) -> bool | None:
+        # Airflow's auth manager, as the raise task asks it.
+        from tracegen.run.api_answer import hitl_permission
+
+        return hitl_permission(user, "tracegen_generate")
+
     def run_state(self, run_id: str) -> str | None:
         return self.state
 
@@ -93,14 +103,24 @@ class View:
         self.variables.pop(key, None)
 
 
+@pytest.fixture(autouse=True)
+def airflow_users(monkeypatch) -> None:
+    """The simple auth manager's users, as every component reads them from the configuration; none assigned."""
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
+                       "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "alice:user,bob:user,vic:viewer")
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
+    monkeypatch.delenv(ASSIGNED_USERS_ENV, raising=False)
+
+
 @pytest.fixture
 def spec(tmp_path):
     dataset = write_dataset(tmp_path / "prompts.jsonl", 20)
     return prepare(make_config(dataset, tmp_path / "out", max_tokens=4096, gate_mode="warn"), "run-1")
 
 
-def _raise(view: View, cap: Any = 8192, **kwargs: Any) -> CapRaise:
-    return request_raise(view, TARGET, cap, requested_by="alice", raised_in="manual__raise", sleep=lambda s: None,
+def _raise(view: View, cap: Any = 8192, by: str | None = "alice", **kwargs: Any) -> CapRaise:
+    return request_raise(view, TARGET, cap, requested_by=by, raised_in="manual__raise", sleep=lambda s: None,
                          **kwargs)
 
 
@@ -251,3 +271,50 @@ def test_a_question_that_never_gets_asked_is_an_error_to_retry(spec) -> None:
     view.decision = _asked()
     with pytest.raises(RuntimeError, match="review_cap of run .* has been queued for 0 s without asking"):
         _raise(view, 12_000, wait_s=0.0)
+
+
+def _waiting(spec, answerer: Answerer, deciding: list[str] | None = None) -> View:
+    view = View(spec, deciding=deciding or ["success"], review=["awaiting_input"], answerer=answerer)
+    view.decision = _asked()
+    return view
+
+
+def test_a_raise_answers_the_question_only_for_an_assigned_user(spec, monkeypatch) -> None:
+    """With assigned users, a raise by anyone else does not answer through the API user for them: refused,
+    naming who triggered it and who may answer, and nothing answered, announced or kept."""
+    monkeypatch.setenv(ASSIGNED_USERS_ENV, "alice,7:carol")
+    answerer = Answerer()
+    # bob may act on the DAG's runs (role user), yet is not assigned; vic is read-only.
+    for who in ("bob", "vic", "mallory"):
+        view = _waiting(spec, answerer, deciding=["none", "running", "success"])
+        with pytest.raises(RaiseRefused, match=f"'{who}', who triggered this raise, is not one of the users who may "
+                                               r"answer it \(alice, 7: TRACEGEN_QUESTION_ASSIGNED_USERS\)"):
+            _raise(view, 12_000, by=who)
+        assert answerer.answers == [] and view.announced == [] and view.variables == {}
+    # An assigned user, by id or by the name the operator gave.
+    for who in ("alice", "carol"):
+        _raise(_waiting(spec, answerer), 12_000, by=who)
+    assert len(answerer.answers) == 2
+
+
+def test_without_assigned_users_a_raise_answers_for_whoever_airflow_lets_answer(spec, monkeypatch) -> None:
+    answerer = Answerer()
+    for who in ("vic", "mallory"):  # read-only, and unknown to the auth manager
+        view = _waiting(spec, answerer)
+        with pytest.raises(RaiseRefused, match=f"'{who}', who triggered this raise, may not answer tracegen_generate"):
+            _raise(view, 12_000, by=who)
+    assert answerer.answers == []
+    _raise(_waiting(spec, answerer), 12_000, by="bob")
+    assert len(answerer.answers) == 1
+
+
+def test_a_raise_that_cannot_tell_who_may_answer_does_not_answer(spec, monkeypatch) -> None:
+    answerer = Answerer()
+    with pytest.raises(RaiseRefused, match="names no triggering user"):
+        _raise(_waiting(spec, answerer), 12_000, by=None)
+    # An auth manager whose users a worker cannot see: name them, or answer in Required Actions.
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
+                       "airflow.api_fastapi.auth.managers.base_auth_manager.BaseAuthManager")
+    with pytest.raises(RaiseRefused, match="cannot be told from a worker.*TRACEGEN_QUESTION_ASSIGNED_USERS"):
+        _raise(_waiting(spec, answerer), 12_000, by="bob")
+    assert answerer.answers == []
