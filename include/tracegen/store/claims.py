@@ -86,7 +86,7 @@ class ChunkClaim:
             if doc is not None and self._newer(doc, modified):
                 raise ChunkSuperseded(
                     f"{self.attempt.describe()} yields: {self.storage.uri_for(self.key)} is claimed by try "
-                    f"{doc.get('try_number')} of the same task; an older try commits nothing")
+                    f"{int(doc['try_number'])} of the same task; an older try commits nothing")
             new = self.storage.swap(self.key, self._doc, version)
             if new is not None:
                 self.version = new
@@ -117,5 +117,7 @@ class ChunkClaim:
 
 
 def _describe(doc: dict) -> str:
-    task, tried = str(doc.get("task", "?"))[:200], doc.get("try_number")
-    return task if tried is None else f"{task} try {tried}"
+    """A claim's task and try as read from storage, safe for a log line: printable, bounded."""
+    task = "".join(c if c.isprintable() else "?" for c in str(doc.get("task", "?")))[:200]
+    tried = doc.get("try_number")
+    return task if not isinstance(tried, int) else f"{task} try {tried}"

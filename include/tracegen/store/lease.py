@@ -16,6 +16,10 @@ there. So every task that generates holds a lease on the root while it does:
   lease can only delay work by one TTL after it was last written, and never chooses what runs, where,
   or with which config. Its text only names the holder in the log of the one that yields.
 - Released (deleted) when the task ends. A task killed with SIGKILL leaves its object, which expires.
+- Fencing: every write of the object is a compare-and-swap on the version last written, and taking the root
+  removes the other owners' stale objects (each at the version judged stale), so a holder that was paused
+  past its TTL finds its lease gone. Each commit's ledger entry is written guarded by the lease's version
+  and a deadline (`RootLease.fence`), so such a holder commits nothing.
 
 The clock compared with the storage's modification times is this machine's: workers and the storage
 must agree within `CLOCK_SKEW_S`, which also bounds how long a lease stamped in the future is trusted.
@@ -170,8 +174,10 @@ class RootLease:
         self.version, self._renewed = version, started
         if not (others := self.others()):
             stale = stale_leases(self.storage, self.ttl_s, but=self.digest)
-            if any(not self.storage.remove_if(key, v) for key, v in stale):
-                others = self.others() or [Holder(key, key[len(LEASE_PREFIX):][:16], "?", 0.0) for key, _ in stale]
+            # Not removed and still there: renewed since it was judged stale, so its holder is alive.
+            kept = [key for key, v in stale if not self.storage.remove_if(key, v) and self.storage.exists(key)]
+            if kept:
+                others = self.others() or [Holder(key, key[len(LEASE_PREFIX):][:16], "?", 0.0) for key in kept]
         if others:
             self.storage.delete(self.key)
             self.version = None

@@ -25,6 +25,8 @@ Crash windows and why each is safe:
 - between entry PUT and discard: the entry exists, so recovery only discards. Never committed twice.
 - S3 down during commit: `commit` retries, then raises; the sealed segment stays in the spool and
   the next flush/recover commits it.
+- lease lost or chunk claimed by a newer attempt (`Fenced`): nothing is committed, the segment stays;
+  the next recovery commits only its rows whose index is not committed at their cap by then.
 """
 
 from __future__ import annotations
