@@ -26,7 +26,7 @@ from engine_support.helpers import (
 
 from tracegen.cli import main as cli
 from tracegen.store.claims import Attempt, ChunkClaim, ChunkSuperseded, claim_key
-from tracegen.store.lease import RootLease
+from tracegen.store.lease import RootLease, owner_digest, stale_leases
 from tracegen.store.records import OK, GeneratedRow
 from tracegen.store.storage import Fenced, open_storage
 
@@ -190,6 +190,23 @@ def test_a_taken_over_lease_fences_its_holder(tmp_path) -> None:
     assert b.held and not storage.exists(a.key)
     with pytest.raises(Fenced), a.fence():
         pass
+    # A holder whose own clock says it is fresh (a VM pause the clock did not see) is stopped by the storage.
+    c = RootLease(storage, "writer C", "chunk 0", ttl_s=60)
+    b.release()
+    c.acquire()
+    time.sleep(0.4)
+    d = RootLease(storage, "writer D", "chunk 0", ttl_s=0.3)
+    d.acquire()
+    with pytest.raises(Fenced, match="removed or replaced"), c.fence():
+        pass
+    # A lease renewed after it was judged stale is not removed: the taker yields to it.
+    c2 = RootLease(storage, "writer C2", "chunk 0", ttl_s=60)
+    d.release()
+    c2.acquire()
+    time.sleep(0.4)
+    stale = stale_leases(storage, 0.3, but=owner_digest("writer E"))
+    c2.renew()
+    assert not storage.remove_if(*stale[0]) and storage.exists(c2.key)
 
 
 def test_a_newer_try_wins_the_claim_and_an_older_try_yields(tmp_path) -> None:
@@ -227,3 +244,25 @@ def test_verify_fails_naming_an_index_committed_twice_under_one_cap(tmp_path, ca
     assert cli(["verify", config.output_uri]) == 1
     out = capsys.readouterr().out
     assert "duplicate: index 3 committed twice under max_tokens=4096" in out and "index 7" not in out
+
+
+def test_on_s3_a_commit_of_a_writer_whose_lease_was_taken_over_writes_no_entry(s3_uri) -> None:
+    """The same fence through `Commits.commit` on a real S3 server (moto): after another owner removed the
+    stale lease on taking the root, the old holder's commit raises `Fenced` and leaves no ledger entry."""
+    from tracegen.store.root import OutputRoot
+
+    root = OutputRoot(open_storage(s3_uri))
+    # A believes it holds for half a minute (its clock stood still, as in a VM pause); B's TTL says A's
+    # lease is stale after a second: only the storage's guard can stop A.
+    a = RootLease(root.storage, "writer A", "chunk 0", ttl_s=60.0)
+    a.acquire()
+    rows = [GeneratedRow(index=i, status=OK, max_tokens=4096, run_id="run-s3", chunk=0, finish_reason="stop",
+                         completion_tokens=10, content="x") for i in range(3)]
+    root.commits.commit(rows, "run-s3", 0, "seg-before", fence=a.fence)
+    time.sleep(1.2)
+    b = RootLease(root.storage, "writer B", "chunk 0", ttl_s=1.0)
+    b.acquire()
+    assert b.held and not root.storage.exists(a.key)
+    with pytest.raises(Fenced):
+        root.commits.commit(rows, "run-s3", 0, "seg-after", fence=a.fence)
+    assert [k.rsplit("/", 1)[-1] for k in root.commits.entries()] == ["c00000-seg-before.json"]
