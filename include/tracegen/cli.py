@@ -83,10 +83,16 @@ def _verify(args: argparse.Namespace) -> int:
     root = open_root(_root(args), args.aws_conn_id)
     checked = len(root.commits.entries())
     damage = root.repair.verify_parts(deep=not args.quick)
+    duplicates = root.repair.duplicates()
     how = "sizes, from the listing" if args.quick else "size and sha256"
+    for line in duplicates:
+        print(f"duplicate: {line}")
+    if duplicates:
+        # Not retired: either row may be the one the rest of the ledger was planned from.
+        print("rows above are committed twice under one cap: two writers generated the same indices")
     if not damage:
         print(f"{root.storage.uri}: {checked} committed parts match their ledger entries ({how})")
-        return 0
+        return 1 if duplicates else 0
     for item in damage:
         rows = "unknown" if item.n_rows is None else item.n_rows
         print(f"damaged: {item.part}: {item.problem} (entry {item.entry}, {rows} rows)")
@@ -159,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "re-tokenisation)")
     p.set_defaults(func=_export)
 
-    p = sub.add_parser("verify", help="check every committed part against its ledger entry (size, sha256); "
-                       "exit 1 naming the damaged ones")
+    p = sub.add_parser("verify", help="check every committed part against its ledger entry (size, sha256) and "
+                       "that no index is committed twice under one cap; exit 1 naming the damaged parts and "
+                       "the duplicated indices")
     p.add_argument("output_uri")
     p.add_argument("--quick", action="store_true",
                    help="compare sizes from one listing instead of reading every part")

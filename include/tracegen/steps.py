@@ -47,6 +47,18 @@ def refuse_unknown_conf(ctx: dict[str, Any] | None = None) -> None:
         raise AirflowFailException(f"invalid params: {exc}") from None
 
 
+def _attempt():
+    """This task's try, for the chunk's claim (`store.claims`): a newer try of a chunk always wins over an
+    older one still running on another worker."""
+    from tracegen.store.claims import Attempt
+
+    ti = _context().get("ti")
+    task_id, map_index = getattr(ti, "task_id", "task"), getattr(ti, "map_index", -1)
+    task = task_id if not isinstance(map_index, int) or map_index < 0 else f"{task_id}[{map_index}]"
+    tried = getattr(ti, "try_number", None)
+    return Attempt(f"{getattr(ti, 'dag_id', '?')}/{task}", tried if isinstance(tried, int) else None)
+
+
 def _spec(run: dict[str, Any]):
     from tracegen.run.spec import RunSpec
 
@@ -175,7 +187,7 @@ def run_pilot(run: dict[str, Any]) -> dict[str, Any]:
 
     spec = _spec(run)
     with _refused_without_retry():
-        summary = pilot(spec, fleet=_fleet(spec))
+        summary = pilot(spec, fleet=_fleet(spec), attempt=_attempt())
     if summary is None:
         log.info("pilot_size=0: no pilot; the continuous gate watches the fan-out instead")
         return {"indices": 0}
@@ -287,7 +299,8 @@ def _generate(run: dict[str, Any], chunk: dict[str, Any], *, alongside_pilot: bo
     spec = _at_raised_cap(_spec(run))
     try:
         with _refused_without_retry():
-            summary = generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec))
+            summary = generate_chunk_work(spec, work, alongside_pilot=alongside_pilot, fleet=_fleet(spec),
+                                          attempt=_attempt())
     except GateClosed as exc:
         if spec.config.gate_mode == "ask":
             # Held, not failed: what this chunk leaves is the reviewer's to decide on (`ask_about_cap`),
@@ -418,7 +431,8 @@ def generate_while_asking(run: dict[str, Any], chunk: dict[str, Any]) -> dict[st
         at, asking, check = provisional(spec, int(question["while_asking"]["cap"])), True, stopped
         log.info("%s: generating at max_tokens=%d while the question waits", work.label, at.config.max_tokens)
     try:
-        return generate_chunk_work(at, work, fleet=_fleet(at), while_asking=asking, stop_check=check).to_json()
+        return generate_chunk_work(at, work, fleet=_fleet(at), while_asking=asking, stop_check=check,
+                                   attempt=_attempt()).to_json()
     except GateClosed as exc:
         # The answer was 'stop' (or nobody answered in time), or the decided cap's own gate closed: what this
         # chunk committed stays, the rest is not generated.
@@ -814,7 +828,7 @@ def rerun_unfinished(work: dict[str, Any]) -> dict[str, Any]:
         raise AirflowFailException(f"{item.label}: {exc}") from None
     try:
         summary = generate_chunk_work(spec, item.work, fleet=fleet, writer=f"tracegen_rerun_failed run {ctx['run_id']}",
-                                      lease_wait_s=0, root=root)
+                                      lease_wait_s=0, root=root, attempt=_attempt())
     except (RootHeld, GateClosed) as exc:
         raise AirflowSkipException(f"{item.label}: yields: {exc}") from None
     return summary.to_json()

@@ -2,7 +2,8 @@
 
     python chunk_driver.py '{"config": {...RunConfig params}, "run_id": ..., "chunk": 0, "start": 0,
                              "stop": 500, "spool_dir": ..., "model": ..., "servers": [{"url": ...}],
-                             "client": {...ClientConfig overrides}}'
+                             "client": {...ClientConfig overrides}, "writer": optional lease owner,
+                             "lease_wait_s": optional}'
 
 Prints the chunk summary as one JSON line on stdout and exits 0; on ChunkInterrupted prints the
 message on stderr and exits 3 (any other error: a traceback and exit 1).
@@ -35,9 +36,11 @@ def main(argv: list[str]) -> int:
     servers = [ServerEndpoint(s["url"], max_in_flight=s["max_in_flight"]) for s in job["servers"]]
     client = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
                           **job.get("client", {}))
+    # "writer": the lease owner (another owner's driver yields to it, or takes the root once its lease is stale).
+    owner = {"writer": job["writer"], "lease_wait_s": job.get("lease_wait_s")} if job.get("writer") else {}
     engine = ChunkEngine(config=config, run_id=job["run_id"], chunk=job["chunk"], label=f"chunk {job['chunk']}",
                          root=root, dataset=load_index(root), servers=servers, model=job["model"],
-                         spool_dir=job["spool_dir"], client_config=client, progress_interval_s=3600)
+                         spool_dir=job["spool_dir"], client_config=client, progress_interval_s=3600, **owner)
     try:
         summary = engine.run(np.arange(job["start"], job["stop"], dtype=np.int64)).to_json()
     except ChunkInterrupted as exc:

@@ -182,13 +182,16 @@ class Driver:
 
 def start_driver(config: RunConfig, run_id: str, servers: Sequence[ServerEndpoint], spool_dir: Path,
                  start: int, stop: int, log_dir: Path, *, chunk: int = 0, tag: str = "run",
-                 client: dict[str, Any] | None = None) -> Driver:
+                 client: dict[str, Any] | None = None, writer: str | None = None, lease_wait_s: float | None = None,
+                 env: dict[str, str] | None = None) -> Driver:
     ready = log_dir / f"{tag}.ready"
     job = {"ready_file": str(ready), "config": config.to_json(), "run_id": run_id, "chunk": chunk, "start": start, "stop": stop,
            "spool_dir": str(spool_dir), "model": MODEL, "client": {**FAST_CLIENT, **(client or {})},
-           "servers": [{"url": s.url, "max_in_flight": s.max_in_flight} for s in servers]}
+           "servers": [{"url": s.url, "max_in_flight": s.max_in_flight} for s in servers],
+           "writer": writer, "lease_wait_s": lease_wait_s}
     out, err = log_dir / f"{tag}.out", log_dir / f"{tag}.err"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), os.environ.get("PYTHONPATH", "")])}
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen([sys.executable, str(DRIVER), json.dumps(job)], stdout=o, stderr=e, env=env)
     return Driver(proc, out, err, ready)

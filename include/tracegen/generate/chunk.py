@@ -21,6 +21,7 @@ from tracegen.generate.engine import PILOT_CHUNK, ChunkEngine, ChunkInterrupted,
 from tracegen.generate.gate_watch import PilotGateWatch, continuous_gate
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
+from tracegen.store.claims import Attempt
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.snapshots import COMPACT_OVER
 
@@ -85,6 +86,7 @@ def run_chunk(
     writer: str | None = None,
     lease_wait_s: float | None = None,
     while_asking: bool = False,
+    attempt: Attempt | None = None,
 ) -> ChunkSummary:
     """Generate and commit every row of `indices` not done yet for this run's cap, on `endpoints` or on
     the servers of `fleet`.
@@ -92,7 +94,8 @@ def run_chunk(
     `stop_check` (polled while generating) may stop the chunk early; it then raises `ChunkInterrupted`
     after committing what finished. `writer` and `lease_wait_s`: who holds the root's lease while this
     runs (the run's own tasks by default) and how long to wait for another writer's (`ChunkEngine`).
-    `while_asking`: the rows are generated while the gate's question waits, and marked so in the ledger."""
+    `while_asking`: the rows are generated while the gate's question waits, and marked so in the ledger.
+    `attempt`: the task and try running the chunk, for its claim (`store.claims`: the newest attempt commits)."""
     config = spec.config
     index = load_index(root)
 
@@ -100,7 +103,7 @@ def run_chunk(
         engine = ChunkEngine(
             config=config, run_id=spec.run_id, chunk=chunk, label=label, root=root, dataset=index,
             servers=servers, model=spec.fleet.model, spool_dir=spool_dir, stop_check=stop_check,
-            writer=writer, lease_wait_s=lease_wait_s, while_asking=while_asking,
+            writer=writer, lease_wait_s=lease_wait_s, while_asking=while_asking, attempt=attempt,
         )
         return engine.run(np.asarray(indices, dtype=np.int64))
 
@@ -112,15 +115,15 @@ def run_chunk(
         return run(servers)
 
 
-def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None,
-              endpoints: Sequence[ServerEndpoint] | None = None) -> ChunkSummary | None:
+def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None, endpoints: Sequence[ServerEndpoint] | None = None,
+              attempt: Attempt | None = None) -> ChunkSummary | None:
     """Generate the run's pilot sample (None without one); its rows are committed like any other."""
     if spec.config.pilot_size == 0:
         return None
     indices = plan.pilot_indices(spec.config, spec.dataset.n_rows)
     root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
     return run_chunk(spec, root=root, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)",
-                     indices=indices, fleet=fleet, endpoints=endpoints)
+                     indices=indices, fleet=fleet, endpoints=endpoints, attempt=attempt)
 
 
 def _fold_loose_entries(root: OutputRoot) -> None:
@@ -148,6 +151,7 @@ def generate_chunk_work(
     root: OutputRoot | None = None,
     while_asking: bool = False,
     stop_check: Callable[[int, int], str | None] | None = None,
+    attempt: Attempt | None = None,
 ) -> ChunkSummary:
     """One mapped generation task: what is left of `work`, unless a gate is closed.
 
@@ -187,7 +191,7 @@ def generate_chunk_work(
     try:
         return run_chunk(spec, root=root, chunk=work.chunk, label=work.label, indices=indices,
                          fleet=fleet, endpoints=endpoints, stop_check=check if checks else None, writer=writer,
-                         lease_wait_s=lease_wait_s, while_asking=while_asking)
+                         lease_wait_s=lease_wait_s, while_asking=while_asking, attempt=attempt)
     except ChunkInterrupted as exc:
         if exc.reason in closed:
             raise GateClosed(str(exc)) from None

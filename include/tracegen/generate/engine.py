@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,7 +52,8 @@ from tracegen.sglang.client import (
     ServerEndpoint,
     SGLangClient,
 )
-from tracegen.store.lease import RootLease, holding_root, lease_ttl_s
+from tracegen.store.claims import Attempt, ChunkClaim, ChunkSuperseded
+from tracegen.store.lease import LeaseLost, RootLease, holding_root, lease_ttl_s
 from tracegen.store.records import (
     EXTENDED,
     FAILED,
@@ -61,9 +63,11 @@ from tracegen.store.records import (
     REGENERATED,
     REJECTED,
     GeneratedRow,
+    duplicate_key,
 )
 from tracegen.store.root import OutputRoot
 from tracegen.store.spool import Spool, recover
+from tracegen.store.storage import Fenced
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +186,7 @@ class ChunkEngine:
         writer: str | None = None,
         lease_wait_s: float | None = None,
         while_asking: bool = False,
+        attempt: Attempt | None = None,
     ) -> None:
         self.config, self.run_id, self.chunk, self.label = config, run_id, chunk, label
         self.root, self.dataset, self.servers, self.model = root, dataset, list(servers), model
@@ -202,6 +207,10 @@ class ChunkEngine:
         # what that work became after the answer reads them (`tracegen.run.while_asking`).
         self.while_asking = while_asking
         self.lease: RootLease | None = None
+        # Which attempt of this chunk this is (`store.claims`): the newest to claim the chunk commits, an
+        # older one stops. Without a task to name (tests, tools), the label and this process stand in.
+        self.attempt = attempt or Attempt(f"{label} (pid {os.getpid()})")
+        self.claim: ChunkClaim | None = None
         self.stop_requested: str | None = None
         self.summary = ChunkSummary(run_id=run_id, chunk=chunk)
         self._pending_rows = 0
@@ -231,7 +240,13 @@ class ChunkEngine:
             # Before the spool's rows are committed and before what is left is read: another writer's
             # commits land first, and this task then generates only what they left.
             self.lease = await asyncio.to_thread(holding.enter_context, self._hold_root())
-            self.summary.recovered_rows = await asyncio.to_thread(recover, self.spool, self.root.commits)
+            self.claim = ChunkClaim(self.root.storage, self.run_id, self.chunk, self.attempt,
+                                    f"{self.writer}, {self.label}", ttl_s=self.lease.ttl_s)
+            await asyncio.to_thread(self.claim.take)
+            # Rows an earlier attempt left here are committed unless another writer committed their
+            # indices at their cap meanwhile (that attempt lost its lease or its claim).
+            self.summary.recovered_rows = await asyncio.to_thread(
+                recover, self.spool, self.root.commits, fence=self._fence, committed=self._committed_keys)
             if self.summary.recovered_rows:
                 log.info("%s: committed %d rows an earlier attempt left in the spool", self.label,
                          self.summary.recovered_rows)
@@ -262,11 +277,39 @@ class ChunkEngine:
 
     def request_stop(self, reason: str) -> None:
         if not self.stop_requested:
-            log.warning("%s: %s: committing finished rows and stopping", self.label, reason)
+            log.warning("%s: %s: stopping; finished rows are committed while this task holds the root's lease "
+                        "and the chunk's claim, else they stay in the spool", self.label, reason)
             self.stop_requested = reason
             self.summary.interrupted = self.summary.interrupted or reason
 
     # ---- steps ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _fence(self) -> Iterator[tuple[dict[str, str], float]]:
+        """What each ledger entry of this chunk is written under: the root's lease, renewed now, and this
+        attempt's claim on the chunk (`Storage.put_guarded`). Raises `Fenced` when either is gone."""
+        if self.lease is None or self.claim is None:
+            raise Fenced(f"{self.label}: no lease or claim to commit under")
+        with self.lease.fence() as (guards, deadline):
+            yield {**guards, **self.claim.guard()}, deadline
+
+    def _why_fenced(self, exc: Fenced) -> Fenced:
+        """The fence that refused, named: a newer attempt's claim on the chunk when that is what changed."""
+        if self.claim is None or isinstance(exc, LeaseLost | ChunkSuperseded):
+            return exc
+        try:
+            self.claim.check()
+        except ChunkSuperseded as superseded:
+            return superseded
+        except Exception:  # noqa: BLE001 - only the wording of the stop depends on it
+            pass
+        return exc
+
+    def _committed_keys(self, rows: list[GeneratedRow]) -> set[tuple[int, int, bool]]:
+        frame = self.root.snapshots.plan_frame([r.index for r in rows], also=("pivot",))
+        keys = (duplicate_key(i, m, st, p) for i, m, st, p in
+                zip(frame["index"], frame["max_tokens"], frame["status"], frame["pivot"], strict=True))
+        return {k for k in keys if k is not None}
 
     def _hold_root(self) -> contextlib.AbstractContextManager[RootLease]:
         wait_s = self.lease_wait_s
@@ -450,7 +493,7 @@ class ChunkEngine:
             # storage calls block (S3 PUTs with retries) and the loop must keep the servers fed meanwhile.
             self.spool.seal()
             commit = asyncio.ensure_future(
-                asyncio.to_thread(recover, self.spool, self.root.commits, self._count_commit))
+                asyncio.to_thread(recover, self.spool, self.root.commits, self._count_commit, fence=self._fence))
             try:
                 await asyncio.shield(commit)
             except asyncio.CancelledError:
@@ -458,6 +501,13 @@ class ChunkEngine:
                 # the thread is done, or the final flush would commit the same segment again beside it.
                 await asyncio.wait({commit})
                 raise
+            except Fenced as exc:
+                # Another writer holds the root, or a newer attempt the chunk: the sealed rows stay in the
+                # spool, uncommitted; the next attempt here commits those whose indices are still not done.
+                why = await asyncio.to_thread(self._why_fenced, exc)
+                log.error("%s: %s; its uncommitted rows stay in the spool", self.label, why)
+                self.request_stop(f"fenced: {why}")
+                return
             except Exception as exc:
                 if not self.stop_requested and self._generating:
                     # The sealed segment stays in the spool; the next flush commits it with the newer rows.

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,10 @@ from tracegen.store.entries import (
 )
 from tracegen.store.records import LEDGER_COLUMNS, GeneratedRow
 from tracegen.store.storage import LocalStorage, Storage
+
+# What a fenced commit's entry is written under, held for the write: the guard objects' versions and a
+# time.monotonic() deadline.
+Fence = Callable[[], AbstractContextManager[tuple[dict[str, str], float]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +59,13 @@ class Commits:
     def has_segment(self, run_id: str, chunk: int, segment: str) -> bool:
         return self.storage.exists(entry_key(run_id, chunk, segment))
 
-    def commit(self, rows: Sequence[GeneratedRow], run_id: str, chunk: int, segment: str) -> Commit:
-        """Make `rows` visible atomically. Re-committing a committed segment writes nothing."""
+    def commit(self, rows: Sequence[GeneratedRow], run_id: str, chunk: int, segment: str,
+               fence: Fence | None = None) -> Commit:
+        """Make `rows` visible atomically. Re-committing a committed segment writes nothing.
+
+        `fence`, called right before the entry is written, gives the guards and deadline the entry is
+        written under (`Storage.put_guarded`): a writer whose lease or chunk claim is gone commits nothing
+        (`Fenced`), and leaves at most an orphan part."""
         ekey, pkey = entry_key(run_id, chunk, segment), part_key(run_id, chunk, segment)
         if not rows:
             raise ValueError(f"segment {segment!r} of run {run_id!r} chunk {chunk}: nothing to commit")
@@ -86,7 +96,12 @@ class Commits:
         }
         # Order matters: the part first (invisible until the entry exists), then the entry (the commit point).
         self.storage.put(pkey, data)
-        self.storage.put(ekey, json.dumps(entry, separators=(",", ":")).encode())
+        doc = json.dumps(entry, separators=(",", ":")).encode()
+        if fence is None:
+            self.storage.put(ekey, doc)
+        else:
+            with fence() as (guards, deadline):
+                self.storage.put_guarded(ekey, doc, guards, deadline)
         return Commit(ekey, pkey, len(rows), created=True)
 
     def entries(self) -> list[str]:

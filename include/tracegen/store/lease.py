@@ -16,6 +16,10 @@ there. So every task that generates holds a lease on the root while it does:
   lease can only delay work by one TTL after it was last written, and never chooses what runs, where,
   or with which config. Its text only names the holder in the log of the one that yields.
 - Released (deleted) when the task ends. A task killed with SIGKILL leaves its object, which expires.
+- Fencing: every write of the object is a compare-and-swap on the version last written, and taking the root
+  removes the other owners' stale objects (each at the version judged stale), so a holder that was paused
+  past its TTL finds its lease gone. Each commit's ledger entry is written guarded by the lease's version
+  and a deadline (`RootLease.fence`), so such a holder commits nothing.
 
 The clock compared with the storage's modification times is this machine's: workers and the storage
 must agree within `CLOCK_SKEW_S`, which also bounds how long a lease stamped in the future is trusted.
@@ -37,7 +41,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tracegen.store.storage import Storage, StorageError, StorageKeyError
+from tracegen.store.storage import Fenced, Storage, StorageError, StorageKeyError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,10 @@ LEASE_PREFIX = "lease/"
 # long stop-the-world pauses raise it (TRACEGEN_LEASE_TTL_S).
 DEFAULT_TTL_S = 300.0
 CLOCK_SKEW_S = 60.0
+# A commit's ledger entry must be written within this share of a TTL after the lease was renewed for it
+# (`RootLease.fence`); another writer waits a whole TTL. The rest is the margin a pause, a slow PUT or clock
+# skew between a worker and the storage must stay within.
+FENCE_SHARE = 0.5
 _KEY = re.compile(r"lease/([0-9a-f]{16})\.([0-9a-f]{32})\.json")
 _HOLDER_TEXT_MAX = 300
 
@@ -88,8 +96,8 @@ class RootHeld(RuntimeError):
         super().__init__(f"{uri} is held by another writer: {named}")
 
 
-class LeaseLost(RuntimeError):
-    """Our lease went stale (not renewed within its TTL) and may have been taken."""
+class LeaseLost(Fenced):
+    """Our lease went stale (not renewed within its TTL) and may have been taken, or was taken (removed)."""
 
 
 def _printable(text: str) -> str:
@@ -126,30 +134,53 @@ def _holder_text(storage: Storage, key: str) -> str:
 
 
 class RootLease:
-    """This task's lease on a root for `owner` (`acquire`, then `renew` from a heartbeat, then `release`)."""
+    """This task's lease on a root for `owner` (`acquire`, then `renew` from a heartbeat, then `release`).
+
+    Every write of the object is a compare-and-swap on the version we last wrote (`Storage.swap`), and the
+    text holds a renewal counter, so each write has its own version: a lease another writer removed when it
+    took the root is never written back, and its holder learns so at its next renewal or commit (`fence`)."""
 
     def __init__(self, storage: Storage, owner: str, holder: str, *, ttl_s: float | None = None) -> None:
         self.storage, self.owner = storage, owner
         self.ttl_s = lease_ttl_s() if ttl_s is None else ttl_s
         self.digest = owner_digest(owner)
         self.key = f"{LEASE_PREFIX}{self.digest}.{uuid.uuid4().hex}.json"
-        self._doc = json.dumps({"owner": owner, "holder": holder, "host": socket.gethostname(),
-                                "pid": os.getpid(), "token": self.key}).encode()
-        self._renewed = 0.0
+        self._meta = {"owner": owner, "holder": holder, "host": socket.gethostname(), "pid": os.getpid(),
+                      "token": self.key}
+        self._renewals = 0
+        self._renewed = 0.0  # time.monotonic() when the last successful write of the object was sent
+        self.version: str | None = None
+        self._lock = threading.Lock()  # the heartbeat and the commits renew; one swap at a time
         self.held = False
+
+    def _doc(self) -> bytes:
+        return json.dumps({**self._meta, "renewal": self._renewals}).encode()
 
     def others(self) -> list[Holder]:
         return [h for h in fresh_holders(self.storage, self.ttl_s) if h.digest != self.digest]
 
     def try_acquire(self) -> list[Holder]:
-        """Hold the root, or return the other owners' fresh leases that keep us from it (ours withdrawn)."""
+        """Hold the root, or return the other owners' fresh leases that keep us from it (ours withdrawn).
+
+        Holding it removes the other owners' stale leases, each only if it is still the version judged stale
+        (`remove_if`): their holders, should they wake up, find their lease gone and commit nothing (`fence`).
+        One renewed meanwhile is fresh again, and we yield to it."""
         if others := self.others():
             return others
-        if not self.storage.create(self.key, self._doc):
+        started = time.monotonic()
+        version = self.storage.swap(self.key, self._doc(), None)
+        if version is None:
             raise StorageError(f"lease {self.storage.uri_for(self.key)} exists already (a token collision)")
-        self._renewed = time.monotonic()
-        if others := self.others():
+        self.version, self._renewed = version, started
+        if not (others := self.others()):
+            stale = stale_leases(self.storage, self.ttl_s, but=self.digest)
+            # Not removed and still there: renewed since it was judged stale, so its holder is alive.
+            kept = [key for key, v in stale if not self.storage.remove_if(key, v) and self.storage.exists(key)]
+            if kept:
+                others = self.others() or [Holder(key, key[len(LEASE_PREFIX):][:16], "?", 0.0) for key in kept]
+        if others:
             self.storage.delete(self.key)
+            self.version = None
             return others
         self.held = True
         return []
@@ -172,24 +203,68 @@ class RootLease:
             time.sleep(min(deadline - now, min(5.0, self.ttl_s / 4) * (0.5 + random.random())))
 
     def renew(self) -> None:
-        """Rewrite our object (its modification time is the lease's freshness). Raises `LeaseLost` when the
-        last renewal is older than the TTL: another writer may have taken the root meanwhile."""
+        """Rewrite our object if it is still the one we wrote (its modification time is the lease's
+        freshness). Raises `LeaseLost` when the last renewal is older than the TTL (another writer may have
+        taken the root meanwhile), or when the object was removed or replaced (another writer did)."""
+        with self._lock:
+            self._renew()
+
+    def _renew(self) -> None:
+        if not self.held:
+            raise LeaseLost(f"lease {self.storage.uri_for(self.key)} is no longer held")
         self._check_fresh()
-        self.storage.put(self.key, self._doc)
-        # Checked again after the write: a put that retried past the TTL left the lease void to others
+        started = time.monotonic()
+        self._renewals += 1
+        version = self.storage.swap(self.key, self._doc(), self.version)
+        if version is None:
+            self.held = False
+            raise LeaseLost(f"lease {self.storage.uri_for(self.key)} was removed or replaced: another writer "
+                            "took the root")
+        # Checked again after the write: a swap that retried past the TTL left the lease void to others
         # meanwhile, and another writer may have taken the root in that window.
         self._check_fresh()
-        self._renewed = time.monotonic()
+        self.version, self._renewed = version, started
 
     def _check_fresh(self) -> None:
         if time.monotonic() - self._renewed > self.ttl_s:
             self.held = False
             raise LeaseLost(f"lease {self.storage.uri_for(self.key)} was not renewed for over {self.ttl_s:.0f}s")
 
+    @contextmanager
+    def fence(self) -> Iterator[tuple[dict[str, str], float]]:
+        """Renew, then, inside the block, what a commit's ledger entry is written under (`Storage.put_guarded`):
+        our object at the version just written, and the deadline FENCE_SHARE of a TTL after that renewal was
+        sent. The heartbeat waits for the block, so our own renewal never changes the version it guards. Another
+        writer takes the root only once the object is a whole TTL old by the storage's clock, so an entry
+        written by the deadline lands before any take-over (given clocks within (1 - FENCE_SHARE) TTL of
+        the storage's). Raises `LeaseLost` when the lease is gone: nothing is to be committed then."""
+        with self._lock:
+            self._renew()
+            yield {self.key: self.version or ""}, self._renewed + FENCE_SHARE * self.ttl_s
+
     def release(self) -> None:
         if self.held:
             self.held = False
             self.storage.delete(self.key)
+
+
+def stale_leases(storage: Storage, ttl_s: float, *, but: str, now: float | None = None) -> list[tuple[str, str]]:
+    """(key, version) of every lease object of an owner other than digest `but` that is past its TTL. The
+    version is read before the time, so a renewal between the two reads as fresh, never as stale."""
+    now = time.time() if now is None else now
+    out = []
+    for key in storage.list(LEASE_PREFIX):
+        match = _KEY.fullmatch(key)
+        if match is None or match.group(1) == but:
+            continue
+        try:
+            version = storage.version(key)
+            age = now - storage.modified(key)
+        except StorageKeyError:
+            continue
+        if age > ttl_s:
+            out.append((key, version))
+    return out
 
 
 @contextmanager

@@ -66,6 +66,18 @@ LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0, "text_join
 BOOL_COLS = ("cut_in_reasoning", "text_joined", "while_asking")
 # Columns of floats; None (a row not judged, or an entry from before the column) reads as NaN.
 FLOAT_COLS = ("latency_s", "runaway_score")
+
+
+def duplicate_key(index: int, max_tokens: int, status: str, pivot: str | None) -> tuple[int, int, bool] | None:
+    """The one rule for "an index committed twice under one cap": two non-failed rows with the same key are
+    duplicated work. Failed rows have none (a retry after a failure is expected); a fresh sample of a
+    runaway row (`RESAMPLED`) is keyed apart from the row it resamples, so one of each is expected beside
+    the other, and a row at a higher cap (an extension, a measured row) has another key."""
+    if status == FAILED:
+        return None
+    return int(index), int(max_tokens), pivot == RESAMPLED
+
+
 # The columns "done" is decided from (tracegen.plan), read without the rest by planning and resume.
 PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")
 

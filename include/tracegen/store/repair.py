@@ -32,7 +32,7 @@ from tracegen.store.entries import (
     parse_entry,
     part_for_entry,
 )
-from tracegen.store.records import FAILED, LEDGER_COLUMNS, RESAMPLED, GeneratedRow
+from tracegen.store.records import LEDGER_COLUMNS, GeneratedRow, duplicate_key
 from tracegen.store.run_files import RunFiles
 from tracegen.store.snapshots import Snapshots
 from tracegen.store.storage import StorageKeyError
@@ -162,10 +162,7 @@ class Repair:
         except LedgerError as exc:
             problems.append(str(exc))
         keys = self.commits.entries()
-        seen_rows: list[tuple[int, int, str]] = []  # (index, max_tokens, entry) for non-failed rows
-        # runaway_policy=resample gives a looping row one fresh sample under the same cap, which supersedes
-        # it: one such row per (index, cap) is expected beside the first, a second is duplicated work.
-        seen_resampled: list[tuple[int, int, str]] = []
+        seen: list[tuple[tuple[int, int, bool], str]] = []  # (duplicate_key, where) of non-failed rows
         for key, raw in zip(keys, self.commits.get_many(keys), strict=True):
             try:
                 entry = parse_entry(raw, key)
@@ -174,18 +171,29 @@ class Repair:
                 problems.append(str(exc))
                 continue
             problems.extend(_naming_problems(key, entry))
-            cols = entry["columns"]
-            pivots = cols.get("pivot") or [None] * len(cols["index"])
-            for i, (idx, mt, st, pivot) in enumerate(
-                    zip(cols["index"], cols["max_tokens"], cols["status"], pivots, strict=True)):
-                if st != FAILED:
-                    (seen_resampled if pivot == RESAMPLED else seen_rows).append((idx, mt, f"{key}#{i}"))
+            seen.extend(_keyed_rows(key, entry))
             if deep and (problem := self._part_disagrees(key, entry)) is not None:
                 problems.append(problem)
-        problems.extend(_duplicate_problems(seen_rows))
-        problems.extend(_duplicate_problems(seen_resampled, what="resampled"))
+        problems.extend(_duplicate_problems(seen))
         problems.extend(self._snapshot_problems())
         return problems
+
+    def duplicates(self) -> list[str]:
+        """Every index committed twice under one cap (`records.duplicate_key`), each named with its cap and
+        the two entries: duplicated work that a writer without fencing could commit. Empty: none. Entries
+        that do not parse are left to `verify_parts`."""
+        keys = self.commits.entries()
+        seen: list[tuple[tuple[int, int, bool], str]] = []
+        for start in range(0, len(keys), _VERIFY_BATCH):
+            batch = keys[start : start + _VERIFY_BATCH]
+            for key, raw in zip(batch, self.commits.get_many(batch), strict=True):
+                try:
+                    entry = parse_entry(raw, key)
+                    check_entry_values(entry, key)
+                except LedgerError:
+                    continue
+                seen.extend(_keyed_rows(key, entry))
+        return _duplicate_problems(seen)
 
     def _part_disagrees(self, key: str, entry: dict[str, Any]) -> str | None:
         """What is wrong with the part of a parsed entry, read and compared row by row; None: nothing."""
@@ -232,18 +240,32 @@ def _naming_problems(key: str, entry: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _duplicate_problems(seen: list[tuple[int, int, str]], what: str = "committed") -> list[str]:
-    """The same index committed twice under one cap (other than as a failure) means work was duplicated."""
+def _keyed_rows(key: str, entry: dict[str, Any]) -> list[tuple[tuple[int, int, bool], str]]:
+    """(duplicate_key, "entry#row") of an entry's non-failed rows."""
+    cols = entry["columns"]
+    pivots = cols.get("pivot") or [None] * len(cols["index"])
+    out = []
+    for i, (idx, mt, st, pivot) in enumerate(zip(cols["index"], cols["max_tokens"], cols["status"], pivots, strict=True)):
+        if (k := duplicate_key(idx, mt, st, pivot)) is not None:
+            out.append((k, f"{key}#{i}"))
+    return out
+
+
+def _duplicate_problems(seen: list[tuple[tuple[int, int, bool], str]]) -> list[str]:
+    """The same index committed twice under one cap (other than as a failure) means work was duplicated;
+    runaway_policy=resample's one fresh sample per (index, cap) is keyed apart, so only a second one is."""
     if not seen:
         return []
-    arr = np.array([(i, m) for i, m, _ in seen], dtype=np.int64)
-    order = np.lexsort((arr[:, 1], arr[:, 0]))
+    arr = np.array([(i, m, int(r)) for (i, m, r), _ in seen], dtype=np.int64)
+    order = np.lexsort((arr[:, 2], arr[:, 1], arr[:, 0]))
     s = arr[order]
-    dup = np.flatnonzero((s[1:, 0] == s[:-1, 0]) & (s[1:, 1] == s[:-1, 1]))
+    dup = np.flatnonzero((s[1:] == s[:-1]).all(axis=1))
     out = []
     for d in dup[:10]:
-        a, b = seen[order[d]], seen[order[d + 1]]
-        out.append(f"index {a[0]} {what} twice under max_tokens={a[1]}: {a[2]} and {b[2]}")
+        (index, cap, resampled), a = seen[order[d]]
+        b = seen[order[d + 1]][1]
+        what = "resampled" if resampled else "committed"
+        out.append(f"index {index} {what} twice under max_tokens={cap}: {a} and {b}")
     if len(dup) > 10:
         out.append(f"... and {len(dup) - 10} more duplicate (index, max_tokens) pairs")
     return out

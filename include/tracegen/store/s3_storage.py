@@ -7,10 +7,11 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from tracegen.store.storage_base import (
+    Fenced,
     Storage,
     StorageError,
     StorageKeyError,
@@ -112,12 +113,17 @@ class S3Storage(Storage):
             self._client = S3Hook(aws_conn_id=self.aws_conn_id).get_conn()
         return self._client
 
-    def _call(self, what: str, key: str, fn: Callable[[], T]) -> T:
+    def _call(self, what: str, key: str, fn: Callable[[], T], until: float | None = None) -> T:
+        # `until` (time.monotonic()): a fenced write is not sent, nor retried, past its fence's deadline.
         deadline = time.monotonic() + self.retry_deadline_s
+        if until is not None:
+            deadline = min(deadline, until)
         delay = self.backoff_initial_s
         attempt = 0
         while True:
             attempt += 1
+            if until is not None and time.monotonic() > until:
+                raise Fenced(f"not writing {self.uri + key}: its fence's deadline passed")
             try:
                 return fn()
             except Exception as exc:
@@ -159,6 +165,55 @@ class S3Storage(Storage):
             except StorageKeyError:
                 return False
         return True
+
+    def version(self, key: str) -> str:
+        return str(self._head(key)["ETag"])
+
+    def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+
+        def put() -> str:
+            return str(self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)["ETag"])
+
+        try:
+            return self._call("swap", key, put)
+        except StorageKeyError:
+            return None  # If-Match on an object that is gone
+        except StorageError as exc:
+            code = _error_code(exc.__cause__) if exc.__cause__ is not None else ""
+            if code not in CONFLICT_CODES:
+                raise
+        # Refused: another writer's object, or ours if an earlier attempt of this call went through unanswered
+        # (the bytes are unique to each swap, so they tell).
+        try:
+            if self.get(key) == data:
+                return self.version(key)
+        except StorageKeyError:
+            pass
+        return None
+
+    def remove_if(self, key: str, expected: str) -> bool:
+        try:
+            self._call("remove", key, lambda: self.client.delete_object(
+                Bucket=self.bucket, Key=self._key(key), IfMatch=expected))
+        except StorageKeyError:
+            return False
+        except StorageError as exc:
+            if (_error_code(exc.__cause__) if exc.__cause__ is not None else "") in CONFLICT_CODES:
+                return False
+            raise
+        return True
+
+    def put_guarded(self, key: str, data: bytes, guards: Mapping[str, str], deadline: float) -> None:
+        for guard, version in guards.items():
+            try:
+                current = self.version(guard)
+            except StorageKeyError:
+                current = None
+            if current != version:
+                raise Fenced(f"not writing {self.uri_for(key)}: {self.uri_for(guard)} was replaced or removed")
+        self._call("put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data),
+                   until=deadline)
 
     def modified(self, key: str) -> float:
         return self._head(key)["LastModified"].timestamp()

@@ -195,7 +195,7 @@ class Snapshots:
             # The columns are converted all at once (fast); only now look for the entry to blame.
             raise self.commits.bad_entry_error(keys, exc) from exc
 
-    def plan_frame(self, indices: np.ndarray | Sequence[int]) -> pd.DataFrame:
+    def plan_frame(self, indices: np.ndarray | Sequence[int], also: Sequence[str] = ()) -> pd.DataFrame:
         """Only what planning needs (index, status, finish_reason, max_tokens, and the part holding the
         row, where a truncated row is continued from) for the rows of `indices`, and completion_tokens, with
         which the gates judge a row generated under a higher cap (`audit.stats.gate_counts`).
@@ -203,20 +203,23 @@ class Snapshots:
         A chunk task resumes from this instead of `frame()`: its memory then follows the chunk, not the
         dataset (the full frame of a 1M-row ledger costs hundreds of MiB per task). Entries are parsed a
         batch at a time and filtered as they are read; the snapshot is read with a column and range filter.
+        `also`: more ledger columns to read (a spool's recovery needs `pivot`).
         """
         wanted = np.unique(np.asarray(indices, dtype=np.int64))
-        columns = [*PLAN_COLUMNS, "completion_tokens", "part"]
+        columns = [*PLAN_COLUMNS, "completion_tokens", *also, "part"]
         if wanted.size == 0:
             return pd.DataFrame({c: pd.Series(dtype=empty_frame()[c].dtype) for c in columns})
         parts: list[pd.DataFrame] = []
         view, raw = self.coverage()
         if view.snapshot is not None and raw is not None:
+            stored = set(pq.read_schema(io.BytesIO(raw)).names)
             table = pq.read_table(
-                io.BytesIO(raw), columns=columns,
+                io.BytesIO(raw), columns=[c for c in columns if c in stored],
                 filters=[("index", ">=", int(wanted[0])), ("index", "<=", int(wanted[-1]))],
             )
             del raw
-            frame = table.to_pandas()
+            # A snapshot from before a column existed holds what LEDGER_DEFAULTS says of it.
+            frame = table.to_pandas().assign(**{c: LEDGER_DEFAULTS.get(c) for c in columns if c not in stored})
             keep_rows = np.isin(frame["index"].to_numpy(dtype=np.int64), wanted)
             if view.stale:  # retired after this snapshot was taken: their rows no longer count
                 keep_rows &= ~frame["part"].isin(view.stale_parts()).to_numpy()
@@ -236,8 +239,8 @@ class Snapshots:
             except (ValueError, TypeError, OverflowError) as exc:
                 where = self.storage.uri_for(key)
                 raise LedgerError(f"entry {where}: index or max_tokens holds a non-integer ({exc})") from exc
-            for c in (*PLAN_COLUMNS, "completion_tokens"):
-                column = entry["columns"][c]
+            for c in columns[:-1]:
+                column = entry["columns"].get(c) or [LEDGER_DEFAULTS.get(c)] * len(entry["columns"]["index"])
                 cols[c].extend(column[i] for i in keep)
             cols["part"].extend([entry["part"]] * len(keep))
         return pd.DataFrame(cols)

@@ -25,6 +25,8 @@ Crash windows and why each is safe:
 - between entry PUT and discard: the entry exists, so recovery only discards. Never committed twice.
 - S3 down during commit: `commit` retries, then raises; the sealed segment stays in the spool and
   the next flush/recover commits it.
+- lease lost or chunk claimed by a newer attempt (`Fenced`): nothing is committed, the segment stays;
+  the next recovery commits only its rows whose index is not committed at their cap by then.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tracegen.store.commits import Commits
+from tracegen.store.commits import Commits, Fence
 from tracegen.store.entries import check_name
-from tracegen.store.records import GeneratedRow
+from tracegen.store.records import GeneratedRow, duplicate_key
 from tracegen.store.storage import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -249,18 +251,32 @@ def flush(spool: Spool, commits: Commits) -> int:
     return recover(spool, commits)
 
 
-def recover(spool: Spool, commits: Commits, on_commit: Callable[[int], None] | None = None) -> int:
+def recover(spool: Spool, commits: Commits, on_commit: Callable[[int], None] | None = None, *,
+            fence: Fence | None = None,
+            committed: Callable[[list[GeneratedRow]], set[tuple[int, int, bool]]] | None = None) -> int:
     """Commit-or-discard every pending segment (the start-up half of the protocol). Returns rows committed.
 
     `on_commit(n)` hears of each segment as it becomes durable, so a caller's count stays right even when
-    a later segment's commit raises (an S3 outage that outlasts the storage retries).
+    a later segment's commit raises (an S3 outage that outlasts the storage retries). `fence` guards each
+    entry write (`Commits.commit`): once it raises `Fenced` the segment and those after it stay in the
+    spool, neither committed nor discarded. `committed(rows)` gives the `duplicate_key`s the ledger already
+    holds among those rows' indices: rows another writer committed meanwhile (a segment left by an attempt
+    that lost its lease or its claim) are left out, so a recovery never commits an index twice under one cap.
     """
-    committed = 0
+    committed_rows = 0
     for seg in spool.pending():
         if not commits.has_segment(spool.run_id, spool.chunk, seg.id):
-            n = commits.commit(seg.rows, spool.run_id, spool.chunk, seg.id).n_rows
-            committed += n
-            if on_commit is not None:
-                on_commit(n)
+            rows = seg.rows
+            if committed is not None:
+                there = committed(rows)
+                rows = [r for r in rows if duplicate_key(r.index, r.max_tokens, r.status, r.pivot) not in there]
+                if len(rows) < len(seg.rows):
+                    log.warning("spool %s: %d of its %d rows were committed by another writer meanwhile; "
+                                "not committing them again", seg.path, len(seg.rows) - len(rows), len(seg.rows))
+            if rows:
+                n = commits.commit(rows, spool.run_id, spool.chunk, seg.id, fence=fence).n_rows
+                committed_rows += n
+                if on_commit is not None:
+                    on_commit(n)
         spool.discard(seg)
-    return committed
+    return committed_rows

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlparse
 from tracegen.store.local_storage import LocalStorage, fsync_dir
 from tracegen.store.s3_storage import CONFLICT_CODES, S3Storage
 from tracegen.store.storage_base import (
+    Fenced,
     Storage,
     StorageError,
     StorageKeyError,
@@ -23,7 +24,7 @@ from tracegen.store.storage_base import (
 )
 
 __all__ = [
-    "CONFLICT_CODES", "LocalStorage", "S3Storage", "Storage", "StorageError", "StorageKeyError", "StorageLinkError",
+    "CONFLICT_CODES", "Fenced", "LocalStorage", "S3Storage", "Storage", "StorageError", "StorageKeyError", "StorageLinkError",
     "StorageRootError", "check_key", "fsync_dir", "open_storage",
 ]
 

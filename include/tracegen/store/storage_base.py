@@ -7,6 +7,7 @@ backends are `local_storage.LocalStorage` and `s3_storage.S3Storage`; `storage.o
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 
 # Local temp files start with this; `list` hides them so a crashed writer's leftovers never look like data.
 _TMP_PREFIX = ".tmp-"
@@ -38,6 +39,12 @@ class StorageLinkError(StorageKeyError):
 
     def __str__(self) -> str:
         return f"refused {self.uri}: {self.what}; storage never follows a link inside an output root"
+
+
+class Fenced(RuntimeError):
+    """A fenced write was refused: an object it was guarded by changed or is gone (another writer took the
+    root, a newer attempt claimed the chunk), or its deadline passed. Nothing was written. Not a
+    StorageError: retrying cannot help, and callers that retry storage errors must not swallow it."""
 
 
 class StorageRootError(StorageError):
@@ -79,6 +86,36 @@ class Storage(ABC):
         when another writer's object is there. Atomic against concurrent creators (O_EXCL-like locally, a
         conditional PUT on S3), so it can arbitrate who holds a lock. A create retried after a lost reply
         still answers True: the object then holds exactly `data` (callers put a unique token in it)."""
+
+    @abstractmethod
+    def version(self, key: str) -> str:
+        """The object's current version (S3's ETag, locally the sha256 of its bytes); StorageKeyError if
+        missing. Two writes of the same bytes may share a version: objects that are swapped (`swap`) hold a
+        unique token and a counter, so each write of theirs has its own."""
+
+    @abstractmethod
+    def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
+        """Compare-and-swap: write `data` only if the object's version is still `expected` (None: only if
+        there is no object). The new version, or None when the condition failed (the object changed, or is
+        gone). Atomic against every other swap, `remove_if` and `put_guarded` of the root (If-Match /
+        If-None-Match on S3; locally under the root's lock)."""
+
+    @abstractmethod
+    def remove_if(self, key: str, expected: str) -> bool:
+        """Delete the object only if its version is still `expected` (If-Match on S3; locally under the
+        root's lock). False when it changed or is gone."""
+
+    @abstractmethod
+    def put_guarded(self, key: str, data: bytes, guards: Mapping[str, str], deadline: float) -> None:
+        """Write `data` at `key` only while every guard key still has its version and before `deadline`
+        (`time.monotonic()`); `Fenced` naming the first that failed otherwise, with nothing written.
+
+        Locally the guards are compared and the object renamed into place under the root's lock, which every
+        `swap` and `remove_if` also takes: a guard removed or replaced by another process either happened
+        before the check (refused) or waits until the write is in place. S3 has no condition on another
+        object: the guards are read (HEAD) just before the PUT, and the PUT's retries stop at `deadline`, so
+        what remains is a writer paused, or a request held in the network, between that read and the PUT
+        landing for longer than the time left to `deadline`."""
 
     @abstractmethod
     def modified(self, key: str) -> float:

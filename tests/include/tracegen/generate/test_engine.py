@@ -449,6 +449,8 @@ def test_final_flush_commits_a_segment_stranded_by_an_earlier_failed_commit(tmp_
     with rows only on the worker's disk."""
     import asyncio
 
+    from tracegen.store.claims import ChunkClaim
+    from tracegen.store.lease import holding_root
     from tracegen.store.records import GeneratedRow
     from tracegen.store.spool import Spool
 
@@ -461,7 +463,13 @@ def test_final_flush_commits_a_segment_stranded_by_an_earlier_failed_commit(tmp_
         eng.spool.append(GeneratedRow(index=i, status=OK, finish_reason="stop", max_tokens=config.max_tokens,
                                       run_id="run-strand", chunk=0, content="done"))
     eng.spool.seal()  # what a failed mid-run commit leaves behind; no rows pending after it
-    asyncio.run(eng._commit_segment(final=True))
+    storage = root_of(config).storage
+    # What `arun` holds before any commit: the root's lease and the chunk's claim (commits are fenced by both).
+    with holding_root(storage, eng.writer, "test chunk 0") as lease:
+        eng.lease = lease
+        eng.claim = ChunkClaim(storage, "run-strand", 0, eng.attempt, "test chunk 0", ttl_s=lease.ttl_s)
+        eng.claim.take()
+        asyncio.run(eng._commit_segment(final=True))
     eng.spool.close()
     assert sorted(root_of(config).snapshots.frame()["index"]) == [0, 1, 2, 3, 4]
     assert eng.summary.committed_rows == 5
