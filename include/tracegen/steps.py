@@ -90,8 +90,9 @@ def prepare_run(lead: int) -> dict[str, Any]:
     run_id = safe_run_id(ctx["run_id"])
     log.info("run %s: max_tokens=%d, dataset %s, output %s, %d GPUs", run_id, config.max_tokens,
              config.dataset_uri, config.output_uri, len(fleet.servers()))
-    spec, work = prepare(config, run_id, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
-                         airflow_run_id=ctx["run_id"])
+    with _refused_without_retry():  # a dataset or output root outside the operator's prefixes
+        spec, work = prepare(config, run_id, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
+                             airflow_run_id=ctx["run_id"])
     if config.runaway_policy != "resample":
         # Skipped now, not by a process started after the last chunk only to skip itself: the report and
         # teardown then follow the last chunk in the scheduler's next loop (docs/benchmarks.md).

@@ -22,7 +22,9 @@ def prepare_run(
     airflow_run_id: str | None = None,
 ) -> tuple[RunSpec, list[plan.ChunkWork]]:
     """The run's spec and its chunks with work left. `stagger`: chunk tasks in flight at once (see
-    `plan.chunks`); 0 for equal chunks."""
+    `plan.chunks`); 0 for equal chunks. A dataset or output root outside the operator's prefixes is a
+    `ConfigError` before anything is opened (`RunConfig.check_locations`)."""
+    config.check_locations()
     root = open_root(config.output_uri, config.aws_conn_id)
     index = bind_index(root, config.dataset_uri, config.aws_conn_id)
     layout = plan.choose_layout(config, index.n_rows, fleet.slots, stagger)
