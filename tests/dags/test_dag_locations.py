@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from e2e.airflow_cluster import free_port
 from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
 from tracegen.export import export_dataset
@@ -38,6 +39,7 @@ def airflow_env(tmp_path_factory):
         "PYTHONPATH": str(ROOT / "include"),
         "TRACEGEN_STATE_DIR": str(home / "state"),
         "TRACEGEN_SPOOL_DIR": str(home / "state" / "spool"),
+        "TRACEGEN_SIM_PORT": str(free_port(2)),
         WRITE: str(home / "allowed"),
         READ: str(home / "datasets"),
     }
@@ -103,8 +105,9 @@ def test_the_generate_dag_refuses_a_location_outside_the_prefixes_before_any_wri
     dataset = write_dataset(home / "datasets" / "prompts.jsonl", 5)
     outside = {"output_uri": str(home / "elsewhere" / "out"),
                "dataset_uri": str(write_dataset(home / "prompts.jsonl", 5))}
+    # teardown: were the run to go on, its stand-ins would not outlive it.
     conf = {"dataset_uri": str(dataset), "output_uri": str(home / "allowed" / f"out-{field}"), "pilot_size": 0,
-            field: outside[field]}
+            "teardown": True, field: outside[field]}
     log = _dags_test(env, "tracegen_generate", conf)
     assert f"{field}: " in log and "outside the prefixes" in log, log[-3000:]
     assert not (home / "elsewhere").exists() and not (home / "allowed" / f"out-{field}").exists()
