@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -331,6 +332,7 @@ def main() -> int:
     caps = [int(c) for c in args.caps.split(",")]
 
     work = Path(tempfile.mkdtemp(prefix="tracegen-occupancy-"))
+    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.locations)
     fleet = start_fleet(args.servers, args.max_running, args.time_scale)
     baseline_conc = args.baseline_concurrency or fleet.slots
     print(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -133,6 +134,7 @@ def main() -> int:
         raise SystemExit("--rows must be at least 3,000 for the KS test to tell the arms apart")
 
     work = Path(tempfile.mkdtemp(prefix="tracegen-pivot-"))
+    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.locations)
     fleet = start_fleet(args.servers, args.max_running, args.time_scale, seed=args.sim_seed)
     try:
         dataset = work / "prompts.jsonl"

@@ -66,8 +66,9 @@ def _export(args: argparse.Namespace) -> int:
 
     result = export_dataset(
         _root(args), _uri(args.dest), fmt=args.format, layout=args.layout, shard_rows=args.shard_rows,
-        include_truncated=args.include_truncated, overwrite=args.overwrite, with_token_ids=args.with_token_ids,
-        aws_conn_id=args.aws_conn_id,
+        include_truncated=args.include_truncated, overwrite=args.overwrite, force=args.force,
+        # The operator's own shell: it may write wherever its user can, so the trigger's prefixes do not bind it.
+        check_prefixes=False, with_token_ids=args.with_token_ids, aws_conn_id=args.aws_conn_id,
     )
     if result.data_uri:
         print(f"exported {result.rows:,} rows ({result.layout}) to {result.data_uri}")
@@ -159,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--include-truncated", action="store_true",
                    help="also export rows that still end with finish_reason=length (left out by default)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the export already in DEST (kept whole until the new manifest is published)")
+                   help="replace the export of the same output root already in DEST (kept whole until the new "
+                   "manifest is published); another root's export, or other files, are refused")
+    p.add_argument("--force", action="store_true",
+                   help="replace whatever export DEST holds, even another output root's (implies --overwrite)")
     p.add_argument("--with-token-ids", action="store_true",
                    help="also export each row's prompt and response token ids (a drafter trainer then needs no "
                    "re-tokenisation)")

@@ -10,13 +10,14 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tracegen import locations
 from tracegen.cap_rule import HIGHEST, LOWEST, CapRefused, check_cap
+from tracegen.locations import state_dir  # noqa: F401  (its home is `locations`; callers import it from here)
 
 TRUNCATED_POLICIES = ("extend", "regenerate", "keep")
 GATE_MODES = ("ask", "stop", "warn")
@@ -106,11 +107,6 @@ def check_conf_keys(conf: Any, declared: Any, *, dag_id: str) -> None:
         named.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
     raise ConfigError(f"unknown conf key{'s' if len(unknown) > 1 else ''} {', '.join(named)}: {dag_id} takes "
                       f"{', '.join(known) or 'no conf'}; correct the conf and trigger again")
-
-
-def state_dir() -> Path:
-    """Local state of the embedded default (demo output, simulated fleet's pid/log files, spool)."""
-    return Path(os.environ.get("TRACEGEN_STATE_DIR") or PROJECT_DIR / ".state")
 
 
 # ---- rules: one definition per param, for validation and for the trigger form ---------------------
@@ -221,10 +217,12 @@ class Flag(Rule):
 @dataclass(frozen=True)
 class Uri(Rule):
     """An absolute local path, file:///abs/path or s3://bucket/key (s3://bucket[/prefix] when `bucket_ok`);
-    `what` says what it must point at."""
+    `what` says what it must point at, `access` whether a run reads or writes there (`locations`: the
+    operator's prefixes, checked by `RunConfig.check_locations` before a run writes anything)."""
 
     what: str = ""
     bucket_ok: bool = False  # an output root may be a whole bucket; a dataset is one object
+    access: str = locations.READ
 
     @property
     def pattern(self) -> str:
@@ -270,11 +268,16 @@ class RunConfig:
     dataset_uri: str = _rule(Uri(
         title="Dataset", what="a JSONL, JSONL.gz or Parquet file, local or s3://",
         description="Prompts: JSONL, JSONL.gz or Parquet with OpenAI-style 'messages'; an absolute local path, "
-        "file:///... or s3://bucket/key."), "")
+        "file:///... or s3://bucket/key, under a prefix the operator allows for reading (TRACEGEN_READ_PREFIXES "
+        "or TRACEGEN_WRITE_PREFIXES; the bundled sample data by default). Anywhere else the run is refused "
+        "before anything is written."), "")
     output_uri: str = _rule(Uri(
         title="Output root", what="a local directory, file:// or s3://bucket/prefix", bucket_ok=True,
+        access=locations.WRITE,
         description="Where committed parts, the ledger, run records and reports live: an absolute local "
-        "directory, file:///... or s3://bucket/prefix (through the Airflow connection aws_default)."), "")
+        "directory, file:///... or s3://bucket/prefix (through the Airflow connection aws_default), under a "
+        "prefix the operator allows for writing (TRACEGEN_WRITE_PREFIXES; the state directory by default). "
+        "Anywhere else the run is refused before anything is written."), "")
     temperature: float = _rule(Float(0.0, 2.0, title="Temperature",
                                      description="Sampling temperature sent with every request."), 0.6)
     top_p: float = _rule(Float(0.0, 1.0, low_open=True, title="Top-p",
@@ -371,6 +374,18 @@ class RunConfig:
             if (rule := f.metadata.get("rule")) is not None:
                 rule.check(f.name, getattr(self, f.name))
         self.check_context_length(self.context_length)
+
+    def check_locations(self) -> None:
+        """Every URI field lies under the prefixes the operator allows for what the run does there
+        (`locations`): a run refused here has written nothing. Not part of decoding (`__post_init__`): a
+        record read back describes where a run was, and the prefixes may have changed since."""
+        for f in fields(self):
+            rule = f.metadata.get("rule")
+            if isinstance(rule, Uri):
+                try:
+                    locations.check(getattr(self, f.name), access=rule.access, name=f.name)
+                except locations.LocationRefused as exc:
+                    raise ConfigError(str(exc)) from None
 
     def check_context_length(self, context_length: int) -> None:
         """max_tokens must leave room for a prompt inside the model's context window (`cap_rule`)."""

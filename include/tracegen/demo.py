@@ -296,7 +296,8 @@ def _tell_export(output: Path, dest: Path) -> None:
     the servers reported when the fleet came up."""
     from tracegen.export import export_dataset
 
-    result = export_dataset(str(output), str(dest), layout="tokens", overwrite=True)
+    # Each demo has a root of its own and replaces the previous demo's export: the operator's choice (force).
+    result = export_dataset(str(output), str(dest), layout="tokens", overwrite=True, force=True)
     servers = json.loads((dest / "manifest.json").read_text())["provenance"].get("servers") or {}
     _say(f"export:  {result.rows:,} rows for SpecForge and speculators in {result.data_uri}, "
          f"manifest {dest / 'manifest.json'} (.venv/bin/python -m tracegen export {output} {dest} --layout tokens --overwrite redoes it)")

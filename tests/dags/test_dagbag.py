@@ -201,5 +201,8 @@ def test_the_export_dag_announces_each_export_through_its_alias(dagbag):
     dag = dagbag.dags["tracegen_export"]
     assert dag.schedule is None and [t.task_id for t in dag.tasks] == ["export"]
     assert dag.get_task("export").outlets == [AssetAlias(ALIAS)]
-    assert list(dag.params.keys()) == ["output_uri", "dest_uri", "layout", "include_truncated"]
+    assert list(dag.params.keys()) == ["output_uri", "dest_uri", "replace_existing_export", "layout",
+                                       "include_truncated"]
+    # The conf default never replaces an export (tests/dags/test_dag_locations.py triggers it).
+    assert dag.params["replace_existing_export"] is False
     assert dag.params.get_param("layout").schema["enum"] == list(LAYOUTS)

@@ -358,6 +358,8 @@ class AirflowCluster:
             "TRACEGEN_STATE_DIR": str(state),
             "TRACEGEN_SPOOL_DIR": str(state / "spool"),
             "TRACEGEN_OUTPUT_URI": str(self.root / "output"),
+            # Where runs may write (tracegen.locations): the tests' setting (tests/conftest.py), else this root.
+            "TRACEGEN_WRITE_PREFIXES": os.environ.get("TRACEGEN_WRITE_PREFIXES") or str(self.root),
             "TRACEGEN_SIM_PORT": str(free_port(2)),
             "TRACEGEN_RETRY_DELAY_S": "2",
             "PYTHONUNBUFFERED": "1",

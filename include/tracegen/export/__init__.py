@@ -15,10 +15,14 @@ written a shard of indices at a time (each part read once per shard, hashed as r
 shard as it is shaped), and a trainer layout's single file is streamed to disk and moved or uploaded into place
 (`sink`).
 
-An export never clobbers: a destination that holds anything needs `overwrite`, one inside the output
-root (or holding it) is refused, and files are written under names of their own export, so the
-manifest, published last in one atomic PUT, switches readers from the previous export to the new one.
-Only then are the previous export's files removed; a failed export leaves the previous one as it was.
+An export never clobbers: the output root must lie under the operator's read (or write) prefixes and the
+destination under their write prefixes (`tracegen.locations`; the command line, the operator's own tool,
+skips that check); a destination that holds anything needs `overwrite`, and then only an export of the
+same output root is replaced (its manifest's `source`), unless `force`; a destination inside the output
+root (or holding it) is refused. All of that is checked before anything is written. Files are written
+under names of their own export, so the manifest, published last in one atomic PUT, switches readers from
+the previous export to the new one. Only then are the previous export's files removed; a failed export
+leaves the previous one as it was.
 
 Every part is checked against its ledger entry as it is read (size and sha256 of the bytes read): a part
 that is not what was committed stops the export, naming it, before a byte of it is published.
@@ -42,13 +46,12 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
 
+from tracegen import locations
 from tracegen.audit.runaway_rows import find_runaways
 from tracegen.dataset.blocks import check_unchanged, open_data
 from tracegen.dataset.reader import InvalidRow, read_indices
@@ -115,11 +118,16 @@ def export_dataset(
     shard_rows: int = 10_000,
     include_truncated: bool = False,
     overwrite: bool = False,
+    force: bool = False,
+    check_prefixes: bool = True,
     with_token_ids: bool = False,
     aws_conn_id: str = "aws_default",
 ) -> ExportResult:
     """Export the output root's final dataset to `dest_uri`. A destination that is not empty needs
-    `overwrite`; then the previous export there stays complete until the new manifest replaces it."""
+    `overwrite`, which replaces only an export of this same output root (or the leftovers of a killed
+    export); `force` replaces whatever export is there. The previous export stays complete until the new
+    manifest replaces it. `check_prefixes`: the output root and the destination must lie under the
+    operator's prefixes (`tracegen.locations`); only the operator's own command line turns it off."""
     if layout not in LAYOUTS:
         raise ExportError(f"layout {layout!r} is not one of {LAYOUTS}")
     if fmt not in FORMATS or (layout != L.MESSAGES and fmt != "jsonl"):
@@ -128,6 +136,12 @@ def export_dataset(
     if shard_rows < 1:
         raise ExportError(f"shard_rows must be >= 1, got {shard_rows}")
     # Before either storage is opened: opening a local destination creates its directory.
+    if check_prefixes:
+        try:
+            locations.check(output_uri, access=locations.READ, name="output_uri")
+            locations.check(dest_uri, access=locations.WRITE, name="dest_uri")
+        except locations.LocationRefused as exc:
+            raise ExportError(str(exc)) from None
     if _nested(output_uri, dest_uri):
         raise ExportError(
             f"export destination {dest_uri} is inside the output root {output_uri} (or holds it); "
@@ -145,7 +159,8 @@ def export_dataset(
     lock.acquire()
     try:
         return _export(root, record, index, dest, lock, fmt=fmt, layout=layout, shard_rows=shard_rows,
-                       include_truncated=include_truncated, overwrite=overwrite, with_token_ids=with_token_ids)
+                       include_truncated=include_truncated, overwrite=overwrite or force, force=force,
+                       with_token_ids=with_token_ids)
     finally:
         lock.release()
 
@@ -235,18 +250,20 @@ def _end_of_turn(last_ids: dict[str, dict[str, int]]) -> dict[str, Any]:
 
 
 def _export(root: OutputRoot, record: Any, index: Any, dest: Storage, lock: DestinationLock, *, fmt: str,
-            layout: str, shard_rows: int, include_truncated: bool, overwrite: bool,
+            layout: str, shard_rows: int, include_truncated: bool, overwrite: bool, force: bool,
             with_token_ids: bool) -> ExportResult:
     """The export proper, while `lock` holds `dest`."""
     started = time.time()
     before = [k for k in dest.list("") if k != LOCK]
     if before and not overwrite:
         raise ExportError(
-            f"export destination {dest.uri} is not empty ({len(before)} objects, e.g. {before[0]}); "
-            "pass --overwrite (overwrite=True) to replace the export there"
+            f"export destination {dest.uri} is not empty ({len(before)} objects, e.g. {before[0]}); nothing "
+            "was written: replace_existing_export=true (--overwrite) replaces an export of the same output root"
         )
     # What this export replaces: it publishes only over this manifest, and removes only its files.
     previous, previous_version = lock.read_manifest()
+    if before and not force:
+        _check_replaceable(root, dest, previous, before)
     replaced = _manifest_shards(dest, previous)
     choice = _choose_rows(root, record.config.runaway_policy, include_truncated)
     export_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
@@ -433,6 +450,30 @@ def _manifest(root: OutputRoot, record: Any, index: Any, choice: _Choice, export
     return doc
 
 
+def _check_replaceable(root: OutputRoot, dest: Storage, previous: bytes | None, before: list[str]) -> None:
+    """An export replaces only an export of its own output root, as the published manifest's `source` names
+    it, or the unpublished files of killed exports; anything else is refused (only `force` replaces it)."""
+    forced = "; nothing was written (from a shell, the operator's --force replaces it)"
+    if previous is None:
+        other = [k for k in before if not _SHARD_RE.fullmatch(k)]
+        if other:
+            raise ExportError(f"export destination {dest.uri} holds {len(other)} objects that are no export "
+                              f"(e.g. {other[0]}) and no {MANIFEST}: not replaced{forced}")
+        return
+    try:
+        source = json.loads(previous)["source"]
+    except (ValueError, KeyError, TypeError):
+        source = None
+    if not isinstance(source, str):
+        raise ExportError(f"{dest.uri_for(MANIFEST)} does not name the output root it exports: not replaced{forced}")
+    if not locations.same_place(source, root.storage.uri):
+        raise ExportError(
+            f"export destination {dest.uri} holds the export of another output root ({source[:300]}), not of "
+            f"{root.storage.uri}: an export replaces only an export of the same root; choose another "
+            f"destination{forced}"
+        )
+
+
 def _manifest_shards(dest: Storage, manifest: bytes | None) -> list[str]:
     """The shard names a published manifest lists (a name that is not a shard's is never removed)."""
     if manifest is None:
@@ -465,21 +506,11 @@ def _remove(dest: Storage, keys: list[str]) -> None:
             log.warning("export: could not remove %s: %s", dest.uri_for(key), exc)
 
 
-def _location(uri: str) -> tuple[str, str]:
-    """(namespace, '/'-terminated path) of a storage URI: two locations nest when one path prefixes the other."""
-    parsed = urlparse(uri)
-    if uri.startswith("/") or parsed.scheme == "file":
-        path = Path(uri if uri.startswith("/") else unquote(parsed.path)).resolve()
-        return "file", str(path).rstrip("/") + "/"
-    if parsed.scheme == "s3":
-        prefix = parsed.path.strip("/")
-        return f"s3://{parsed.netloc}", f"{prefix}/" if prefix else ""
-    return uri, ""
-
-
 def _nested(a: str, b: str) -> bool:
-    (space_a, path_a), (space_b, path_b) = _location(a), _location(b)
-    return space_a == space_b and (path_a.startswith(path_b) or path_b.startswith(path_a))
+    try:
+        return locations.location(a).nests(locations.location(b))
+    except ValueError:
+        return False
 
 
 def _batches(best: pd.DataFrame, shard_rows: int, by_part: bool) -> Iterator[pd.DataFrame]:

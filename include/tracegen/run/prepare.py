@@ -24,7 +24,10 @@ def prepare_run(
     """The run's spec and its chunks with work left. `stagger`: chunk tasks in flight at once (see
     `plan.chunks`); 0 for equal chunks. `run_id` None: the Airflow run's stored id in this root
     (`records.stored_run_id`: a run recorded under an earlier id form keeps it). Refused with
-    `RunRecordTaken`, writing nothing under `runs/`, when the run's directory holds another run's record."""
+    `RunRecordTaken`, writing nothing under `runs/`, when the run's directory holds another run's record. A
+    dataset or output root outside the operator's prefixes is a `ConfigError` before anything is opened
+    (`RunConfig.check_locations`)."""
+    config.check_locations()
     root = open_root(config.output_uri, config.aws_conn_id)
     if run_id is None:
         if airflow_run_id is None:

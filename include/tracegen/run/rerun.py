@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from tracegen import plan
+from tracegen import locations, plan
 from tracegen.run.records import recorded_airflow_run, stopped_at_gate
 from tracegen.run.spec import RunSpec
 from tracegen.store.lease import fresh_holders, lease_ttl_s
@@ -140,8 +140,14 @@ def unfinished_work(output_uri: str, airflow: AirflowRuns, aws_conn_id: str = "a
 
     A run held at its gate (stopped, or waiting for the reviewer's answer) is not finished by the
     scheduler: finishing it would spend the GPU-days the gate exists to save. A run the reviewer let go
-    on is finished at the cap they chose (Airflow handed it to its second fan-out).
+    on is finished at the cap they chose (Airflow handed it to its second fan-out). A root outside the
+    operator's write prefixes (`tracegen.locations`) is left alone, said in the log: the roots come from a
+    Variable, which is not the operator's alone.
     """
+    refused = _outside_prefixes(output_uri)
+    if refused is not None:
+        log.error("%s", refused)
+        return []
     root = open_root(output_uri, aws_conn_id)
     newest = newest_known_run(root, output_uri, airflow)
     if newest is None:
@@ -172,6 +178,9 @@ def run_for_rerun(item: RerunWork, airflow: AirflowRuns, aws_conn_id: str = "aws
     """The run a rerun task generates for, as Airflow knows it, rebased onto the item's root. Raises
     `RerunRefused` naming why when it no longer may: Airflow does not know it, or the root has an owner.
     `root`: the item's output root, when the task has opened it already."""
+    refused = _outside_prefixes(item.output_uri)
+    if refused is not None:
+        raise RerunRefused(refused)
     root = open_root(item.output_uri, aws_conn_id) if root is None else root
     newest = newest_known_run(root, item.output_uri, airflow)
     if newest is None or newest.spec.run_id != item.run_id:
@@ -180,6 +189,15 @@ def run_for_rerun(item: RerunWork, airflow: AirflowRuns, aws_conn_id: str = "aws
     if owner is not None:
         raise RerunRefused(f"{item.output_uri}: {owner}")
     return newest.spec.rebased(item.output_uri, aws_conn_id)
+
+
+def _outside_prefixes(output_uri: str) -> str | None:
+    """Why the rerun may not write into `output_uri` (outside the operator's write prefixes), or None."""
+    try:
+        locations.check(output_uri, access=locations.WRITE, name="tracegen_output_roots")
+    except locations.LocationRefused as exc:
+        return f"{exc}; not rerun"
+    return None
 
 
 class RerunRefused(RuntimeError):

@@ -99,7 +99,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"audit", "fleet"},
     {"simulator", "plan", "params"},
     {"dataset", "sglang"},
-    {"store", "config", "cap_rule", "fleet_ref", "dag_ids", "http_connection"},
+    {"store", "config", "locations", "cap_rule", "fleet_ref", "dag_ids", "http_connection"},
 ))
 
 
