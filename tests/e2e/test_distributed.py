@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from e2e.airflow_cluster import AirflowApi, AirflowCluster, ClusterError, running_cluster, sample_prompts
 
+from tracegen.config import safe_run_id
 from tracegen.status import dataset_status
 from tracegen.store.records import FAILED
 from tracegen.store.root import OutputRoot
@@ -78,7 +79,7 @@ def _check_output(output: Path, run_id: str) -> dict:
     assert sorted(kept["index"].tolist()) == list(range(N_ROWS)), "a row is missing or committed twice"
     assert set(frame["max_tokens"]) == {8192}
     run_dir = output / "runs" / status["newest_run"]
-    assert run_id.replace(":", "_").replace("+", "_") == status["newest_run"]
+    assert safe_run_id(run_id) == status["newest_run"]
     report = json.loads((run_dir / "report.json").read_text())
     assert report["verdict"]["max_tokens"] == 8192 and report["verdict"]["total"] == N_ROWS
     assert report["verdict"]["blocks"] is False

@@ -315,13 +315,15 @@ def test_transient_faults_are_retried_until_every_row_is_ok(tmp_path, sim_server
 
 
 def test_crashed_server_work_moves_to_the_healthy_one(tmp_path, sim_server):
-    crashing = sim_server(**FAST, sim_crash_after=15)
+    # It crashes on its fourth request: the engine opens 8 at once to each server, so it always gets that far
+    # (a later crash could miss, when a loaded machine lets the healthy server take the rest first).
+    crashing = sim_server(**FAST, sim_crash_after=3)
     healthy = sim_server(**FAST)
     config = _fault_root(tmp_path)
     run_engine(config, "run-f", endpoints(crashing, healthy, in_flight=8), tmp_path / "spool", range(N_FAULT))
     frame = _all_ok(config)
-    assert crashing.proc.wait(5) != 0, "the stand-in should have crashed"
-    assert (frame["server"] == healthy.url).sum() >= N_FAULT - 15
+    assert crashing.proc.wait(30) != 0, "the stand-in should have crashed"
+    assert (frame["server"] == healthy.url).sum() >= N_FAULT - 3
 
 
 def test_wedged_server_work_moves_to_the_healthy_one(tmp_path, sim_server):
