@@ -1,0 +1,232 @@
+"""The online loop stop: judge a response's token ids while they stream, and say when it has fallen into a loop.
+
+The after-the-fact rule (`tracegen.audit.runaway`) judges a truncated row's last `TAIL_WINDOW` ids: it is a
+runaway when at least `RUNAWAY_THRESHOLD` of the window's `NGRAM`-grams repeat an earlier one. A `LoopWatch`
+applies that same score to the running tail while the row is generated, so the client can abort the request
+instead of paying for the loop until the cap. It fires only where the after-the-fact rule would call the tail a
+runaway (the verdict's `score` is `runaway_score` of the tail, at or above the threshold), and is stricter in
+two ways, both there so that legitimate repetition in agentic output survives:
+
+- **A full window's worth of repetition.** The after-the-fact rule judges a short tail on its own length, so
+  300 ids that hold a snippet written three times score 0.6. Online every response starts short, so the watch
+  asks for as many repeated n-grams as a full window needs (`RUNAWAY_THRESHOLD * (TAIL_WINDOW - NGRAM + 1)`)
+  whatever the tail's length: a loop then fires `period + 1,024` tokens or so after its onset, early or late.
+  Two copies of a block (a file written out again, a test run twice) never reach that, at any length.
+- **Repetition in whole periods.** A table of near-identical rows, or a list of similar calls, repeats most of
+  its 8-grams too, but every row has a cell of its own (a name, a path, a number), so no stretch longer than a
+  row recurs. A loop repeats whole periods, near-variants of a word included (they come from a small set, so
+  their stretches recur as well). The watch asks that at least `span_share` of the tail's
+  `NGRAM + min(period, span_cap)`-grams repeat too.
+
+Cost: the repeated-n-gram count of the window is kept exactly and incrementally (one dict look-up per token,
+the same quantity `runaway_score` computes with numpy), and judged every `judge_every` tokens; the numpy
+checks run only when that count reaches the bar, which natural text does not. Judging points are fixed
+response-token counts, so the verdict does not depend on how the stream is chunked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracegen.audit.runaway import NGRAM, RUNAWAY_THRESHOLD, TAIL_WINDOW, runaway_score
+
+
+@dataclass(frozen=True, slots=True)
+class LoopRule:
+    """The online rule's knobs; `DEFAULT_RULE` is the one the client uses."""
+
+    # Tokens between judgements: bounds the extra tokens a loop runs past the point where it could be seen,
+    # and the numpy work (only ever done at a judging point).
+    judge_every: int = 64
+    # The longer n-grams of the whole-period check are NGRAM + min(period, span_cap) long: longer than a
+    # table row (so its own cell breaks every one), short enough that a long loop's near-variants leave most
+    # of them intact.
+    span_cap: int = 64
+    # Share of those longer n-grams that must repeat, as a share of the 8-gram score.
+    span_share: float = 0.5
+    # Ids kept for the onset estimate: a loop fires about 1,024 + period tokens after its onset, so two
+    # windows hold its first copy.
+    history: int = 2 * TAIL_WINDOW
+
+    def __post_init__(self) -> None:
+        if self.judge_every < 1:
+            raise ValueError(f"judge_every must be >= 1, got {self.judge_every!r}")
+        if self.span_cap < 1 or not 0.0 <= self.span_share <= 1.0:
+            raise ValueError(f"span_cap must be >= 1 and span_share in [0, 1], got {self.span_cap!r}, {self.span_share!r}")
+        if self.history < TAIL_WINDOW:
+            raise ValueError(f"history must be >= TAIL_WINDOW = {TAIL_WINDOW}, got {self.history!r}")
+
+
+DEFAULT_RULE = LoopRule()
+
+# Repeated n-grams a window must hold, whatever the tail's length: the after-the-fact bar on a full window.
+REPEATED_NEEDED = math.ceil(RUNAWAY_THRESHOLD * (TAIL_WINDOW - NGRAM + 1))
+# Scanning back for a loop's start: a near-variant breaks at most NGRAM + its own length - 1 consecutive
+# n-grams; a longer run of fresh n-grams is text from before the loop.
+_ONSET_GAP = 4 * NGRAM
+
+
+@dataclass(frozen=True, slots=True)
+class LoopVerdict:
+    at_token: int  # response ids seen when the watch fired (a multiple of the rule's judge_every)
+    onset: int  # estimated response token where the loop began (negative: inside the prefix)
+    period: int  # the loop's period in tokens (the commonest distance between repeated n-grams)
+    score: float  # runaway_score of the tail when it fired (>= RUNAWAY_THRESHOLD)
+
+
+class LoopWatch:
+    """Watches one response's ids as they stream (`feed`); returns a `LoopVerdict` once the response loops.
+
+    `prefix_ids` are the ids generated before this request (a continuation's earlier output): they fill the
+    window first, so a loop that began before the continuation is seen at its first judging point."""
+
+    def __init__(self, prefix_ids: Sequence[int] = (), *, rule: LoopRule = DEFAULT_RULE) -> None:
+        self.rule = rule
+        self._prefix = len(prefix_ids)
+        self._seen = 0  # response ids fed
+        self._verdict: LoopVerdict | None = None
+        # ids[k] is the id at absolute position base + k (prefix first); only the last `history` are kept.
+        self._base = 0
+        self._ids: list[int] = []
+        # prev[k]: absolute position of the previous occurrence of the n-gram starting at base + k (-1: none);
+        # succ[k]: whether a later n-gram names it as its previous occurrence.
+        self._prev: list[int] = []
+        self._succ: list[bool] = []
+        self._last: dict[tuple[int, ...], int] = {}  # n-gram -> its latest start position
+        self._grams = 0  # n-grams started so far (absolute)
+        self._repeated = 0  # n-grams of the current window whose previous occurrence is in the window
+        self._pending: list[int] = []
+        self._absorb(list(prefix_ids))
+
+    @property
+    def verdict(self) -> LoopVerdict | None:
+        return self._verdict
+
+    def feed(self, new_ids: Sequence[int]) -> LoopVerdict | None:
+        """Take the next response ids; the verdict once the response loops (then on every later call), else None."""
+        if self._verdict is not None:
+            return self._verdict
+        self._pending.extend(new_ids)
+        step = self.rule.judge_every
+        # Judge at every multiple of judge_every the new ids reach, in order: the same points whatever the
+        # chunking, so a stream fed one id at a time and all at once get the same verdict.
+        while len(self._pending) >= step - self._seen % step:
+            take = step - self._seen % step
+            block, self._pending = self._pending[:take], self._pending[take:]
+            self._absorb(block)
+            self._seen += take
+            self._verdict = self._judge()
+            if self._verdict is not None:
+                self._pending = []
+                return self._verdict
+        return None
+
+    # -- incremental repeated-n-gram count ----------------------------------------------------------------
+    def _absorb(self, block: list[int]) -> None:
+        ids, prev, succ, last = self._ids, self._prev, self._succ, self._last
+        ids.extend(block)
+        end = self._base + len(ids)  # absolute position after the last id
+        n = NGRAM
+        while self._grams + n <= end:
+            g = self._grams
+            # The window is the last TAIL_WINDOW ids (runaway_score's ids[-window:]): with this gram's last id
+            # in, it starts at g + n - TAIL_WINDOW. Its first gram leaves as the window slides by one; a gram
+            # counted because its previous occurrence was that one stops counting.
+            start = g + n - TAIL_WINDOW
+            if start > 0 and start - 1 >= self._base and succ[start - 1 - self._base]:
+                self._repeated -= 1
+            k = g - self._base
+            key = tuple(ids[k : k + n])
+            p = last.get(key, -1)
+            last[key] = g
+            prev.append(p)
+            succ.append(False)
+            if p >= 0:
+                if p >= self._base:
+                    succ[p - self._base] = True
+                if p >= max(start, 0):
+                    self._repeated += 1
+            self._grams += 1
+        self._trim()
+
+    def _trim(self) -> None:
+        keep = self.rule.history
+        drop = len(self._ids) - keep
+        if drop < keep:  # trim in large steps: amortized O(1) per id
+            return
+        self._base += drop
+        del self._ids[:drop], self._prev[:drop], self._succ[:drop]
+        if len(self._last) > 2 * keep:
+            self._last = {k: p for k, p in self._last.items() if p >= self._base}
+
+    # -- judging --------------------------------------------------------------------------------------
+    def _judge(self) -> LoopVerdict | None:
+        if self._repeated < REPEATED_NEEDED:
+            return None
+        tail = np.asarray(self._ids[-TAIL_WINDOW:], dtype=np.int64)
+        score = runaway_score(tail)
+        if score < RUNAWAY_THRESHOLD:
+            return None
+        period = self._period()
+        span = NGRAM + min(period, self.rule.span_cap)
+        if repeated_share(tail, span) < self.rule.span_share * score:
+            return None
+        return LoopVerdict(at_token=self._seen, onset=self._onset(period) - self._prefix, period=period,
+                           score=score)
+
+    def _window_grams(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start positions, previous-occurrence positions) of the current window's n-grams."""
+        end = self._base + len(self._ids)
+        first = max(end - TAIL_WINDOW, self._base)
+        pos = np.arange(first, self._grams, dtype=np.int64)
+        prev = np.asarray(self._prev[first - self._base : self._grams - self._base], dtype=np.int64)
+        return pos, prev
+
+    def _period(self) -> int:
+        pos, prev = self._window_grams()
+        inside = prev >= pos[0]
+        return int(np.bincount(pos[inside] - prev[inside]).argmax())
+
+    def _onset(self, period: int) -> int:
+        """Absolute position where the loop began: scanning back from the end, the first run of `_ONSET_GAP`
+        n-grams none of which recurs within a window starts the loop's first repetition, one period after its
+        onset."""
+        pos = np.arange(self._base, self._grams, dtype=np.int64)
+        prev = np.asarray(self._prev[: self._grams - self._base], dtype=np.int64)
+        recurs = (prev >= 0) & (pos - prev <= TAIL_WINDOW)
+        fresh = np.flatnonzero(~recurs)
+        start = self._base
+        if fresh.size:
+            # fresh positions followed by _ONSET_GAP - 1 more fresh ones in a row: a gap of text before the loop
+            runs = np.flatnonzero(fresh[_ONSET_GAP - 1 :] - fresh[: fresh.size - _ONSET_GAP + 1] == _ONSET_GAP - 1)
+            if runs.size:
+                start = self._base + int(fresh[runs[-1] + _ONSET_GAP - 1]) + 1
+        return max(self._base, start - period)
+
+
+# Odd 64-bit constants of the polynomial hash behind `repeated_share` (any odd base is invertible mod 2**64,
+# which lets a prefix-sum give every n-gram's hash in O(1) whatever n).
+_BASE = np.uint64(0x9E3779B97F4A7C15)
+_BASE_INV = np.uint64(pow(0x9E3779B97F4A7C15, -1, 2**64))
+_MIX = np.uint64(0xBF58476D1CE4E5B9)
+
+
+def repeated_share(token_ids: Sequence[int] | np.ndarray, n: int) -> float:
+    """Share (0..1) of the n-grams of `token_ids` that repeat an earlier one, for any n (`runaway_score`
+    fixes n at most 8; the whole-period check needs n-grams a period long)."""
+    ids = np.asarray(token_ids, dtype=np.int64).astype(np.uint64)
+    m = ids.size - n + 1
+    if n < 1 or m < 2:
+        return 0.0
+    x = (ids + np.uint64(1)) * _MIX
+    x ^= x >> np.uint64(31)
+    with np.errstate(over="ignore"):
+        powers = np.cumprod(np.full(ids.size, _BASE, dtype=np.uint64)) * _BASE_INV  # BASE**j
+        inverse = np.cumprod(np.full(m, _BASE_INV, dtype=np.uint64)) * _BASE  # BASE**-j
+        prefix = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(x * powers, dtype=np.uint64)])
+        keys = (prefix[n:] - prefix[:m]) * inverse
+    return float((m - np.unique(keys).size) / m)
