@@ -18,15 +18,19 @@ two ways, both there so that legitimate repetition in agentic output survives:
   their stretches recur as well). The watch asks that at least `span_share` of the tail's
   `NGRAM + min(period, span_cap)`-grams repeat too.
 
-Cost: the repeated-n-gram count of the window is kept exactly and incrementally (one dict look-up per token,
-the same quantity `runaway_score` computes with numpy), and judged every `judge_every` tokens; the numpy
-checks run only when that count reaches the bar, which natural text does not. Judging points are fixed
-response-token counts, so the verdict does not depend on how the stream is chunked.
+Cost: the window's repeated-n-gram count (the quantity `runaway_score` computes with numpy) is kept exactly
+and incrementally, a few dict operations per token on packed n-gram keys, and judged every `judge_every`
+tokens; the numpy checks run only once that count reaches the bar, which natural text does not. About half a
+microsecond per token and 0.4 MB per watch (`bench/bench_loop_stop.py`, docs/benchmarks.md, "Online loop
+stop"). Judging points are fixed response-token counts, so the verdict does not depend on how the stream is
+chunked.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,6 +72,9 @@ REPEATED_NEEDED = math.ceil(RUNAWAY_THRESHOLD * (TAIL_WINDOW - NGRAM + 1))
 # Scanning back for a loop's start: a near-variant breaks at most NGRAM + its own length - 1 consecutive
 # n-grams; a longer run of fresh n-grams is text from before the loop.
 _ONSET_GAP = 4 * NGRAM
+# Bits per id in the packed n-gram key: room for any tokenizer's vocabulary (Qwen3's is 151,936 ids).
+_ID_BITS = 24
+_KEY_MASK = (1 << (_ID_BITS * NGRAM)) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +96,18 @@ class LoopWatch:
         self._prefix = len(prefix_ids)
         self._seen = 0  # response ids fed
         self._verdict: LoopVerdict | None = None
-        # ids[k] is the id at absolute position base + k (prefix first); only the last `history` are kept.
+        # Compact on purpose: a client holds one watch per request in flight. ids[k] is the id at absolute
+        # position base + k (prefix first); prev[k] is the absolute start of the previous occurrence, within
+        # the window, of the n-gram starting at base + k (-1: none); succ[k] says a later n-gram names that
+        # one as its previous occurrence. The last `history` positions are kept.
         self._base = 0
-        self._ids: list[int] = []
-        # prev[k]: absolute position of the previous occurrence of the n-gram starting at base + k (-1: none);
-        # succ[k]: whether a later n-gram names it as its previous occurrence.
-        self._prev: list[int] = []
-        self._succ: list[bool] = []
-        self._last: dict[tuple[int, ...], int] = {}  # n-gram -> its latest start position
+        self._ids = array("q")
+        self._prev = array("q")
+        self._succ = bytearray()
+        # The window's n-grams (packed keys, oldest first) and each key's latest start in the window.
+        self._keys: deque[int] = deque()
+        self._last: dict[int, int] = {}
+        self._key = 0  # the last NGRAM ids, packed
         self._grams = 0  # n-grams started so far (absolute)
         self._repeated = 0  # n-grams of the current window whose previous occurrence is in the window
         self._pending: list[int] = []
@@ -127,47 +138,54 @@ class LoopWatch:
 
     # -- incremental repeated-n-gram count ----------------------------------------------------------------
     def _absorb(self, block: list[int]) -> None:
-        ids, prev, succ, last = self._ids, self._prev, self._succ, self._last
+        if block and (min(block) < 0 or max(block) >> _ID_BITS):
+            raise ValueError(f"token ids must be within 0..{(1 << _ID_BITS) - 1}")
+        ids, prev, succ, keys, last, base = self._ids, self._prev, self._succ, self._keys, self._last, self._base
+        n, key, repeated = NGRAM, self._key, self._repeated
+        in_window = TAIL_WINDOW - n + 1  # n-grams of a full window
+        end = base + len(ids)  # ids seen so far (absolute)
         ids.extend(block)
-        end = self._base + len(ids)  # absolute position after the last id
-        n = NGRAM
-        while self._grams + n <= end:
-            g = self._grams
-            # The window is the last TAIL_WINDOW ids (runaway_score's ids[-window:]): with this gram's last id
-            # in, it starts at g + n - TAIL_WINDOW. Its first gram leaves as the window slides by one; a gram
-            # counted because its previous occurrence was that one stops counting.
-            start = g + n - TAIL_WINDOW
-            if start > 0 and start - 1 >= self._base and succ[start - 1 - self._base]:
-                self._repeated -= 1
-            k = g - self._base
-            key = tuple(ids[k : k + n])
+        for x in block:
+            # The last n ids packed into one int: an exact n-gram key, rolled on in O(1).
+            key = ((key << _ID_BITS) | x) & _KEY_MASK
+            end += 1
+            g = end - n  # the n-gram this id completes starts here
+            if g < 0:
+                continue
+            # The window is the last TAIL_WINDOW ids (runaway_score's ids[-window:]). As it slides by one, its
+            # oldest n-gram leaves: it is no one's previous occurrence any more, and the n-gram counted
+            # because of it stops counting.
+            if len(keys) == in_window:
+                old, old_key = g - in_window, keys.popleft()
+                if last[old_key] == old:
+                    del last[old_key]
+                if succ[old - base]:
+                    repeated -= 1
             p = last.get(key, -1)
             last[key] = g
+            keys.append(key)
             prev.append(p)
-            succ.append(False)
+            succ.append(0)
             if p >= 0:
-                if p >= self._base:
-                    succ[p - self._base] = True
-                if p >= max(start, 0):
-                    self._repeated += 1
-            self._grams += 1
+                succ[p - base] = 1
+                repeated += 1
+        self._key, self._repeated = key, repeated
+        self._grams = max(0, end - n + 1)
         self._trim()
 
     def _trim(self) -> None:
         keep = self.rule.history
         drop = len(self._ids) - keep
-        if drop < keep:  # trim in large steps: amortized O(1) per id
+        if drop < TAIL_WINDOW // 2:  # trim in steps: amortized O(1) per id
             return
         self._base += drop
         del self._ids[:drop], self._prev[:drop], self._succ[:drop]
-        if len(self._last) > 2 * keep:
-            self._last = {k: p for k, p in self._last.items() if p >= self._base}
 
     # -- judging --------------------------------------------------------------------------------------
     def _judge(self) -> LoopVerdict | None:
         if self._repeated < REPEATED_NEEDED:
             return None
-        tail = np.asarray(self._ids[-TAIL_WINDOW:], dtype=np.int64)
+        tail = np.frombuffer(self._ids[-TAIL_WINDOW:], dtype=np.int64)
         score = runaway_score(tail)
         if score < RUNAWAY_THRESHOLD:
             return None
@@ -183,7 +201,7 @@ class LoopWatch:
         end = self._base + len(self._ids)
         first = max(end - TAIL_WINDOW, self._base)
         pos = np.arange(first, self._grams, dtype=np.int64)
-        prev = np.asarray(self._prev[first - self._base : self._grams - self._base], dtype=np.int64)
+        prev = np.frombuffer(self._prev[first - self._base : self._grams - self._base], dtype=np.int64)
         return pos, prev
 
     def _period(self) -> int:
@@ -193,11 +211,9 @@ class LoopWatch:
 
     def _onset(self, period: int) -> int:
         """Absolute position where the loop began: scanning back from the end, the first run of `_ONSET_GAP`
-        n-grams none of which recurs within a window starts the loop's first repetition, one period after its
-        onset."""
-        pos = np.arange(self._base, self._grams, dtype=np.int64)
-        prev = np.asarray(self._prev[: self._grams - self._base], dtype=np.int64)
-        recurs = (prev >= 0) & (pos - prev <= TAIL_WINDOW)
+        n-grams none of which repeats one within a window before it ends the text before the loop; the next
+        n-gram starts the loop's first repetition, one period after its onset."""
+        recurs = np.frombuffer(self._prev[: self._grams - self._base], dtype=np.int64) >= 0
         fresh = np.flatnonzero(~recurs)
         start = self._base
         if fresh.size:

@@ -132,3 +132,13 @@ def test_repeated_share_is_runaway_scores_quantity_at_any_length(loops):
     shares = [repeated_share(ids, n) for n in (8, 16, 64, 128)]
     assert shares == sorted(shares, reverse=True) and shares[-1] > 0.3
     assert repeated_share([1, 2, 3], 8) == 0.0
+
+
+def test_a_watch_holds_a_bounded_state_however_long_the_row(legit):
+    # One watch per request in flight: its state must not grow with the row.
+    w = LoopWatch()
+    row = by_name(legit, "plain long row 0").ids
+    for _ in range(3):
+        assert w.feed(row) is None
+    assert len(w._last) <= TAIL_WINDOW and len(w._ids) <= DEFAULT_RULE.history + TAIL_WINDOW // 2
+    assert len(w._prev) == len(w._succ) == len(w._ids) - NGRAM + 1
