@@ -11,7 +11,9 @@ import pytest
 
 from tracegen.audit import loop_cases
 from tracegen.audit.loop_stop import DEFAULT_RULE, REPEATED_NEEDED, LoopRule, LoopWatch, repeated_share
-from tracegen.audit.runaway import NGRAM, RUNAWAY_THRESHOLD, TAIL_WINDOW, runaway_score
+from tracegen.audit.runaway import NGRAM, RUNAWAY_THRESHOLD, TAIL_WINDOW, is_runaway, runaway_score
+from tracegen.simulator.lengths import build_model, fresh_sample
+from tracegen.simulator.protocol import output_ids, plan_request
 
 STREAM_CHUNK = 8  # ids per streamed chunk in the set-wide tests (any size gives the same verdict, tested below)
 # A loop is stopped once a full window's worth of its n-grams repeat: about one period plus half a window
@@ -75,6 +77,29 @@ def test_every_loop_is_stopped_soon_after_its_onset(loops):
         assert abs(case.prefix + verdict.onset - case.onset) <= 2 * NGRAM + 16, case.name
         assert verdict.at_token % DEFAULT_RULE.judge_every == 0
     assert missed == [] and late == []
+
+
+def test_the_stand_ins_rows_streamed_at_a_high_cap():
+    # The stand-in's own completions, as the fleet would stream them at 16384: a third of them runaways
+    # (so a few hundred prompts give both kinds), the rest its natural rows, long ones included.
+    model = build_model("reference", runaway_rate=0.3, truncated_share=0.5)  # long natural rows too
+    stopped, natural, runaways = [], 0, 0
+    for i in range(300):
+        plan = plan_request(fresh_sample([17, i, 99], 5, model, 0, True), 16_384, False)
+        ids = output_ids(plan, plan.target)
+        verdict = watch(loop_cases.LoopCase("stand-in", tuple(ids)))
+        if plan.loop is None:
+            natural += 1
+            assert verdict is None, (i, len(ids))
+            continue
+        runaways += 1
+        onset, period = plan.loop[0] + 2, plan.loop[1]  # after <think>\n
+        assert verdict is not None and verdict.period == period
+        assert verdict.at_token - onset <= ONSET_TO_STOP(period)
+        # What the client commits at the stop is a runaway to the after-the-fact audit.
+        assert is_runaway(ids[: verdict.at_token])
+        stopped.append(verdict.at_token)
+    assert natural >= 150 and runaways >= 60 and len(stopped) == runaways
 
 
 def test_a_loop_that_began_before_the_continuation_is_stopped_at_the_first_judgement(loops):
