@@ -18,6 +18,7 @@ import argparse
 import statistics
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -73,9 +74,10 @@ def stand_in_rows(prompts: int):
     return rows
 
 
-def judge(name, stop, cases, chunk=8):
+def judge(name, stop, cases, chunk=8, cap=None):
     """cases: (prefix, response, onset in response coordinates or None, period or None)."""
     fp = fn = legit = loops = fed = 0
+    spent: list[int] = []
     delays: dict[tuple[int, int], list[int]] = {b: [] for b in BANDS}
     t0 = time.process_time()
     for prefix, response, onset, period in cases:
@@ -91,6 +93,7 @@ def judge(name, stop, cases, chunk=8):
             else:
                 band = next(b for b in BANDS if b[0] <= period <= b[1])
                 delays[band].append(at - onset)
+                spent.append(at)
     cpu = time.process_time() - t0
     print(f"  {name:10s} FP {fp}/{legit} ({100 * fp / max(legit, 1):.2f}%)  FN {fn}/{loops} "
           f"({100 * fn / max(loops, 1):.2f}%)  CPU {1e6 * cpu / fed * 1000:,.0f} µs per 1k tokens fed")
@@ -98,6 +101,9 @@ def judge(name, stop, cases, chunk=8):
         if d:
             q = np.percentile(d, [50, 95])
             print(f"    period {lo:4d}-{hi:<4d} onset->stop median {q[0]:6.0f}  p95 {q[1]:6.0f}  (n={len(d)})")
+    if cap and spent:
+        print(f"    a stopped loop ran {statistics.mean(spent):,.0f} tokens on average: "
+              f"{100 * statistics.mean(spent) / cap:.1f}% of the {cap} it runs to without the stop")
 
 
 def cpu_per_1k(stop, responses, chunk):
@@ -121,12 +127,15 @@ def main() -> None:
     lengths = [len(r[0]) for r in rows]
     print(f"stand-in rows: {len(rows)} at cap {CAP}, {sum(r[1] is not None for r in rows)} runaways, "
           f"mean {statistics.mean(lengths):,.0f} tokens")
-    judge("LoopWatch", watch_stop, [((), ids, onset, period) for ids, onset, period in rows])
+    judge("LoopWatch", watch_stop, [((), ids, onset, period) for ids, onset, period in rows], cap=CAP)
     natural = [ids for ids, onset, _ in rows if onset is None][:200]
     print(f"CPU per 1k tokens on {len(natural)} natural stand-in rows ({sum(map(len, natural)):,} tokens), by chunk:")
     for chunk in (1, 8, 64):
         w, b = cpu_per_1k(watch_stop, natural, chunk), cpu_per_1k(baseline_stop, natural, chunk)
         print(f"  chunk {chunk:3d}: LoopWatch {w:6,.0f} µs  baseline {b:7,.0f} µs  ({b / w:.1f}x)")
+    tracemalloc.start()
+    watches = [LoopWatch(r[-3 * TAIL_WINDOW :]) for r in natural[:20]]
+    print(f"memory per watch after {3 * TAIL_WINDOW} ids: {tracemalloc.get_traced_memory()[0] / len(watches) / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":
