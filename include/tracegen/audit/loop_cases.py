@@ -153,14 +153,35 @@ def three_variants(rng: random.Random, size: int) -> list[int]:
     return out
 
 
-def same_run_twice(rng: random.Random, tests: int) -> list[int]:
-    """A test run's output, a sentence, the identical output of the run again."""
+def _one_run(rng: random.Random, tests: int) -> list[int]:
     names = [f"tests/test_{_ident(rng)}.py::test_{_ident(rng)}" for _ in range(tests)]
     lines = ["$ pytest -v", "============ test session starts ============"]
     lines += [f"{n} PASSED [{100 * (i + 1) // tests:3d}%]" for i, n in enumerate(names)]
     lines.append(f"============ {tests} passed in {rng.random() * 9:.2f}s ============")
-    run = list(_text(_fenced(lines, "")))
+    return list(_text(_fenced(lines, "")))
+
+
+def same_run_twice(rng: random.Random, tests: int) -> list[int]:
+    """A test run's output, a sentence, the identical output of the run again."""
+    run = _one_run(rng, tests)
     return run + list(_text("\nRunning it again to rule out a flaky order dependence:\n")) + run
+
+
+def long_block_twice(rng: random.Random, kind: str) -> list[int]:
+    """A block of just over 1,024 tokens written out twice, identical and back to back: a test run's output
+    (whose lines share n-grams of their own) or a file. Its copies fill a window, as a loop's would."""
+    sub = rng.random()
+    if kind == "run":
+        n, block = 30, []
+        while len(block) < 1_024:
+            n += 1
+            block = _one_run(random.Random(sub), n)
+    else:
+        lines = file_of(random.Random(sub), 1_400)
+        while _file_tokens(lines[:-1]) >= 1_024:
+            lines = lines[:-1]
+        block = list(_text(_fenced(lines)))
+    return block + block
 
 
 def same_failure_thrice(rng: random.Random, frames: int) -> list[int]:
@@ -228,6 +249,9 @@ def legit_cases(seed: int = 0) -> Iterator[LoopCase]:
             yield LoopCase(f"three variants {size} {where}", tuple(_placed(rng, where, three_variants(rng, size))))
         for n in (8, 40):
             yield LoopCase(f"test run twice {n} {where}", tuple(_placed(rng, where, same_run_twice(rng, n))))
+        for kind in ("run", "file"):
+            yield LoopCase(f"long {kind} twice back to back {where}",
+                           tuple(_placed(rng, where, long_block_twice(rng, kind))))
         for rows in (30, 120):
             for wide in (False, True):
                 yield LoopCase(f"table {rows} rows{' wide' if wide else ''} {where}",

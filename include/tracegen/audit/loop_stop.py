@@ -5,23 +5,26 @@ runaway when at least `RUNAWAY_THRESHOLD` of the window's `NGRAM`-grams repeat a
 applies that same score to the running tail while the row is generated, so the client can abort the request
 instead of paying for the loop until the cap. It fires only where the after-the-fact rule would call the tail a
 runaway (the verdict's `score` is `runaway_score` of the tail, at or above the threshold), and is stricter in
-two ways, both there so that legitimate repetition in agentic output survives:
+three ways, all there so that legitimate repetition in agentic output survives:
 
 - **A full window's worth of repetition.** The after-the-fact rule judges a short tail on its own length, so
   300 ids that hold a snippet written three times score 0.6. Online every response starts short, so the watch
   asks for as many repeated n-grams as a full window needs (`RUNAWAY_THRESHOLD * (TAIL_WINDOW - NGRAM + 1)`)
   whatever the tail's length: a loop then fires `period + 1,024` tokens or so after its onset, early or late.
-  Two copies of a block (a file written out again, a test run twice) never reach that, at any length.
+  Two copies of a block (a file written out again, a test run twice) do not reach that, unless the block is
+  about 1,000 tokens long and repeats a few n-grams of its own (see the third check).
 - **Repetition in whole periods.** A table of near-identical rows, or a list of similar calls, repeats most of
   its 8-grams too, but every row has a cell of its own (a name, a path, a number), so no stretch longer than a
   row recurs. A loop repeats whole periods, near-variants of a word included (they come from a small set, so
-  their stretches recur as well). The watch asks that at least `span_share` of the tail's
-  `NGRAM + min(period, span_cap)`-grams repeat too.
+  their stretches recur as well). The share of the tail's `NGRAM + min(period, span_cap)`-grams that repeat
+  must be at least `span_share` times the 8-gram score.
+- **A loop that goes on.** The repetition must reach the end of the tail and span `min_copies` periods from
+  its estimated onset: a long block written out twice, back to back, is not a loop of its length.
 
 Cost: the window's repeated-n-gram count (the quantity `runaway_score` computes with numpy) is kept exactly
 and incrementally, a few dict operations per token on packed n-gram keys, and judged every `judge_every`
 tokens; the numpy checks run only once that count reaches the bar, which natural text does not. About half a
-microsecond per token and 0.4 MB per watch (`bench/bench_loop_stop.py`, docs/benchmarks.md, "Online loop
+microsecond per token and 0.3 MB per watch (`bench/bench_loop_stop.py`, docs/benchmarks.md, "Online loop
 stop"). Judging points are fixed response-token counts, so the verdict does not depend on how the stream is
 chunked.
 """
@@ -52,6 +55,10 @@ class LoopRule:
     span_cap: int = 64
     # Share of those longer n-grams that must repeat, as a share of the 8-gram score.
     span_share: float = 0.5
+    # Copies of the period the loop must have run to, from its onset to the end of the tail. Two copies of a
+    # block of about 1,000 tokens with a few internal repeats (a long test run written out twice) repeat
+    # enough n-grams to pass for a loop of that period; a loop goes on.
+    min_copies: float = 2.5
     # Ids kept for the onset estimate: a loop fires about 1,024 + period tokens after its onset, so two
     # windows hold its first copy.
     history: int = 2 * TAIL_WINDOW
@@ -59,6 +66,8 @@ class LoopRule:
     def __post_init__(self) -> None:
         if self.judge_every < 1:
             raise ValueError(f"judge_every must be >= 1, got {self.judge_every!r}")
+        if self.min_copies < 0:
+            raise ValueError(f"min_copies must be >= 0, got {self.min_copies!r}")
         if self.span_cap < 1 or not 0.0 <= self.span_share <= 1.0:
             raise ValueError(f"span_cap must be >= 1 and span_share in [0, 1], got {self.span_cap!r}, {self.span_share!r}")
         if self.history < TAIL_WINDOW:
@@ -111,7 +120,7 @@ class LoopWatch:
         self._grams = 0  # n-grams started so far (absolute)
         self._repeated = 0  # n-grams of the current window whose previous occurrence is in the window
         self._pending: list[int] = []
-        self._absorb(list(prefix_ids))
+        self._absorb(_as_list(prefix_ids))
 
     @property
     def verdict(self) -> LoopVerdict | None:
@@ -121,7 +130,7 @@ class LoopWatch:
         """Take the next response ids; the verdict once the response loops (then on every later call), else None."""
         if self._verdict is not None:
             return self._verdict
-        self._pending.extend(new_ids)
+        self._pending.extend(_as_list(new_ids))
         step = self.rule.judge_every
         # Judge at every multiple of judge_every the new ids reach, in order: the same points whatever the
         # chunking, so a stream fed one id at a time and all at once get the same verdict.
@@ -193,8 +202,10 @@ class LoopWatch:
         span = NGRAM + min(period, self.rule.span_cap)
         if repeated_share(tail, span) < self.rule.span_share * score:
             return None
-        return LoopVerdict(at_token=self._seen, onset=self._onset(period) - self._prefix, period=period,
-                           score=score)
+        onset = self._onset(period)
+        if self._base + len(self._ids) - onset < self.rule.min_copies * period:
+            return None
+        return LoopVerdict(at_token=self._seen, onset=onset - self._prefix, period=period, score=score)
 
     def _window_grams(self) -> tuple[np.ndarray, np.ndarray]:
         """(start positions, previous-occurrence positions) of the current window's n-grams."""
@@ -222,6 +233,11 @@ class LoopWatch:
             if runs.size:
                 start = self._base + int(fresh[runs[-1] + _ONSET_GAP - 1]) + 1
         return max(self._base, start - period)
+
+
+def _as_list(ids: Sequence[int] | np.ndarray) -> list[int]:
+    # Python ints: numpy ones would wrap in the packed key's shifts.
+    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
 
 
 # Odd 64-bit constants of the polynomial hash behind `repeated_share` (any odd base is invertible mod 2**64,

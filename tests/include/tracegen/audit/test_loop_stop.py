@@ -48,7 +48,7 @@ def by_name(cases, name):
 
 def test_the_set_covers_what_it_claims(legit, loops):
     kinds = {c.name.split(" ")[0] for c in legit}
-    assert {"file", "three", "test", "table", "similar", "log", "same", "plain"} <= kinds
+    assert {"file", "three", "test", "long", "table", "similar", "log", "same", "plain"} <= kinds
     assert {c.period for c in loops if not c.near} >= {1, 1000}
     assert min(c.period for c in loops if c.near) <= 8 and max(c.period for c in loops if c.near) >= 800
     assert {c.onset < 400 for c in loops} == {True, False}
@@ -118,6 +118,8 @@ def test_a_loop_that_began_before_the_continuation_is_stopped_at_the_first_judge
 def test_the_verdict_does_not_depend_on_the_stream_interval(loops, legit, name):
     case = by_name(loops + legit, name)
     verdicts = {chunk: watch(case, chunk) for chunk in (1, 7, 64, len(case.ids))}
+    # numpy ids, as a client might hold them, give the same verdict as Python ints.
+    verdicts["numpy"] = LoopWatch(np.asarray(case.ids[: case.prefix])).feed(np.asarray(case.response))
     assert len(set(verdicts.values())) == 1, verdicts
     assert (verdicts[1] is not None) == case.is_loop
 
@@ -167,3 +169,12 @@ def test_a_watch_holds_a_bounded_state_however_long_the_row(legit):
         assert w.feed(row) is None
     assert len(w._last) <= TAIL_WINDOW and len(w._ids) <= DEFAULT_RULE.history + TAIL_WINDOW // 2
     assert len(w._prev) == len(w._succ) == len(w._ids) - NGRAM + 1
+
+
+@pytest.mark.parametrize("where", ["early", "late"])
+def test_a_long_block_written_twice_is_not_a_loop_of_its_length(legit, where):
+    # A test run of about 1,040 tokens written out twice: its copies fill a window, and its lines share a few
+    # n-grams of their own, so it repeats as many n-grams as a loop of that period would. A loop goes on.
+    case = by_name(legit, f"long run twice back to back {where}")
+    assert watch(case, rule=LoopRule(min_copies=0)) is not None
+    assert watch(case) is None
