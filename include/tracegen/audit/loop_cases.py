@@ -6,8 +6,9 @@ byte-level BPE): prose and code between the structures are windows of the stand-
 tokenization of its agentic-coding text), and the structures are text written here and tokenized.
 
 - **Legit** (`legit_cases`): what agentic coding output repeats on purpose. A file written out again with
-  one line changed, a snippet given in three variants, a test run twice with the same output, a markdown
-  table of near-identical rows, a list of similar tool calls, log lines, and plain long rows. Each sits early
+  one line changed, a snippet given in three variants, a test run twice with the same output (a long one back to
+  back too), a traceback quoted three times, a markdown table of near-identical rows, a list of similar tool
+  calls, log lines, JSON records alike but for their id, and plain long rows. Each sits early
   in its response (short tail) or late (full window).
 - **Loops** (`loop_cases`): a phrase or block repeated until the response ends, exact or near-exact (a word
   of the loop swapped for one of a few near-variants in some repetitions, which may change the period by a
@@ -223,6 +224,14 @@ def similar_calls(rng: random.Random, calls: int) -> list[int]:
     return out
 
 
+def records(rng: random.Random, count: int, fields: int) -> list[int]:
+    """A JSON fixture of records alike but for their id and name: `fields` settings shared by all of them."""
+    shared = ", ".join(f'"{_ident(rng)}": {rng.choice(("true", "null", "0", chr(34) + _ident(rng) + chr(34)))}'
+                       for _ in range(fields))
+    rows = [f'{{"id": {rng.randint(1, 99_999)}, "name": "{_ident(rng)}", {shared}}}' for _ in range(count)]
+    return list(_text("\n```json\n[\n  " + ",\n  ".join(rows) + "\n]\n```\n"))
+
+
 def log_lines(rng: random.Random, lines: int) -> list[int]:
     """Log lines of one worker: the same message with its own timestamp, batch and timing each time."""
     t = rng.randint(0, 80_000)
@@ -259,6 +268,9 @@ def legit_cases(seed: int = 0) -> Iterator[LoopCase]:
         for calls in (10, 60):
             yield LoopCase(f"similar calls {calls} {where}", tuple(_placed(rng, where, similar_calls(rng, calls))))
         yield LoopCase(f"log lines 150 {where}", tuple(_placed(rng, where, log_lines(rng, 150))))
+        for fields in (5, 20, 40):
+            yield LoopCase(f"records 60 of {fields} fields {where}",
+                           tuple(_placed(rng, where, records(rng, 60, fields))))
     for i in range(8):
         yield LoopCase(f"plain long row {i}", tuple(prose(rng, 16_384)))
 

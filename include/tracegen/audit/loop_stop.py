@@ -50,9 +50,10 @@ class LoopRule:
     # and the numpy work (only ever done at a judging point).
     judge_every: int = 64
     # The longer n-grams of the whole-period check are NGRAM + min(period, span_cap) long: longer than a
-    # table row (so its own cell breaks every one), short enough that a long loop's near-variants leave most
-    # of them intact.
-    span_cap: int = 64
+    # row or record (so its own cell breaks every one: a table row, a call, a JSON record of 20 fields whose
+    # id differs), short enough that a long loop's near-variants leave enough of them intact. At 64, records
+    # of 150-600 tokens pass for loops; at 512, near loops of 600-800 tokens are stopped late or not at all.
+    span_cap: int = 256
     # Share of those longer n-grams that must repeat, as a share of the 8-gram score.
     span_share: float = 0.5
     # Copies of the period the loop must have run to, from its onset to the end of the tail. Two copies of a

@@ -48,7 +48,7 @@ def by_name(cases, name):
 
 def test_the_set_covers_what_it_claims(legit, loops):
     kinds = {c.name.split(" ")[0] for c in legit}
-    assert {"file", "three", "test", "long", "table", "similar", "log", "same", "plain"} <= kinds
+    assert {"file", "three", "test", "long", "table", "similar", "log", "records", "same", "plain"} <= kinds
     assert {c.period for c in loops if not c.near} >= {1, 1000}
     assert min(c.period for c in loops if c.near) <= 8 and max(c.period for c in loops if c.near) >= 800
     assert {c.onset < 400 for c in loops} == {True, False}
@@ -139,6 +139,11 @@ def test_repetition_between_fresh_cells_is_not_a_loop(legit):
     # as a call recurs. Without the whole-period check the watch would stop it.
     case = by_name(legit, "similar calls 60 late")
     assert watch(case, rule=LoopRule(span_share=0.0)) is not None
+    assert watch(case) is None
+    # JSON records of about 200 tokens, alike but for their id and name: the longer n-grams must be longer
+    # than a record, or the stretch between two ids passes for a whole period.
+    case = by_name(legit, "records 60 of 20 fields late")
+    assert watch(case, rule=LoopRule(span_cap=64)) is not None
     assert watch(case) is None
 
 
