@@ -135,7 +135,7 @@ def main() -> None:
         print(f"  chunk {chunk:3d}: LoopWatch {w:6,.0f} µs  baseline {b:7,.0f} µs  ({b / w:.1f}x)")
     tracemalloc.start()
     watches = [LoopWatch(r[-3 * TAIL_WINDOW :]) for r in natural[:20]]
-    print(f"memory per watch after {3 * TAIL_WINDOW} ids: {tracemalloc.get_traced_memory()[0] / len(watches) / 1e6:.2f} MB")
+    print(f"memory per watch after {3 * TAIL_WINDOW} ids: {tracemalloc.get_traced_memory()[0] / len(watches) / 1e3:.0f} KB")
 
 
 if __name__ == "__main__":

@@ -21,25 +21,25 @@ three ways, all there so that legitimate repetition in agentic output survives:
 - **A loop that goes on.** The repetition must reach the end of the tail and span `min_copies` periods from
   its estimated onset: a long block written out twice, back to back, is not a loop of its length.
 
-Cost: the window's repeated-n-gram count (the quantity `runaway_score` computes with numpy) is kept exactly
-and incrementally, a few dict operations per token on packed n-gram keys, and judged every `judge_every`
-tokens; the numpy checks run only once that count reaches the bar, which natural text does not. About half a
-microsecond per token and 0.3 MB per watch (`bench/bench_loop_stop.py`, docs/benchmarks.md, "Online loop
-stop"). Judging points are fixed response-token counts, so the verdict does not depend on how the stream is
-chunked.
+Cost: a watch keeps the last `history` ids (about 40 KB) and judges the tail at fixed response-token counts (every
+`judge_every`), so the verdict does not depend on how the stream is chunked. Most judging points are skipped
+outright: the repeated-n-gram count rises by one a token at most, so after a tail that repeats c n-grams no
+point fires for `REPEATED_NEEDED - c` tokens, about a thousand in natural text. A judged tail gets a cheap upper
+bound of that count first (n-grams in 65,536 buckets), `runaway_score` only when the bound reaches the bar, and
+the period, whole-period and onset checks only when the score does. About 0.1 µs a token fed in chunks of 8 or
+more, plus the call itself (`bench/bench_loop_stop.py`; docs/benchmarks.md, "Online loop stop").
 """
 
 from __future__ import annotations
 
 import math
 from array import array
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tracegen.audit.runaway import NGRAM, RUNAWAY_THRESHOLD, TAIL_WINDOW, runaway_score
+from tracegen.audit.runaway import MIN_TOKENS, NGRAM, RUNAWAY_THRESHOLD, TAIL_WINDOW, runaway_score
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +82,7 @@ REPEATED_NEEDED = math.ceil(RUNAWAY_THRESHOLD * (TAIL_WINDOW - NGRAM + 1))
 # Scanning back for a loop's start: a near-variant breaks at most NGRAM + its own length - 1 consecutive
 # n-grams; a longer run of fresh n-grams is text from before the loop.
 _ONSET_GAP = 4 * NGRAM
-# Bits per id in the packed n-gram key: room for any tokenizer's vocabulary (Qwen3's is 151,936 ids).
-_ID_BITS = 24
-_KEY_MASK = (1 << (_ID_BITS * NGRAM)) - 1
+_BUCKET_BITS = 16  # the cheap bound's buckets: 2,041 n-grams in 65,536 buckets collide about 32 times
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,25 +101,20 @@ class LoopWatch:
 
     def __init__(self, prefix_ids: Sequence[int] = (), *, rule: LoopRule = DEFAULT_RULE) -> None:
         self.rule = rule
-        self._prefix = len(prefix_ids)
-        self._seen = 0  # response ids fed
-        self._verdict: LoopVerdict | None = None
-        # Compact on purpose: a client holds one watch per request in flight. ids[k] is the id at absolute
-        # position base + k (prefix first); prev[k] is the absolute start of the previous occurrence, within
-        # the window, of the n-gram starting at base + k (-1: none); succ[k] says a later n-gram names that
-        # one as its previous occurrence. The last `history` positions are kept.
+        # The last ids, prefix first, at least `history` of them, as 64-bit ints (compact: a client holds one
+        # watch per request in flight). _base is the absolute position of _ids[0].
+        try:
+            self._ids = array("q", prefix_ids.tolist() if isinstance(prefix_ids, np.ndarray) else prefix_ids)
+        except OverflowError as e:
+            raise ValueError(f"token ids must be 64-bit integers: {e}") from None
+        self._prefix = len(self._ids)
         self._base = 0
-        self._ids = array("q")
-        self._prev = array("q")
-        self._succ = bytearray()
-        # The window's n-grams (packed keys, oldest first) and each key's latest start in the window.
-        self._keys: deque[int] = deque()
-        self._last: dict[int, int] = {}
-        self._key = 0  # the last NGRAM ids, packed
-        self._grams = 0  # n-grams started so far (absolute)
-        self._repeated = 0  # n-grams of the current window whose previous occurrence is in the window
-        self._pending: list[int] = []
-        self._absorb(_as_list(prefix_ids))
+        self._fed = 0  # response ids fed
+        self._next = rule.judge_every  # the next judging point (response ids) that can fire
+        self._verdict: LoopVerdict | None = None
+        # Trim in steps of half a window: amortized O(1) per id.
+        self._trim_at = rule.history + TAIL_WINDOW // 2
+        self._trim()
 
     @property
     def verdict(self) -> LoopVerdict | None:
@@ -131,135 +124,122 @@ class LoopWatch:
         """Take the next response ids; the verdict once the response loops (then on every later call), else None."""
         if self._verdict is not None:
             return self._verdict
-        self._pending.extend(_as_list(new_ids))
-        step = self.rule.judge_every
-        # Judge at every multiple of judge_every the new ids reach, in order: the same points whatever the
-        # chunking, so a stream fed one id at a time and all at once get the same verdict.
-        while len(self._pending) >= step - self._seen % step:
-            take = step - self._seen % step
-            block, self._pending = self._pending[:take], self._pending[take:]
-            self._absorb(block)
-            self._seen += take
-            self._verdict = self._judge()
+        if isinstance(new_ids, np.ndarray):
+            new_ids = new_ids.tolist()  # Python ints, whatever the array's dtype
+        ids = self._ids
+        before = len(ids)
+        try:
+            ids.extend(new_ids)
+        except OverflowError as e:  # a signed 64-bit array; negative ids are refused when judged
+            raise ValueError(f"token ids must be 64-bit integers: {e}") from None
+        self._fed += len(ids) - before
+        # Kept cheap: most calls carry a few ids and reach no judging point.
+        if self._next > self._fed:
+            if len(ids) >= self._trim_at:
+                self._trim()
+            return None
+        # Judging points are multiples of judge_every, judged in order on the ids up to them: the same points
+        # whatever the chunking, so a stream fed one id at a time and all at once get the same verdict.
+        while self._next <= self._fed:
+            self._verdict = self._judge(self._next)
             if self._verdict is not None:
-                self._pending = []
                 return self._verdict
+        self._trim()
         return None
 
-    # -- incremental repeated-n-gram count ----------------------------------------------------------------
-    def _absorb(self, block: list[int]) -> None:
-        if block and (min(block) < 0 or max(block) >> _ID_BITS):
-            raise ValueError(f"token ids must be within 0..{(1 << _ID_BITS) - 1}")
-        ids, prev, succ, keys, last, base = self._ids, self._prev, self._succ, self._keys, self._last, self._base
-        n, key, repeated = NGRAM, self._key, self._repeated
-        in_window = TAIL_WINDOW - n + 1  # n-grams of a full window
-        end = base + len(ids)  # ids seen so far (absolute)
-        ids.extend(block)
-        for x in block:
-            # The last n ids packed into one int: an exact n-gram key, rolled on in O(1).
-            key = ((key << _ID_BITS) | x) & _KEY_MASK
-            end += 1
-            g = end - n  # the n-gram this id completes starts here
-            if g < 0:
-                continue
-            # The window is the last TAIL_WINDOW ids (runaway_score's ids[-window:]). As it slides by one, its
-            # oldest n-gram leaves: it is no one's previous occurrence any more, and the n-gram counted
-            # because of it stops counting.
-            if len(keys) == in_window:
-                old, old_key = g - in_window, keys.popleft()
-                if last[old_key] == old:
-                    del last[old_key]
-                if succ[old - base]:
-                    repeated -= 1
-            p = last.get(key, -1)
-            last[key] = g
-            keys.append(key)
-            prev.append(p)
-            succ.append(0)
-            if p >= 0:
-                succ[p - base] = 1
-                repeated += 1
-        self._key, self._repeated = key, repeated
-        self._grams = max(0, end - n + 1)
-        self._trim()
-
     def _trim(self) -> None:
-        keep = self.rule.history
-        drop = len(self._ids) - keep
-        if drop < TAIL_WINDOW // 2:  # trim in steps: amortized O(1) per id
-            return
-        self._base += drop
-        del self._ids[:drop], self._prev[:drop], self._succ[:drop]
+        drop = len(self._ids) - self.rule.history
+        if drop > 0:
+            del self._ids[:drop]
+            self._base += drop
 
     # -- judging --------------------------------------------------------------------------------------
-    def _judge(self) -> LoopVerdict | None:
-        if self._repeated < REPEATED_NEEDED:
+    def _judge(self, at: int) -> LoopVerdict | None:
+        """The verdict at judging point `at` (response ids); sets the next judging point worth judging."""
+        step = self.rule.judge_every
+        end = len(self._ids) - (self._fed - at)  # index in _ids just after the judged ids
+        tail = np.frombuffer(self._ids[max(0, end - TAIL_WINDOW) : end], dtype=np.int64)
+        if tail.size and tail.min() < 0:
+            raise ValueError("token ids must be non-negative")
+        # A cheap bound first: n-grams of the tail spread over 2**16 buckets; the occupied buckets are at most
+        # its distinct n-grams, so m - occupied bounds the repeated count from above (by a few dozen).
+        keys = gram_keys(tail, NGRAM)
+        occupied = np.zeros(1 << _BUCKET_BITS, dtype=bool)
+        occupied[(keys >> np.uint64(64 - _BUCKET_BITS)).astype(np.intp)] = True
+        repeated = keys.size - int(np.count_nonzero(occupied))
+        if repeated >= REPEATED_NEEDED:
+            score = runaway_score(tail)
+            repeated = round(score * keys.size)  # runaway_score is the repeated share of the tail's n-grams
+        if repeated < REPEATED_NEEDED:
+            # One more id adds one n-gram and drops at most one: the count rises by one a token at most, so
+            # no judging point fires before the bar is that many ids away. Natural text repeats a few dozen
+            # n-grams a window, so the tail is judged about once every thousand tokens.
+            ahead = REPEATED_NEEDED - repeated if tail.size >= MIN_TOKENS else 1
+            self._next = at + max(1, -(-ahead // step)) * step
             return None
-        tail = np.frombuffer(self._ids[-TAIL_WINDOW:], dtype=np.int64)
-        score = runaway_score(tail)
-        if score < RUNAWAY_THRESHOLD:
+        self._next = at + step
+        history = np.frombuffer(self._ids[max(0, end - self.rule.history) : end], dtype=np.int64)
+        start = self._base + end - history.size  # absolute position of history[0]
+        pos, prev = _previous_occurrences(history)
+        in_tail = pos >= history.size - tail.size
+        inside = in_tail & (prev >= history.size - tail.size)
+        period = int(np.bincount(pos[inside] - prev[inside]).argmax())
+        if repeated_share(tail, NGRAM + min(period, self.rule.span_cap)) < self.rule.span_share * score:
             return None
-        period = self._period()
-        span = NGRAM + min(period, self.rule.span_cap)
-        if repeated_share(tail, span) < self.rule.span_share * score:
+        onset = start + _loop_start(pos, prev) - period
+        if self._base + end - onset < self.rule.min_copies * period:
             return None
-        onset = self._onset(period)
-        if self._base + len(self._ids) - onset < self.rule.min_copies * period:
-            return None
-        return LoopVerdict(at_token=self._seen, onset=onset - self._prefix, period=period, score=score)
-
-    def _window_grams(self) -> tuple[np.ndarray, np.ndarray]:
-        """(start positions, previous-occurrence positions) of the current window's n-grams."""
-        end = self._base + len(self._ids)
-        first = max(end - TAIL_WINDOW, self._base)
-        pos = np.arange(first, self._grams, dtype=np.int64)
-        prev = np.frombuffer(self._prev[first - self._base : self._grams - self._base], dtype=np.int64)
-        return pos, prev
-
-    def _period(self) -> int:
-        pos, prev = self._window_grams()
-        inside = prev >= pos[0]
-        return int(np.bincount(pos[inside] - prev[inside]).argmax())
-
-    def _onset(self, period: int) -> int:
-        """Absolute position where the loop began: scanning back from the end, the first run of `_ONSET_GAP`
-        n-grams none of which repeats one within a window before it ends the text before the loop; the next
-        n-gram starts the loop's first repetition, one period after its onset."""
-        recurs = np.frombuffer(self._prev[: self._grams - self._base], dtype=np.int64) >= 0
-        fresh = np.flatnonzero(~recurs)
-        start = self._base
-        if fresh.size:
-            # fresh positions followed by _ONSET_GAP - 1 more fresh ones in a row: a gap of text before the loop
-            runs = np.flatnonzero(fresh[_ONSET_GAP - 1 :] - fresh[: fresh.size - _ONSET_GAP + 1] == _ONSET_GAP - 1)
-            if runs.size:
-                start = self._base + int(fresh[runs[-1] + _ONSET_GAP - 1]) + 1
-        return max(self._base, start - period)
+        return LoopVerdict(at_token=at, onset=max(start, onset) - self._prefix, period=period, score=score)
 
 
-def _as_list(ids: Sequence[int] | np.ndarray) -> list[int]:
-    # Python ints: numpy ones would wrap in the packed key's shifts.
-    return ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+def _previous_occurrences(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, start of the previous occurrence or -1) of every NGRAM-gram of `ids`, in order."""
+    keys = gram_keys(ids, NGRAM)
+    order = np.argsort(keys, kind="stable")  # equal keys stay in position order
+    prev = np.full(keys.size, -1, dtype=np.int64)
+    same = keys[order[1:]] == keys[order[:-1]]
+    prev[order[1:][same]] = order[:-1][same]
+    return np.arange(keys.size, dtype=np.int64), prev
 
 
-# Odd 64-bit constants of the polynomial hash behind `repeated_share` (any odd base is invertible mod 2**64,
-# which lets a prefix-sum give every n-gram's hash in O(1) whatever n).
+def _loop_start(pos: np.ndarray, prev: np.ndarray) -> int:
+    """Where the loop's first repetition starts: scanning back from the end, the first run of `_ONSET_GAP`
+    n-grams none of which repeats one within a window before it ends the text before the loop; the next n-gram
+    starts the loop's first repetition, one period after its onset."""
+    recurs = (prev >= 0) & (pos - prev <= TAIL_WINDOW)
+    fresh = np.flatnonzero(~recurs)
+    if fresh.size < _ONSET_GAP:
+        return 0
+    runs = np.flatnonzero(fresh[_ONSET_GAP - 1 :] - fresh[: fresh.size - _ONSET_GAP + 1] == _ONSET_GAP - 1)
+    return int(fresh[runs[-1] + _ONSET_GAP - 1]) + 1 if runs.size else 0
+
+
+# Odd 64-bit constants of the polynomial hash behind `gram_keys` (any odd base is invertible mod 2**64, which
+# lets a prefix sum give every n-gram's hash in O(1) whatever n).
 _BASE = np.uint64(0x9E3779B97F4A7C15)
 _BASE_INV = np.uint64(pow(0x9E3779B97F4A7C15, -1, 2**64))
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
 
 
-def repeated_share(token_ids: Sequence[int] | np.ndarray, n: int) -> float:
-    """Share (0..1) of the n-grams of `token_ids` that repeat an earlier one, for any n (`runaway_score`
-    fixes n at most 8; the whole-period check needs n-grams a period long)."""
+def gram_keys(token_ids: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+    """A 64-bit key for every n-gram of `token_ids`, for any n (`runaway_score`'s hash stops at 8): a
+    polynomial hash through a prefix sum, O(len) whatever n."""
     ids = np.asarray(token_ids, dtype=np.int64).astype(np.uint64)
     m = ids.size - n + 1
-    if n < 1 or m < 2:
-        return 0.0
+    if n < 1 or m < 1:
+        return np.zeros(0, dtype=np.uint64)
     x = (ids + np.uint64(1)) * _MIX
     x ^= x >> np.uint64(31)
-    with np.errstate(over="ignore"):
-        powers = np.cumprod(np.full(ids.size, _BASE, dtype=np.uint64)) * _BASE_INV  # BASE**j
-        inverse = np.cumprod(np.full(m, _BASE_INV, dtype=np.uint64)) * _BASE  # BASE**-j
-        prefix = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(x * powers, dtype=np.uint64)])
-        keys = (prefix[n:] - prefix[:m]) * inverse
-    return float((m - np.unique(keys).size) / m)
+    powers = np.cumprod(np.full(ids.size, _BASE, dtype=np.uint64)) * _BASE_INV  # BASE**j
+    inverse = np.cumprod(np.full(m, _BASE_INV, dtype=np.uint64)) * _BASE  # BASE**-j
+    prefix = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(x * powers, dtype=np.uint64)])
+    return (prefix[n:] - prefix[:m]) * inverse
+
+
+def repeated_share(token_ids: Sequence[int] | np.ndarray, n: int) -> float:
+    """Share (0..1) of the n-grams of `token_ids` that repeat an earlier one: `runaway_score`'s quantity for
+    any n (the whole-period check needs n-grams a period long)."""
+    keys = gram_keys(token_ids, n)
+    if keys.size < 2:
+        return 0.0
+    return float((keys.size - np.unique(keys).size) / keys.size)
