@@ -307,6 +307,13 @@ def loop_cases(seed: int = 0) -> Iterator[LoopCase]:
                 onset = rng.randint(*bounds)
                 ids = looping(rng, onset, period, near, _loop_length(onset, period))
                 yield LoopCase(f"{kind} loop {period} {where}", tuple(ids), onset=onset, period=period, near=near)
+    # A loop right after legitimate repetition, which had the tail judged (and spared) until then.
+    for period in (5, 55, 377):
+        for kind, make in (("similar calls", lambda: similar_calls(rng, 60)),
+                           ("records", lambda: records(rng, 40, 20)), ("table", lambda: table(rng, 120, True))):
+            before = prose(rng, rng.randint(*LATE_ONSET)) + make()
+            ids = before + looping(rng, 0, period, False, _loop_length(0, period))
+            yield LoopCase(f"loop {period} after {kind}", tuple(ids), onset=len(before), period=period)
     # Continuations: the loop began in the earlier output, before the request.
     for period in (3, 55, 377, 800):
         onset = rng.randint(*LATE_ONSET)

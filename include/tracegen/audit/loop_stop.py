@@ -82,6 +82,9 @@ REPEATED_NEEDED = math.ceil(RUNAWAY_THRESHOLD * (TAIL_WINDOW - NGRAM + 1))
 # Scanning back for a loop's start: a near-variant breaks at most NGRAM + its own length - 1 consecutive
 # n-grams; a longer run of fresh n-grams is text from before the loop.
 _ONSET_GAP = 4 * NGRAM
+# Judging points skipped after a tail whose repetition is plainly in fragments (a quarter of the cost there;
+# a loop right after such a stretch is stopped at most this many points later).
+_FRAGMENTS_BACKOFF = 4
 _BUCKET_BITS = 16  # the cheap bound's buckets: 2,041 n-grams in 65,536 buckets collide about 32 times
 
 
@@ -178,36 +181,45 @@ class LoopWatch:
             self._next = at + max(1, -(-ahead // step)) * step
             return None
         self._next = at + step
+        # The period: the commonest distance from a tail n-gram back to its previous occurrence in the tail.
+        prev = _previous_occurrences(keys)
+        inside = prev >= 0
+        period = int(np.bincount(np.flatnonzero(inside) - prev[inside]).argmax())
+        whole = repeated_share(tail, NGRAM + min(period, self.rule.span_cap)) / score
+        if whole < self.rule.span_share:
+            if whole < self.rule.span_share / 2:
+                # Plainly fragments between fresh cells (a table, records, similar calls): it stays so for a
+                # while, and judging it at every point is what costs (about a millisecond each).
+                self._next = at + _FRAGMENTS_BACKOFF * step
+            return None
         history = np.frombuffer(self._ids[max(0, end - self.rule.history) : end], dtype=np.int64)
         start = self._base + end - history.size  # absolute position of history[0]
-        pos, prev = _previous_occurrences(history)
-        in_tail = pos >= history.size - tail.size
-        inside = in_tail & (prev >= history.size - tail.size)
-        period = int(np.bincount(pos[inside] - prev[inside]).argmax())
-        if repeated_share(tail, NGRAM + min(period, self.rule.span_cap)) < self.rule.span_share * score:
-            return None
-        onset = start + _loop_start(pos, prev) - period
+        onset = start + _loop_start(_previous_occurrences(gram_keys(history, NGRAM)), period) - period
         if self._base + end - onset < self.rule.min_copies * period:
             return None
         return LoopVerdict(at_token=at, onset=max(start, onset) - self._prefix, period=period, score=score)
 
 
-def _previous_occurrences(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, start of the previous occurrence or -1) of every NGRAM-gram of `ids`, in order."""
-    keys = gram_keys(ids, NGRAM)
+def _previous_occurrences(keys: np.ndarray) -> np.ndarray:
+    """For every n-gram (its key), the index of its previous occurrence, or -1."""
     order = np.argsort(keys, kind="stable")  # equal keys stay in position order
     prev = np.full(keys.size, -1, dtype=np.int64)
     same = keys[order[1:]] == keys[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]
-    return np.arange(keys.size, dtype=np.int64), prev
+    return prev
 
 
-def _loop_start(pos: np.ndarray, prev: np.ndarray) -> int:
-    """Where the loop's first repetition starts: scanning back from the end, the first run of `_ONSET_GAP`
-    n-grams none of which repeats one within a window before it ends the text before the loop; the next n-gram
-    starts the loop's first repetition, one period after its onset."""
-    recurs = (prev >= 0) & (pos - prev <= TAIL_WINDOW)
-    fresh = np.flatnonzero(~recurs)
+def _loop_start(prev: np.ndarray, period: int) -> int:
+    """Where the loop's first repetition starts. An n-gram of the loop repeats one a whole number of periods
+    before it, within a window (a near-variant's n-grams the last time that variant came; give or take the
+    tokens variants add or drop, an eighth of a period). Scanning back from the end, the first run of
+    `_ONSET_GAP` n-grams none of which does so ends the text before the loop, repetition of another kind
+    included (a table's rows); the next n-gram starts the loop's first repetition, one period after its onset."""
+    slack = period // 8
+    distance = np.arange(prev.size) - prev
+    phase = distance % period
+    in_step = (prev >= 0) & (distance <= TAIL_WINDOW) & ((phase <= slack) | (period - phase <= slack))
+    fresh = np.flatnonzero(~in_step)
     if fresh.size < _ONSET_GAP:
         return 0
     runs = np.flatnonzero(fresh[_ONSET_GAP - 1 :] - fresh[: fresh.size - _ONSET_GAP + 1] == _ONSET_GAP - 1)

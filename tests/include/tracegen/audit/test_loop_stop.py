@@ -72,7 +72,7 @@ def test_every_loop_is_stopped_soon_after_its_onset(loops):
         # The score is the after-the-fact rule's on the same tail: the row it leaves is a runaway to the audit.
         assert verdict.score == runaway_score(case.ids[:stop][-TAIL_WINDOW:]) >= RUNAWAY_THRESHOLD
         assert verdict.period == case.period, case.name
-        assert abs(case.prefix + verdict.onset - case.onset) <= 2 * NGRAM + 16, case.name
+        assert abs(case.prefix + verdict.onset - case.onset) <= 2 * NGRAM, case.name
         assert verdict.at_token % DEFAULT_RULE.judge_every == 0
     assert missed == [] and late == []
 
@@ -151,7 +151,7 @@ def test_judging_points_skipped_could_not_have_fired(loops):
     # first judging point where the count of the whole tail, judged at every point, reaches the bar.
     step = DEFAULT_RULE.judge_every
     for case in loops:
-        if case.near or case.period > 300 or case.prefix:
+        if not case.name.startswith("exact loop") or case.period > 300:
             continue
         ids = np.asarray(case.ids)
         first = next(t for t in range(step, ids.size + 1, step)
