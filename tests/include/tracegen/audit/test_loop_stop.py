@@ -112,7 +112,8 @@ def test_a_loop_that_began_before_the_continuation_is_stopped_at_the_first_judge
 
 @pytest.mark.parametrize("name", ["exact loop 1 early", "exact loop 89 late", "near loop 21 late",
                                   "near loop 610 early", "exact loop 1000 late", "continued loop 377",
-                                  "similar calls 60 late", "same failure thrice 8 start"])
+                                  "similar calls 60 late", "same failure thrice 8 start", "loop 55 after records",
+                                  "loop 5 after table"])
 def test_the_verdict_does_not_depend_on_the_stream_interval(loops, legit, name):
     case = by_name(loops + legit, name)
     verdicts = {chunk: watch(case, chunk) for chunk in (1, 7, 64, len(case.ids))}
