@@ -21,19 +21,19 @@ three ways, all there so that legitimate repetition in agentic output survives:
 - **A loop that goes on.** The repetition must reach the end of the tail and span `min_copies` periods from
   its estimated onset: a long block written out twice, back to back, is not a loop of its length.
 
-Cost: a watch keeps the last `history` ids (about 40 KB) and judges the tail at fixed response-token counts (every
-`judge_every`), so the verdict does not depend on how the stream is chunked. Most judging points are skipped
-outright: the repeated-n-gram count rises by one a token at most, so after a tail that repeats c n-grams no
-point fires for `REPEATED_NEEDED - c` tokens, about a thousand in natural text. A judged tail gets a cheap upper
-bound of that count first (n-grams in 65,536 buckets), `runaway_score` only when the bound reaches the bar, and
-the period, whole-period and onset checks only when the score does. About 0.1 µs a token fed in chunks of 8 or
-more, plus the call itself (`bench/bench_loop_stop.py`; docs/benchmarks.md, "Online loop stop").
+Cost: a watch keeps the last `history` ids (an int64 array, about 35 KB) and judges the tail at fixed
+response-token counts (every `judge_every`), so the verdict does not depend on how the stream is chunked. Most
+judging points are skipped outright: the repeated-n-gram count rises by one a token at most, so after a tail
+that repeats c n-grams no point fires for `REPEATED_NEEDED - c` tokens, about a thousand in natural text; ids
+fed meanwhile are only appended to a list. A judged tail gets a cheap upper bound of that count first (its
+n-grams in 65,536 buckets), `runaway_score` only when the bound reaches the bar, and the period, whole-period
+and onset checks only when the score does. About 0.1 µs a token fed in chunks of 8 or more
+(`bench/bench_loop_stop.py`; docs/benchmarks.md, "Online loop stop").
 """
 
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,20 +104,17 @@ class LoopWatch:
 
     def __init__(self, prefix_ids: Sequence[int] = (), *, rule: LoopRule = DEFAULT_RULE) -> None:
         self.rule = rule
-        # The last ids, prefix first, at least `history` of them, as 64-bit ints (compact: a client holds one
-        # watch per request in flight). _base is the absolute position of _ids[0].
-        try:
-            self._ids = array("q", prefix_ids.tolist() if isinstance(prefix_ids, np.ndarray) else prefix_ids)
-        except OverflowError as e:
-            raise ValueError(f"token ids must be 64-bit integers: {e}") from None
-        self._prefix = len(self._ids)
+        # The last ids, prefix first, at least `history` of them, as one int64 array (compact: a client holds
+        # one watch per request in flight); ids fed since the last judging point wait in a list, which takes
+        # a few ids far more cheaply than an array does. _base is the absolute position of _ids[0].
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._pending: list[int] = []
         self._base = 0
         self._fed = 0  # response ids fed
         self._next = rule.judge_every  # the next judging point (response ids) that can fire
         self._verdict: LoopVerdict | None = None
-        # Trim in steps of half a window: amortized O(1) per id.
-        self._trim_at = rule.history + TAIL_WINDOW // 2
-        self._trim()
+        self._take(prefix_ids.tolist() if isinstance(prefix_ids, np.ndarray) else list(prefix_ids))
+        self._prefix = self._base + self._ids.size
 
     @property
     def verdict(self) -> LoopVerdict | None:
@@ -129,41 +126,39 @@ class LoopWatch:
             return self._verdict
         if isinstance(new_ids, np.ndarray):
             new_ids = new_ids.tolist()  # Python ints, whatever the array's dtype
-        ids = self._ids
-        before = len(ids)
-        try:
-            ids.extend(new_ids)
-        except OverflowError as e:  # a signed 64-bit array; negative ids are refused when judged
-            raise ValueError(f"token ids must be 64-bit integers: {e}") from None
-        self._fed += len(ids) - before
-        # Kept cheap: most calls carry a few ids and reach no judging point.
-        if self._next > self._fed:
-            if len(ids) >= self._trim_at:
-                self._trim()
+        self._pending.extend(new_ids)
+        self._fed += len(new_ids)
+        if self._next > self._fed:  # most calls: a few ids, no judging point reached
             return None
+        self._take(self._pending)
+        self._pending = []
         # Judging points are multiples of judge_every, judged in order on the ids up to them: the same points
         # whatever the chunking, so a stream fed one id at a time and all at once get the same verdict.
         while self._next <= self._fed:
             self._verdict = self._judge(self._next)
             if self._verdict is not None:
                 return self._verdict
-        self._trim()
+        drop = self._ids.size - self.rule.history
+        if drop > 0:
+            self._ids = self._ids[drop:].copy()
+            self._base += drop
         return None
 
-    def _trim(self) -> None:
-        drop = len(self._ids) - self.rule.history
-        if drop > 0:
-            del self._ids[:drop]
-            self._base += drop
+    def _take(self, ids: list[int]) -> None:
+        try:
+            new = np.array(ids, dtype=np.int64)
+        except OverflowError:
+            raise ValueError("token ids must be 64-bit integers") from None
+        if new.size and new.min() < 0:
+            raise ValueError("token ids must be non-negative")
+        self._ids = np.concatenate([self._ids, new])
 
     # -- judging --------------------------------------------------------------------------------------
     def _judge(self, at: int) -> LoopVerdict | None:
         """The verdict at judging point `at` (response ids); sets the next judging point worth judging."""
         step = self.rule.judge_every
-        end = len(self._ids) - (self._fed - at)  # index in _ids just after the judged ids
-        tail = np.frombuffer(self._ids[max(0, end - TAIL_WINDOW) : end], dtype=np.int64)
-        if tail.size and tail.min() < 0:
-            raise ValueError("token ids must be non-negative")
+        end = self._ids.size - (self._fed - at)  # index in _ids just after the judged ids
+        tail = self._ids[max(0, end - TAIL_WINDOW) : end]
         # A cheap bound first: n-grams of the tail spread over 2**16 buckets; the occupied buckets are at most
         # its distinct n-grams, so m - occupied bounds the repeated count from above (by a few dozen).
         keys = gram_keys(tail, NGRAM)
@@ -192,7 +187,7 @@ class LoopWatch:
                 # while, and judging it at every point is what costs (about a millisecond each).
                 self._next = at + _FRAGMENTS_BACKOFF * step
             return None
-        history = np.frombuffer(self._ids[max(0, end - self.rule.history) : end], dtype=np.int64)
+        history = self._ids[max(0, end - self.rule.history) : end]
         start = self._base + end - history.size  # absolute position of history[0]
         onset = start + _loop_start(_previous_occurrences(gram_keys(history, NGRAM)), period) - period
         if self._base + end - onset < self.rule.min_copies * period:
