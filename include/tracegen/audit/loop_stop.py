@@ -114,7 +114,8 @@ class LoopWatch:
         self._next = rule.judge_every  # the next judging point (response ids) that can fire
         self._verdict: LoopVerdict | None = None
         self._take(prefix_ids.tolist() if isinstance(prefix_ids, np.ndarray) else list(prefix_ids))
-        self._prefix = self._base + self._ids.size
+        self._prefix = self._ids.size
+        self._trim()
 
     @property
     def verdict(self) -> LoopVerdict | None:
@@ -138,11 +139,14 @@ class LoopWatch:
             self._verdict = self._judge(self._next)
             if self._verdict is not None:
                 return self._verdict
+        self._trim()
+        return None
+
+    def _trim(self) -> None:
         drop = self._ids.size - self.rule.history
         if drop > 0:
             self._ids = self._ids[drop:].copy()
             self._base += drop
-        return None
 
     def _take(self, ids: list[int]) -> None:
         try:
