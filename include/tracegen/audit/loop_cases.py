@@ -8,12 +8,12 @@ tokenization of its agentic-coding text), and the structures are text written he
 - **Legit** (`legit_cases`): what agentic coding output repeats on purpose. A file written out again with
   one line changed, a snippet given in three variants, a test run twice with the same output (a long one back to
   back too), a traceback quoted three times, a markdown table of near-identical rows, a list of similar tool
-  calls, log lines, JSON records alike but for their id, and plain long rows. Each sits early
-  in its response (short tail) or late (full window).
+  calls, log lines, JSON records alike but for their id, and plain long rows. Each sits early in its
+  response (short tail) or late (full window), some at its very start.
 - **Loops** (`loop_cases`): a phrase or block repeated until the response ends, exact or near-exact (a word
   of the loop swapped for one of a few near-variants in some repetitions, which may change the period by a
-  token or two), with periods from 1 to 1,000 tokens, onsets early and late, and continuations whose loop
-  began in the earlier output (`prefix`).
+  token or two), with periods from 1 to 1,000 tokens, onsets early and late, loops right after legitimate
+  repetition, and continuations whose loop began in the earlier output (`prefix`).
 
 All of it is a pure function of the seed.
 """
@@ -28,8 +28,8 @@ from functools import lru_cache
 from tracegen.simulator import corpus, tokens
 
 LOOP_PERIODS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 800, 1000)
-# Near-variants need a word to vary; the longest near loop stays under the window's reach with its variants
-# (`loop_stop`: a period of about 1,000 exactly fills half the window, and each variant costs n-grams).
+# Near-variants need a word to vary; the longest near loop stays within the window's reach with its variants
+# (a period of about 1,000 exactly fills half the window, and each variant costs n-grams).
 NEAR_PERIODS = tuple(p for p in LOOP_PERIODS if 8 <= p <= 900)
 START = (0, 40)  # tokens of ordinary text before a structure that opens its response
 EARLY_ONSET = (0, 400)  # before an early loop or structure: the tail is shorter than a window
@@ -155,6 +155,7 @@ def three_variants(rng: random.Random, size: int) -> list[int]:
 
 
 def _one_run(rng: random.Random, tests: int) -> list[int]:
+    """A verbose pytest run of `tests` passing tests."""
     names = [f"tests/test_{_ident(rng)}.py::test_{_ident(rng)}" for _ in range(tests)]
     lines = ["$ pytest -v", "============ test session starts ============"]
     lines += [f"{n} PASSED [{100 * (i + 1) // tests:3d}%]" for i, n in enumerate(names)]
