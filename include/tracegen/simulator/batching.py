@@ -64,6 +64,9 @@ class Job:
     tokens: int = 0  # final token count once done
     aborted: bool = False
     abort_message: str | None = None
+    # Where an abort found it: "running" (SGLang's running-batch abort, reported with the full meta_info)
+    # or "waiting" (popped from the queue, reported by the tokenizer manager's short abort output).
+    aborted_in: str | None = None
     future: Any = None  # asyncio.Future set by the driver, resolved when done
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -112,6 +115,13 @@ class BatchEngine:
             return job.tokens
         return 0
 
+    def time_until(self, job: Job, tokens: int) -> float | None:
+        """Simulated seconds until `job` has produced `tokens` at the current rate (None: not decoding)."""
+        rate = self.rate()
+        if job.state != "running" or rate <= 0:
+            return None
+        return max(0.0, job.v0 + tokens - self.v) / rate
+
     def tokens_generated(self) -> int:
         return self.tokens_done + int(len(self.running) * self.v - self._sum_v0 + _EPS)
 
@@ -147,18 +157,24 @@ class BatchEngine:
         return done
 
     def abort(self, rid: str, t: float, message: str | None = None) -> tuple[Job | None, list[Job]]:
-        """Abort request `rid`; returns (the aborted job or None, other jobs finished meanwhile)."""
+        """Abort request `rid`; returns (the aborted job or None, other jobs finished meanwhile).
+
+        A running request keeps what it produced plus the one token of the decode step SGLang still runs
+        for it (its scheduler sets `to_finish`, and the request finishes after the next forward pass); its
+        slot goes to the queue's head at once. A queued one ends with no token."""
         done = self.advance(t)
         job = self.running.get(rid)
         if job is not None:
-            tokens = self.produced(job)
+            tokens = min(job.target, self.produced(job) + 1)
             self._remove_running(job)
-            self._finish(job, tokens, aborted=True, message=message or "Abort request")
+            job.aborted_in = "running"
+            self._finish(job, tokens, aborted=True, message=message or "Aborted")
             done.extend(self._admit())
             return job, done
         for queued in self.waiting:
             if queued.rid == rid:
                 self.waiting.remove(queued)
+                queued.aborted_in = "waiting"
                 self._finish(queued, 0, aborted=True, message=message or "Abort in waiting queue")
                 return queued, done
         return None, done
@@ -294,6 +310,12 @@ class AsyncBatcher:
     def produced(self, job: Job) -> int:
         self.sync()
         return self.engine.produced(job)
+
+    def wall_until(self, job: Job, tokens: int) -> float | None:
+        """Wall seconds until `job` has produced `tokens` at the current rate (None: not decoding)."""
+        self.sync()
+        sim = self.engine.time_until(job, tokens)
+        return None if sim is None else self.wall_seconds(sim)
 
     def start_accounting(self) -> None:
         self.engine.start_accounting(self.sim_now())

@@ -1,5 +1,10 @@
 """A generation request's life on the server: the fault it meets, its admission to the batch, waiting for
-it (a client that goes away aborts it, as in SGLang), and what it adds to the metrics when it ends."""
+it (a client that goes away aborts it, as in SGLang), and what it adds to the metrics when it ends.
+
+A client that disconnects is aborted at once: in SGLang 0.5.23 the cancelled handler's cleanup
+(`TokenizerManager.generate_request`, `_release_req_states_on_failure`) sends the abort for the dispatched
+request; the stream's background task that aborts it again after 2 s (`create_abort_task`) finds it gone.
+"""
 
 from __future__ import annotations
 
@@ -79,10 +84,19 @@ def record(state: State, job: Job, prompt_toks: int) -> None:
         m.queue_time.observe(queue_wall)
         m.ttft.observe(queue_wall + state.batcher.wall_seconds(state.batcher.engine.step.step_time(1)))
     if job.aborted:
-        m.num_aborted_requests_total += 1
+        if not job.meta.get("abort_counted"):
+            m.num_aborted_requests_total += 1
     else:
         m.num_requests_total += 1
         m.prompt_tokens_total += prompt_toks
+
+
+def abort_disconnected(state: State, job: Job) -> None:
+    """The client went away: abort the request, which frees its slot, and count it as SGLang's
+    `abort_request` does (its handler never gets to `record` it)."""
+    if state.batcher.abort(job.rid, "Abort: client disconnected") is not None:
+        state.metrics.num_aborted_requests_total += 1
+        job.meta["abort_counted"] = True
 
 
 async def wait(job: Job, state: State) -> None:
@@ -90,18 +104,27 @@ async def wait(job: Job, state: State) -> None:
     try:
         await job.future
     except asyncio.CancelledError:
-        state.batcher.abort(job.rid, "Abort: client disconnected")
+        abort_disconnected(state, job)
         raise
 
 
-async def progress(state: State, job: Job) -> int:
-    """Wait one stream interval (or until done), then return tokens produced so far."""
-    interval = state.args["sim_stream_interval_ms"] / 1000.0
+# The shortest wall wait between two looks at a stream: below it, many streams' wake-ups cost the event loop
+# more than they are worth, and the events due meanwhile are written together.
+_MIN_LOOK_S = 0.001
+
+
+async def progress(state: State, job: Job, due: int) -> int:
+    """Wait until the job has produced `due` tokens (at the current rate, looking again at least every
+    --sim-stream-interval-ms in case the batch changes) or is done; returns the tokens produced so far."""
+    look = state.args["sim_stream_interval_ms"] / 1000.0
+    until = state.batcher.wall_until(job, due)
+    if until is not None:
+        look = max(_MIN_LOOK_S, min(look, until))
     try:
-        await asyncio.wait_for(asyncio.shield(job.future), interval)
+        await asyncio.wait_for(asyncio.shield(job.future), look)
     except TimeoutError:
         pass
     except asyncio.CancelledError:
-        state.batcher.abort(job.rid, "Abort: client disconnected")
+        abort_disconnected(state, job)
         raise
     return state.batcher.produced(job)
