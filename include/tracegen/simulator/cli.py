@@ -104,7 +104,9 @@ _SIM_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "type": float, "default": 0.25, "help": "share of prompts with `tools` that finish with a tool call",
     }),
     ("--sim-stream-interval-ms", {
-        "type": float, "default": 50.0, "help": "wall ms between streamed chunks",
+        "type": float, "default": 50.0,
+        "help": "most wall ms between two looks at a stream (sooner when its next event is due); events due "
+        "meanwhile are written together, each its own (their count is --stream-interval's)",
     }),
     ("--sim-drain-timeout-s", {
         "type": float, "default": 600.0, "help": "SIGTERM: max wall seconds to drain",
