@@ -194,6 +194,7 @@ async def _stream_deltas(resp: web.StreamResponse, r: _Reply, created: int) -> t
     """Send the text as it grows until the request finishes, a chunk for each event SGLang's scheduler
     sends (`streaming.event_ends`, at --stream-interval); returns the (reasoning, content) sent."""
     interval = max(1, r.state.args["stream_interval"])
+    per_step = r.state.settings.accept_length
     detok = Detokenizer(r.plan.context)
     produced = 0  # tokens whose text the detokenizer has seen
     raw = ""
@@ -220,14 +221,16 @@ async def _stream_deltas(resp: web.StreamResponse, r: _Reply, created: int) -> t
             n = await progress(r.state, r.job, 1 if produced == 0 else produced + interval)
             if r.job.future.done():
                 break
-            payload = b"".join(chunk(end) for end in event_ends(produced, min(n, r.plan.target - 1), interval))
+            ends = event_ends(produced, min(n, r.plan.target - 1), interval, per_step)
+            payload = b"".join(chunk(end) for end in ends)
             if payload:
                 await resp.write(payload)
     except (ConnectionResetError, asyncio.CancelledError):
         abort_disconnected(r.state, r.job)
         raise
     # Events due before the finish that the last look did not reach.
-    payload = b"".join(chunk(end) for end in event_ends(produced, r.job.tokens - 1, interval))
+    ends = event_ends(produced, r.job.tokens - 1, interval, per_step)
+    payload = b"".join(chunk(end) for end in ends)
     if payload:
         await resp.write(payload)
     return sent_reasoning, sent_content

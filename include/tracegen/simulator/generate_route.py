@@ -160,6 +160,7 @@ async def _stream(
             return {"text": delta, "output_ids": new, "meta_info": meta}
         return {"text": text, "output_ids": list(all_ids), "meta_info": meta}
 
+    per_step = state.settings.accept_length
     sent = 0
     try:
         while not job.future.done():
@@ -167,7 +168,8 @@ async def _stream(
             if job.future.done():
                 break
             # Every event due by now, each its own SSE event (the tokens of the finish excepted).
-            payload = b"".join(sse(event(end, False)) for end in event_ends(sent, min(n, plan.target - 1), interval))
+            ends = event_ends(sent, min(n, plan.target - 1), interval, per_step)
+            payload = b"".join(sse(event(end, False)) for end in ends)
             if payload:
                 await resp.write(payload)
                 sent = len(all_ids)
@@ -177,7 +179,8 @@ async def _stream(
     record(state, job, len(ids))
     final = job.tokens
     # Events due before the finish that the last look did not reach: SGLang sent them as the tokens came.
-    payload = b"".join(sse(event(end, False)) for end in event_ends(sent, final - 1, interval))
+    ends = event_ends(sent, final - 1, interval, per_step)
+    payload = b"".join(sse(event(end, False)) for end in ends)
     await resp.write(payload + sse(event(final, True)) + sse("[DONE]"))
     await resp.write_eof()
     return resp

@@ -1,10 +1,11 @@
 """How SGLang 0.5.23 streams one request's output: when an event is due, and the text each event carries.
 
-- **When** (`event_ends`): the scheduler's output streamer sends the first token at once, then an event
-  whenever at least `stream_interval` tokens are unsent (`--stream-interval`, default 1, or the request's
-  `sampling_params.stream_interval`), and always the finishing step. A stream of n tokens at interval I is
-  so 1 + ceil((n - 1) / I) events, the last one the finish; each is its own SSE event (SGLang coalesces
-  only what a slow client left queued).
+- **When** (`event_ends`): the scheduler's output streamer sends the first step's tokens at once, then an
+  event at the first step end with at least `stream_interval` tokens unsent (`--stream-interval`, default
+  1, or the request's `sampling_params.stream_interval`), and always the finishing step. Without
+  speculative decoding (a token a step) a stream of n tokens at interval I is so 1 + ceil((n - 1) / I)
+  events, the last one the finish; each is its own SSE event (SGLang coalesces only what a slow client
+  left queued).
 - **What** (`Detokenizer`): SGLang's DetokenizerManager turns new ids into new text incrementally, after a
   few surrogate ids of context; a step whose text ends inside a character emits only its printable prefix
   (`printable`) and retries with more ids, and the finish emits the rest. The deltas add up to the finished
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 from tracegen.simulator.tokens import SURROGATE_TOKENS, decode
@@ -40,14 +42,19 @@ def printable(text: str) -> str:
     return text[: text.rfind(" ") + 1]
 
 
-def event_ends(sent: int, produced: int, interval: int) -> Iterator[int]:
-    """Token counts, after `sent`, at which an intermediate event is due once `produced` tokens exist."""
-    if produced <= sent:
-        return
-    at = 1 if sent == 0 else sent + interval
-    while at <= produced:
+def event_ends(sent: int, produced: int, interval: int, per_step: float = 1.0) -> Iterator[int]:
+    """Token counts, after `sent`, at which an intermediate event is due once `produced` tokens exist.
+
+    Events fall at the end of a decode step, which adds `per_step` tokens (the accept length with
+    speculative decoding; step k ends at token floor(k * per_step), as the batching engine counts them), so
+    an event may carry more than `interval` tokens, as SGLang's do."""
+    while True:
+        due = 1 if sent == 0 else sent + interval
+        at = int(math.ceil(due / per_step - 1e-9) * per_step + 1e-9)  # the first step end at or past `due`
+        if at > produced:
+            return
         yield at
-        at += interval
+        sent = at
 
 
 class Detokenizer:

@@ -36,6 +36,10 @@ def test_events_are_due_at_the_first_token_then_every_interval():
     assert list(event_ends(0, 10, 4)) == [1, 5, 9]
     assert list(event_ends(5, 12, 4)) == [9]  # picked up where the last event was
     assert list(event_ends(9, 9, 4)) == []
+    # With speculative decoding a step adds its accept length: events fall on step ends.
+    assert list(event_ends(0, 12, 1, per_step=3.0)) == [3, 6, 9, 12]
+    assert list(event_ends(0, 12, 4, per_step=3.0)) == [3, 9]
+    assert list(event_ends(0, 10, 1, per_step=2.5)) == [2, 5, 7, 10]
 
 
 @pytest.mark.parametrize("register", ["en", "intl"])
@@ -98,6 +102,14 @@ def test_streamed_generate_incremental_and_cumulative_end_as_unstreamed(sim_serv
     # The request's own interval wins over the server's.
     evs, _ = _stream(incremental.url, {**body, "sampling_params": {**body["sampling_params"], "stream_interval": 50}})
     assert len(evs) == math.ceil((n - 1) / 50) + 1
+
+
+def test_with_speculative_decoding_an_event_is_a_step_of_accepted_tokens(sim_server):
+    sim = sim_server(sim_length_model="fixed:300", speculative_algorithm="EAGLE", sim_accept_length=2.0,
+                     incremental_streaming_output=True)  # fmt: skip
+    evs, _ = _stream(sim.url, {"text": "draft", "sampling_params": {"max_new_tokens": 200}})
+    assert [len(e["output_ids"]) for e in evs] == [2] * 100
+    assert evs[-1]["meta_info"]["spec_verify_ct"] == 100
 
 
 def test_a_stream_refused_by_the_context_check_is_an_error_event(sim_server):
