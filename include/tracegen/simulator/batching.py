@@ -296,6 +296,18 @@ class AsyncBatcher:
         self._rearm()
         return job
 
+    def abort_matching(self, rid: str) -> int:
+        """SGLang's `/abort_request {"rid"}`: nothing unless `rid` itself is in flight (its tokenizer manager
+        knows only exact ids), and then every request whose id starts with it (its scheduler matches by
+        prefix, so aborting "row-1" also aborts "row-10"). Returns how many were aborted."""
+        in_flight = list(self.engine.running) + [j.rid for j in self.engine.waiting]
+        if rid not in in_flight:
+            return 0
+        matching = [r for r in in_flight if r.startswith(rid)]
+        for r in matching:
+            self.abort(r)
+        return len(matching)
+
     def abort_all(self) -> int:
         rids = list(self.engine.running) + [j.rid for j in self.engine.waiting]
         for rid in rids:

@@ -250,3 +250,27 @@ def test_the_loop_shape_is_a_launch_flag(sim_server):
     assert resolved["loop_shape"] == "varied" and resolved["runaway_rate"] == 0.03
     # The law is not recalibrated by it: the same median as phrase loops.
     assert resolved["median"] == build_model("reference", runaway_rate=0.03).median
+
+
+def test_abort_request_aborts_the_rid_and_the_ids_it_prefixes_as_sglangs_scheduler(sim_server):
+    sim = sim_server(**{**LONG, "max_running_requests": 4})
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=sim.url, timeout=30) as c:
+            body = {"text": "x", "sampling_params": {"max_new_tokens": 100000}}
+            runs = {rid: asyncio.create_task(c.post("/generate", json={**body, "rid": rid}))
+                    for rid in ("row-1", "row-10", "row-2")}  # fmt: skip
+            while _running(sim) != (3, 0):
+                await asyncio.sleep(0.02)
+            # Not itself in flight: SGLang's tokenizer manager drops it, however many ids it prefixes.
+            assert (await c.post("/abort_request", json={"rid": "row-"})).status_code == 200
+            assert _running(sim) == (3, 0)
+            assert (await c.post("/abort_request", json={"rid": "row-1"})).status_code == 200
+            aborted = {rid: (await runs[rid]).json()["meta_info"]["finish_reason"] for rid in ("row-1", "row-10")}
+            left = _running(sim)
+            await c.post("/abort_request", json={"abort_all": True})
+            await runs["row-2"]
+            return aborted, left
+
+    aborted, left = asyncio.run(scenario())
+    assert all(reason["type"] == "abort" for reason in aborted.values()) and left == (1, 0)
