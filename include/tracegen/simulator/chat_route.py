@@ -89,7 +89,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state.active += 1
     try:
         try:
-            job = admit(state, plan, rid, fault, req.priority)
+            job = admit(state, plan, rid, fault, n_prompt, req.priority)
         except QueueFull:
             return error_response(request, "The request queue is full.", 503)
         model = req.model if req.model is not None else state.args["served_model_name"]

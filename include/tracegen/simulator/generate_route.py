@@ -60,7 +60,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     state.active += 1
     try:
         try:
-            job = admit(state, plan, rid, fault)
+            job = admit(state, plan, rid, fault, n_prompt)
         except QueueFull:
             return error_response(request, "The request queue is full.", 503)
         if not req.stream:

@@ -58,10 +58,13 @@ def _priority(state: State, requested: int | None) -> str:
     return str(requested if requested is not None else state.args["default_priority_value"])
 
 
-def admit(state: State, plan: p.Plan, rid: str, fault: str, priority: int | None = None) -> Job:
+def admit(
+    state: State, plan: p.Plan, rid: str, fault: str, prompt_tokens: int, priority: int | None = None
+) -> Job:
     """The request's job, queued in the batch; raises `batching.QueueFull` when the queue is full."""
     job = Job(rid=rid, target=plan.target)
     job.meta["priority"] = _priority(state, priority)
+    job.meta["prompt_tokens"] = prompt_tokens
     if fault == fault_kinds.ABORT:
         job.target = int(plan.target * state.injector.abort_fraction())
         job.aborted = True
@@ -74,6 +77,10 @@ def admit(state: State, plan: p.Plan, rid: str, fault: str, priority: int | None
 
 
 def record(state: State, job: Job, prompt_toks: int) -> None:
+    """What a finished request adds to the metrics, as SGLang counts it: a request that finished, a running
+    one aborted too (its abort ends in the scheduler's normal output, which the tokenizer manager counts as a
+    finished request), is in `num_requests_total` and `prompt_tokens_total`; an abort is in
+    `num_aborted_requests_total` as well."""
     m = state.metrics
     now = time.monotonic()
     t0 = job.meta["t_arrival"]
@@ -84,19 +91,17 @@ def record(state: State, job: Job, prompt_toks: int) -> None:
         m.queue_time.observe(queue_wall)
         m.ttft.observe(queue_wall + state.batcher.wall_seconds(state.batcher.engine.step.step_time(1)))
     if job.aborted:
-        if not job.meta.get("abort_counted"):
-            m.num_aborted_requests_total += 1
-    else:
+        m.num_aborted_requests_total += 1
+    if not job.aborted or job.aborted_in == "running":
         m.num_requests_total += 1
         m.prompt_tokens_total += prompt_toks
 
 
 def abort_disconnected(state: State, job: Job) -> None:
-    """The client went away: abort the request, which frees its slot, and count it as SGLang's
-    `abort_request` does (its handler never gets to `record` it)."""
+    """The client went away: abort the request, which frees its slot, and record it here (its cancelled
+    handler never gets to)."""
     if state.batcher.abort(job.rid, "Abort: client disconnected") is not None:
-        state.metrics.num_aborted_requests_total += 1
-        job.meta["abort_counted"] = True
+        record(state, job, job.meta["prompt_tokens"])
 
 
 async def wait(job: Job, state: State) -> None:

@@ -126,11 +126,14 @@ def _running(sim) -> tuple[int, int]:
     return info["num_running_reqs"], info["num_queue_reqs"]
 
 
-def _aborted_total(url: str) -> float:
+def _counts(url: str) -> tuple[float, float]:
+    """(sglang:num_requests_total, sglang:num_aborted_requests_total)."""
+    found = {}
     for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("sglang:num_aborted_requests_total"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no sglang:num_aborted_requests_total")
+        name = line.split("{", 1)[0]
+        if name in ("sglang:num_requests_total", "sglang:num_aborted_requests_total"):
+            found[name] = float(line.rsplit(" ", 1)[1])
+    return found["sglang:num_requests_total"], found["sglang:num_aborted_requests_total"]
 
 
 LONG = dict(sim_time_scale=10, sim_length_model="fixed:100000", context_length=200000, max_running_requests=1,
@@ -165,7 +168,8 @@ def test_abort_request_ends_a_stream_with_abort_and_its_slot_goes_to_the_queue(s
     assert meta["completion_tokens"] == len(ids) > 1 and meta["prompt_tokens"] > 0
     # The queued request got the slot and ran to its end.
     assert queued.status_code == 200 and queued.json()["meta_info"]["finish_reason"]["type"] == "length"
-    assert _running(sim) == (0, 0) and _aborted_total(sim.url) == 1
+    # As SGLang counts them: the aborted running request is a finished request, and an aborted one.
+    assert _running(sim) == (0, 0) and _counts(sim.url) == (2, 1)
 
 
 def test_a_closed_stream_is_aborted_and_frees_its_slot(sim_server):
@@ -182,7 +186,7 @@ def test_a_closed_stream_is_aborted_and_frees_its_slot(sim_server):
     assert done.status_code == 200 and done.json()["meta_info"]["finish_reason"]["type"] == "length"
     assert time.monotonic() - started < 10
     assert _running(sim) == (0, 0) and sim.server_info()["sim_occupancy"]["aborted_requests"] == 1
-    assert _aborted_total(sim.url) == 1
+    assert _counts(sim.url) == (2, 1)
 
 
 # -- how runaways loop --------------------------------------------------------------------------------
