@@ -282,7 +282,7 @@ class AsyncBatcher:
     def submit(self, job: Job) -> Job:
         """Queue `job`; its `future` resolves when it finishes. Raises QueueFull."""
         if job.rid in self.engine.running or any(j.rid == job.rid for j in self.engine.waiting):
-            raise ValueError(f"request id {job.rid!r} is already in flight")
+            raise ValueError(f"Duplicate request ID detected: {job.rid}")  # SGLang's words
         job.future = self._loop.create_future()
         self._resolve(self.engine.submit(job, self.sim_now()))
         self._rearm()

@@ -63,6 +63,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
             job = admit(state, plan, rid, fault, n_prompt)
         except QueueFull:
             return error_response(request, "The request queue is full.", 503)
+        except p.BadRequest as exc:  # a rid in flight: SGLang's tokenizer manager refuses it, on a stream too
+            if not req.stream:
+                raise
+            return await _stream_error(request, str(exc))
         if not req.stream:
             await wait(job, state)
             record(state, job, n_prompt)

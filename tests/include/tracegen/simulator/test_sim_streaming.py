@@ -278,3 +278,26 @@ def test_abort_request_aborts_the_rid_and_the_ids_it_prefixes_as_sglangs_schedul
 
     aborted, left = asyncio.run(scenario())
     assert all(reason["type"] == "abort" for reason in aborted.values()) and left == (1, 0)
+
+
+def test_a_rid_in_flight_is_refused_on_a_stream_with_an_error_event(sim_server):
+    sim = sim_server(**LONG)
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=sim.url, timeout=30) as c:
+            body = {"text": "x", "rid": "twice", "sampling_params": {"max_new_tokens": 100000}}
+            first = asyncio.create_task(c.post("/generate", json=body))
+            while _running(sim) != (1, 0):
+                await asyncio.sleep(0.02)
+            plain = await c.post("/generate", json=body)
+            streamed = await c.post("/generate", json={**body, "stream": True})
+            await c.post("/abort_request", json={"rid": "twice"})
+            await first
+            return plain, streamed
+
+    plain, streamed = asyncio.run(scenario())
+    assert plain.status_code == 400 and plain.json()["error"]["message"] == "Duplicate request ID detected: twice"
+    evs, last = events(streamed.text.splitlines())
+    assert streamed.status_code == 200 and last == "data: [DONE]"
+    assert evs == [{"error": {"message": "Duplicate request ID detected: twice", "type": "invalid_request_error",
+                              "code": 400, "retryable": False}}]  # fmt: skip
