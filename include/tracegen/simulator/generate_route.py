@@ -70,7 +70,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if not req.stream:
             await wait(job, state)
             record(state, job, n_prompt)
-            return json_response(_body(state, ids, plan, job, job.tokens, True))
+            return json_response(_body(state, ids, plan, job))
         # SGLang's `sampling_params.stream_interval or --stream-interval`; below 1 it sends every step.
         interval = max(1, req.stream_interval or state.args["stream_interval"])
         return await _stream(request, state, job, ids, plan, interval)
@@ -125,17 +125,16 @@ def _meta(state: State, ids: list[int], plan: p.Plan, job: Job, n: int, done: bo
     return meta
 
 
-def _body(state: State, ids: list[int], plan: p.Plan, job: Job, n: int, done: bool) -> dict[str, Any]:
-    """The whole response for the first n tokens (a request that is not streamed).
+def _body(state: State, ids: list[int], plan: p.Plan, job: Job) -> dict[str, Any]:
+    """The response of a finished request that is not streamed.
 
     The raw text, a sample's closing tool call included (SGLang's /generate parses nothing), as its
     detokenizer returns it: decoded after the input's last ids, so a continuation of ids cut inside a
     character does not repeat what the input's decoding already replaced."""
+    n = job.tokens
     out_ids = p.output_ids(plan, n)
-    text = detokenize(ids, out_ids, done and not job.aborted and plan.ends_with_eos and n >= plan.target)
-    if not done:
-        text = text.rstrip("\ufffd")
-    return {"text": text, "output_ids": out_ids, "meta_info": _meta(state, ids, plan, job, n, done)}
+    text = detokenize(ids, out_ids, not job.aborted and plan.ends_with_eos and n >= plan.target)
+    return {"text": text, "output_ids": out_ids, "meta_info": _meta(state, ids, plan, job, n, True)}
 
 
 async def _stream(
