@@ -301,3 +301,18 @@ def test_a_rid_in_flight_is_refused_on_a_stream_with_an_error_event(sim_server):
     assert streamed.status_code == 200 and last == "data: [DONE]"
     assert evs == [{"error": {"message": "Duplicate request ID detected: twice", "type": "invalid_request_error",
                               "code": 400, "retryable": False}}]  # fmt: skip
+
+
+def test_the_chat_route_streams_a_chunk_per_event_at_the_interval(sim_server):
+    sim = sim_server(sim_length_model="fixed:300", enable_deterministic_inference=True, reasoning_parser="qwen3",
+                     stream_interval=10)  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "chunks"}], "max_tokens": 250, "seed": 3}
+    whole = httpx.post(sim.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    with httpx.stream("POST", sim.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        chunks, last = events(r.iter_lines())
+    assert last == "data: [DONE]"
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    # The role chunk, a chunk per event with new text (25 events at 10 tokens), and the finish.
+    assert 20 <= len(chunks) - 2 <= 25, len(chunks)
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == whole["reasoning_content"]
+    assert "".join(d.get("content") or "" for d in deltas) == whole["content"]
