@@ -164,7 +164,8 @@ def message_for(context: Any) -> QuestionMessage:
         recommended_cap=question.recommended_cap, current_cap=question.current_cap,
         question_url=question_url(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
         # The review page when the deployment serves one; else where the report is stored, as text.
-        report_link=question.report_url or question.report_uri, timeout_minutes=question.timeout_minutes,
+        report_link=shown_location(question.report_url or question.report_uri),
+        timeout_minutes=question.timeout_minutes,
     )
 
 
