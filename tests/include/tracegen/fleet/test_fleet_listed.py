@@ -12,7 +12,6 @@ from airflow.sdk.exceptions import AirflowFailException
 from engine_support.helpers import write_dataset
 
 from tracegen import steps
-from tracegen.fleet.sources import LISTED_FLEETS_ENV, FleetNotListed, listed_fleet
 from tracegen.params import default_params
 
 SECRET = "s3cr3t-value-in-a-worker-file"
@@ -43,7 +42,7 @@ def _prepare(params: dict) -> None:
 def test_a_fleet_not_listed_is_refused_alike_whether_or_not_it_exists(worker_files, tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("TRACEGEN_FLEET", raising=False)
     (tmp_path / "fleets").mkdir()
-    monkeypatch.setenv(LISTED_FLEETS_ENV, str(tmp_path / "fleets"))
+    monkeypatch.setenv("TRACEGEN_FLEETS", str(tmp_path / "fleets"))
     dataset = write_dataset(tmp_path / "prompts.jsonl", 10)
     messages = {}
     for kind, path in worker_files.items():
@@ -62,6 +61,8 @@ def test_a_fleet_not_listed_is_refused_alike_whether_or_not_it_exists(worker_fil
 
 
 def test_the_listed_fleets_and_files_in_listed_directories_are_accepted(tmp_path, monkeypatch) -> None:
+    from tracegen.fleet.sources import LISTED_FLEETS_ENV, FleetNotListed, listed_fleet
+
     listed_dir, listed_file = tmp_path / "fleets", tmp_path / "other" / "gpu.json"
     listed_dir.mkdir()
     listed_file.parent.mkdir()
