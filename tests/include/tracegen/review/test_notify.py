@@ -174,7 +174,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
      "the connection is malformed: extra 'starttls' must be true or false, got 'yes'"),
     ({"conn_type": "http", "extra": {}}, "the connection is malformed: no host"),
     ({"conn_type": "http", "host": "hooks.example.test", "schema": "services/T0/B0/x"},
-     "the connection is malformed: schema 'services/T0/B0/x' is not http or https"),
+     "the connection is malformed: schema 'services' is not http or https"),
     ({"conn_type": "https", "host": "https://hooks.example.test/x", "extra": {"headers": ["Bearer x"]}},
      "the connection is malformed: extra 'headers' must be an object of header names to string values"),
 ], ids=["missing", "not-a-channel", "smtp-no-host", "smtp-no-to", "email-no-from", "smtp-starttls-not-bool",
