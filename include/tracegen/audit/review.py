@@ -205,8 +205,9 @@ def _options(q: CapQuestion) -> tuple[CapOption, ...]:
 # Read as markup anywhere in a line (code spans, emphasis, links, HTML, table cells, headings, GFM's
 # strikethrough, entities); backslash-escaping an ASCII punctuation character is always literal in CommonMark.
 _MARKUP = re.compile(r"([\\`*_\[\]<>|#~&])")
-# Read as markup only where a line starts (lists, thematic breaks, setext headings, ordered lists).
-_LINE_START = re.compile(r"^([-+=]|\d{1,9}(?=[.)]))")
+# Read as markup only where a line starts (lists, thematic breaks, setext headings, and an ordered list's
+# `1.` or `1)` followed by a space: "36.7%" is no list).
+_LINE_START = re.compile(r"^([-+=]|\d{1,9}(?=[.)](?:\s|$)))")
 
 
 def markdown_text(value: Any) -> str:

@@ -87,3 +87,9 @@ def test_a_location_in_the_question_holds_no_credentials() -> None:
                     report_url="https://user:pw@airflow.example.test/tracegen/r.html?token=t0ken").body
     assert "s1gnature" not in body and "user:pw" not in body and "t0ken" not in body
     assert "[Open the report](https://airflow.example.test/tracegen/r.html)" in body
+
+
+def test_figures_are_shown_as_written() -> None:
+    # Escaping what is no markup would make the Markdown unreadable as text (the notification's twin).
+    assert [markdown_text(v) for v in ("36.7%", "1.5 GPU-h", "4,096 (current)", "2.3–7.1%")] == [
+        "36.7%", "1.5 GPU-h", "4,096 (current)", "2.3–7.1%"]
