@@ -273,7 +273,8 @@ class Rehearsal:
         pg = self.cluster.services  # the cluster's own private PostgreSQL (or the one TRACEGEN_PG_PORT names)
         out = subprocess.run(["psql", "-h", pg.pg_host, "-p", str(pg.pg_port), "-U", pg.pg_user, "-d", "postgres",
                               "-tAc", sql],
-                             capture_output=True, text=True, check=False)
+                             capture_output=True, text=True, check=False,
+                             env={**os.environ, **({"PGPASSWORD": pg.pg_password} if pg.pg_password else {})})
         return int(out.stdout.strip() or 0)
 
     def _status(self) -> dict[str, Any]:

@@ -20,7 +20,8 @@ CONFIG_PARAMS = tuple(f.name for f in fields(RunConfig) if f.metadata.get("rule"
 FLEET_PARAM = {
     "type": "string", "minLength": 1, "title": "Fleet description",
     "description": f"Path to a fleet JSON file on the Airflow workers (hosts, GPUs, model, SGLang flags), or "
-    f"'{LOCAL_SIM}' for the bundled simulated fleet.",
+    f"'{LOCAL_SIM}' for the bundled simulated fleet: one the operator listed (TRACEGEN_FLEET, TRACEGEN_FLEETS); "
+    "any other is refused before it is read.",
 }
 TEARDOWN_PARAM = {
     "type": "boolean", "title": "Stop servers at the end",

@@ -106,7 +106,7 @@ def prepare_run(lead: int) -> dict[str, Any]:
 
     from tracegen.config import ConfigError, RunConfig, safe_run_id
     from tracegen.fleet import FleetSpecError
-    from tracegen.fleet.sources import reference
+    from tracegen.fleet.sources import listed_fleet, reference
     from tracegen.run.prepare import prepare_run as prepare
     from tracegen.run.records import RunRecordTaken
 
@@ -115,7 +115,7 @@ def prepare_run(lead: int) -> dict[str, Any]:
     params = dict(ctx["params"])
     try:
         config = RunConfig.from_params({k: params[k] for k in CONFIG_PARAMS})
-        fleet, ref = reference(params.get("fleet") or default_fleet_source())
+        fleet, ref = reference(listed_fleet(params.get("fleet") or default_fleet_source()))
         declared = fleet.sglang_flags.get("--context-length")
         if isinstance(declared, int) and not isinstance(declared, bool) and declared > 0:
             config.check_context_length(declared)
@@ -840,13 +840,18 @@ def rerun_unfinished(work: dict[str, Any]) -> dict[str, Any]:
 def fleet_action() -> list[dict[str, Any]]:
     from dataclasses import asdict
 
-    from tracegen.fleet import provision, status, teardown
-    from tracegen.fleet.sources import load_fleet
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tracegen.fleet import FleetSpecError, provision, status, teardown
+    from tracegen.fleet.sources import listed_fleet, load_fleet
 
     ctx = _context()
     refuse_unknown_conf(ctx)
     params = ctx["params"]
-    fleet = load_fleet(params["fleet"])
+    try:
+        fleet = load_fleet(listed_fleet(params["fleet"]))
+    except FleetSpecError as exc:
+        raise AirflowFailException(f"invalid params: {exc}") from None
     action = params["action"]
     if action == "start":
         result = [asdict(h) for h in provision(fleet)]

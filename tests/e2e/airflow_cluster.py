@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -90,6 +91,7 @@ class Services:
     pg_host: str = "127.0.0.1"
     pg_port: int = 5432
     pg_user: str = "postgres"
+    pg_password: str | None = field(default=None, repr=False)
     redis_host: str = "127.0.0.1"
     redis_port: int = 6379
 
@@ -108,13 +110,16 @@ class Services:
             pg_host=os.environ.get("TRACEGEN_PG_HOST", "127.0.0.1"),
             pg_port=int(os.environ.get("TRACEGEN_PG_PORT", "5432")) if pg_named or local is None else local.pg_port,
             pg_user=os.environ.get("TRACEGEN_PG_USER", "postgres") if pg_named else "postgres",
+            pg_password=(os.environ.get("TRACEGEN_PG_PASSWORD") or None if pg_named or local is None
+                         else local.pg_password),
             redis_host=os.environ.get("TRACEGEN_REDIS_HOST", "127.0.0.1"),
             redis_port=(int(os.environ.get("TRACEGEN_REDIS_PORT", "6379")) if redis_named or local is None
                         else local.redis_port),
         )
 
     def pg_url(self, database: str, driver: str = "postgresql+psycopg2") -> str:
-        return f"{driver}://{self.pg_user}@{self.pg_host}:{self.pg_port}/{database}"
+        login = quote(self.pg_user, safe="") + (f":{quote(self.pg_password, safe='')}" if self.pg_password else "")
+        return f"{driver}://{login}@{self.pg_host}:{self.pg_port}/{database}"
 
 
 def env_names_postgres() -> bool:
@@ -144,7 +149,7 @@ def _pg_admin(services: Services, sql: str) -> None:
 
     try:
         with psycopg.connect(host=services.pg_host, port=services.pg_port, user=services.pg_user,
-                             dbname="postgres", autocommit=True, connect_timeout=5) as conn:
+                             password=services.pg_password, dbname="postgres", autocommit=True, connect_timeout=5) as conn:
             conn.execute(sql)
     except psycopg.OperationalError as exc:
         raise ClusterError(

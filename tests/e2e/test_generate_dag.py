@@ -45,6 +45,8 @@ def airflow_env(tmp_path_factory, sshd, s3):
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "TRACEGEN_SPOOL_DIR": str(home / "spool"),
         "TRACEGEN_STATE_DIR": str(home / "state"),
+        # The fleet files the tests' triggers name are written under pytest's temporary directory.
+        "TRACEGEN_FLEETS": str(tmp_path_factory.getbasetemp()),
     }
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
                    capture_output=True)

@@ -14,6 +14,7 @@ from typing import Any
 from tracegen.dataset.index import DatasetIndex
 from tracegen.dataset.scan import fingerprint_source, gunzip_stream, split_rows
 from tracegen.dataset.source import ByteSource, DatasetError, SourceFile, open_source, source_identity
+from tracegen.locations import shown_location
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def check_unchanged(index: DatasetIndex, aws_conn_id: str = "aws_default", sourc
     if fingerprint == index.fingerprint:
         if version != index.source_version:
             log.info("dataset %s: version %s differs from the indexed %s but its bytes are the same (%s)",
-                     index.source_uri, version, index.source_version, fingerprint[:19])
+                     shown_location(index.source_uri), version, index.source_version, fingerprint[:19])
         return
     raise DatasetChangedError(
         f"dataset {index.source_uri} changed since it was indexed for this output root: it is now "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tracegen.dataset.blocks import check_unchanged
 from tracegen.dataset.index import DatasetIndex, build_index
+from tracegen.locations import shown_location
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
@@ -32,12 +33,12 @@ def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str) -> DatasetI
             # An index stored before versions were recorded: store it again with the version, so later
             # reads need no re-hash to know the file is unchanged.
             index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
-            root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+            root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
             storage.put(DATASET_INDEX_KEY, index.to_bytes())
         else:
-            root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+            root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
         return index
     index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
-    root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+    root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
     storage.put(DATASET_INDEX_KEY, index.to_bytes())
     return index

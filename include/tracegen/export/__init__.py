@@ -61,6 +61,7 @@ from tracegen.export import manifest as M
 from tracegen.export.errors import ExportError, ExportLockError
 from tracegen.export.lock import LOCK, LOCK_STALE_S, MANIFEST, DestinationLock
 from tracegen.export.sink import FileSink
+from tracegen.locations import shown_location
 from tracegen.run.records import latest_run
 from tracegen.store.current import current_mask
 from tracegen.store.layout import MEASURE_CHUNK
@@ -410,8 +411,8 @@ def _manifest(root: OutputRoot, record: Any, index: Any, choice: _Choice, export
     doc: dict[str, Any] = {
         "schema": 2,
         "export_id": export_id,
-        "source": root.storage.uri,
-        "dataset": root.run_files.dataset(),
+        "source": shown_location(root.storage.uri),
+        "dataset": _shown_dataset(root.run_files.dataset()),
         "newest_run": record.run_id,
         "max_tokens": record.config.max_tokens,
         "layout": layout,
@@ -448,6 +449,15 @@ def _manifest(root: OutputRoot, record: Any, index: Any, choice: _Choice, export
         file_uri = dest.uri_for(shards[0]["name"])
         doc["trainers"] = M.trainer_settings(layout, file_uri, file_uri.rsplit("/", 1)[0] + "/", fig)
     return doc
+
+
+def _shown_dataset(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The root's dataset record as the manifest shows it: its URI without credentials or a query (a record
+    written before dataset URIs were stored that way may hold them)."""
+    info = (doc or {}).get("info")
+    if not isinstance(info, dict) or "uri" not in info:
+        return doc
+    return {**doc, "info": {**info, "uri": shown_location(info["uri"])}}
 
 
 def _check_replaceable(root: OutputRoot, dest: Storage, previous: bytes | None, before: list[str]) -> None:

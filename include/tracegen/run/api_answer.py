@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 from tracegen.http_connection import ConnectionMisconfigured, http_url
+from tracegen.locations import shown_location
 
 API_CONN_ENV = "TRACEGEN_API_CONN"
 # Names the users who alone may answer the gate's question (`review.notify.assigned_users` reads it); a raise
@@ -91,7 +92,7 @@ class ApiAnswerer:
 
     @property
     def where(self) -> str:
-        return f"the api-server at {self.base_url} (connection {self.conn_id!r})"
+        return f"the api-server at {shown_location(self.base_url)} (connection {self.conn_id!r})"
 
 
 def _json(response: Any) -> dict[str, Any]:
