@@ -104,7 +104,7 @@ def tracegen_generate():
     decided = task(steps.apply_decision, retries=0)(answer.output)
     at_decided_cap = (
         task(steps.generate_chunk, task_id=dag_ids.DECIDED_FAN_OUT, **chunk_task)
-        .partial(run=decided[steps.DECIDED_RUN_KEY])
+        .partial(run=decided[dag_ids.DECIDED_RUN_KEY])
         .expand(chunk=decided)
     )
     # runaway_policy=resample (skipped otherwise): one fresh sample per looping row, once generation is over,

@@ -270,6 +270,23 @@ def at_raised_cap(spec: RunSpec, raised: CapRaise | None) -> RunSpec:
     return replace(spec, config=replace(spec.config, max_tokens=raised.cap))
 
 
+def current_raise(api: Any, run_id: str) -> CapRaise | None:
+    """The operator's raise of run `run_id`'s cap (`tracegen_raise_cap`), as a task reads it now through
+    `api` (`tasks.api.TaskApi`), or None. A Variable no raise task made, or whose cap the run cannot
+    take, is ignored and logged (`decode`), never trusted and never a reason to fail the run."""
+    return decode(api.variable(variable_key(run_id)), run_id)
+
+
+def at_current_cap(api: Any, spec: RunSpec) -> RunSpec:
+    """`at_raised_cap` with the raise as it stands when the task starts; logged when it changes the cap."""
+    raised = current_raise(api, spec.run_id)
+    at = at_raised_cap(spec, raised)
+    if at is not spec:
+        log.warning("generating at max_tokens=%d, not %d: %s", at.config.max_tokens, spec.config.max_tokens,
+                    raised.summary())
+    return at
+
+
 def as_decision(spec: RunSpec, raised: CapRaise) -> CapDecision:
     """The raise as the run's decision: recorded in `run.json` and the report like a reviewer's answer."""
     return CapDecision(

@@ -34,7 +34,7 @@ LIVE_STATES = ("queued", "running")
 
 
 class AirflowRuns(Protocol):
-    """What Airflow's metadata says of `tracegen_generate` runs (`steps` implements it over the task API)."""
+    """What Airflow's metadata says of `tracegen_generate` runs (`tasks.rerun.AirflowRunsView` over the task API)."""
 
     def state(self, run_id: str) -> str | None:
         """The DagRun's state ('queued', 'running', 'success', 'failed'), or None: Airflow knows no such run."""

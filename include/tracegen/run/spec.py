@@ -127,6 +127,11 @@ class RunSpec:
         return replace(self, config=replace(self.config, output_uri=output_uri, aws_conn_id=aws_conn_id))
 
 
+def handed_over(doc: Any) -> RunSpec:
+    """The run as a task receives it from `prepare_run` (or `apply_decision`), as an XCom."""
+    return RunSpec.from_json(doc, "the run handed over by prepare_run")
+
+
 def _str(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name}: expected a non-empty string, got {value!r}")
