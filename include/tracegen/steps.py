@@ -281,8 +281,8 @@ def fleet_action() -> list[dict[str, Any]]:
     from dataclasses import asdict
 
     from tracegen.fleet import FleetSpecError, provision, status, teardown
-    from tracegen.tasks.outcomes import Refuse
     from tracegen.fleet.sources import listed_fleet, load_fleet
+    from tracegen.tasks.outcomes import Refuse
 
     api = _api()
     refuse_unknown_conf(api.ctx)
