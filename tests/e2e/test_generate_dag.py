@@ -22,7 +22,7 @@ import pytest
 from tracegen.config import SAMPLE_DATASET, RunConfig
 from tracegen.export import export_dataset
 from tracegen.fleet import FleetSpec, status, teardown
-from tracegen.plan import pilot_indices
+from tracegen.run.plan import pilot_indices
 from tracegen.status import dataset_status
 from tracegen.store.records import FAILED, GeneratedRow
 from tracegen.store.root import OutputRoot

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from tracegen import locations, plan
+from tracegen import locations
+from tracegen.run import plan
 from tracegen.run.records import recorded_airflow_run, stopped_at_gate
 from tracegen.run.spec import RunSpec
 from tracegen.store.lease import fresh_holders, lease_ttl_s

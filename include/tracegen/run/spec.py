@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tracegen.audit.review import CURRENT, RAISE, CapDecision
 from tracegen.config import ConfigError, RunConfig
 from tracegen.fleet_ref import FleetRef
-from tracegen.plan import ChunkLayout
+from tracegen.run.plan import ChunkLayout
 
 if TYPE_CHECKING:
     pass

@@ -47,8 +47,8 @@ def generate_chunk(api, run: dict[str, Any], chunk: dict[str, Any], *, alongside
     (`decision.settle_when_last`)."""
     from tracegen.fleet.sources import resolve
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
-    from tracegen.plan import ChunkWork
     from tracegen.run.cap_raise import at_current_cap
+    from tracegen.run.plan import ChunkWork
     from tracegen.run.spec import handed_over
     from tracegen.store.root import open_root
     from tracegen.tasks.question import settle_when_last
@@ -88,7 +88,7 @@ def generate_while_asking(api, run: dict[str, Any], chunk: dict[str, Any]) -> di
     from tracegen.audit.review import CapDecision
     from tracegen.fleet.sources import resolve
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
-    from tracegen.plan import ChunkWork
+    from tracegen.run.plan import ChunkWork
     from tracegen.run.spec import handed_over
     from tracegen.run.while_asking import provisional
     from tracegen.store.root import open_root

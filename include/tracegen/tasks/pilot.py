@@ -27,8 +27,8 @@ def measure_tail(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[
     pilot stop on it and leave the fleet to the measurement; the gate's audit then rewrites it."""
     from tracegen.fleet.sources import resolve
     from tracegen.generate.measure import measure_tail as measure
-    from tracegen.plan import pilot_indices
     from tracegen.run.cap_raise import served_context
+    from tracegen.run.plan import pilot_indices
     from tracegen.run.report import audit_and_report
     from tracegen.run.spec import handed_over
     from tracegen.store.root import open_root
@@ -59,8 +59,8 @@ def audit_and_gate(run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict
 
     Returns the chunks to fan out past the gate: the plan's chunks but the first `stagger` ones, which
     run beside the pilot (`generate_alongside_pilot`); none while a question is to be asked."""
-    from tracegen.plan import pilot_indices
     from tracegen.run.cap_raise import served_context
+    from tracegen.run.plan import pilot_indices
     from tracegen.run.report import audit_and_report
     from tracegen.run.spec import handed_over
 

@@ -98,7 +98,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"generate"},
     {"run"},
     {"audit", "fleet"},
-    {"simulator", "plan", "params"},
+    {"simulator", "params"},
     {"dataset", "sglang"},
     {"store", "config", "locations", "cap_rule", "fleet_ref", "dag_ids", "http_connection"},
 ))

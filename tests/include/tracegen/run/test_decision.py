@@ -26,9 +26,9 @@ from tracegen.audit.review import (
 )
 from tracegen.config import RunConfig
 from tracegen.generate.gate_watch import continuous_sample
-from tracegen.plan import chunks_with_work, pilot_indices
 from tracegen.run import QUESTION_FILE, RUN_FILE
 from tracegen.run.decision import GATE_REPORT, apply, ask, rows_held
+from tracegen.run.plan import chunks_with_work, pilot_indices
 from tracegen.run.records import read_run_record, stopped_at_gate
 from tracegen.run.report import audit_and_report
 from tracegen.run.spec import RunSpec
