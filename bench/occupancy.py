@@ -333,7 +333,7 @@ def main() -> int:
     caps = [int(c) for c in args.caps.split(",")]
 
     work = Path(tempfile.mkdtemp(prefix="tracegen-occupancy-"))
-    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.locations)
+    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.common.locations)
     fleet = start_fleet(args.servers, args.max_running, args.time_scale)
     baseline_conc = args.baseline_concurrency or fleet.slots
     print(

@@ -203,7 +203,7 @@ class Rehearsal:
         self.cluster = AirflowCluster(self.root / "cluster", workers=args.workers,
                                       worker_concurrency=args.worker_concurrency, extra_env={
             ssh_var: os.environ[ssh_var], "TRACEGEN_FLEET": str(self.fleet_path),
-            "TRACEGEN_WRITE_PREFIXES": str(self.root),  # its dataset and root (tracegen.locations)
+            "TRACEGEN_WRITE_PREFIXES": str(self.root),  # its dataset and root (tracegen.common.locations)
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "60",
         })  # fmt: skip
         self.stack.callback(self.cluster.stop)

@@ -47,7 +47,8 @@ import os
 import pendulum
 from airflow.sdk import TriggerRule, XComArg, dag, task
 
-from tracegen import dag_ids, params, steps
+from tracegen import params, steps
+from tracegen.common import dag_ids
 from tracegen.review_gate import CapReviewOperator
 
 # Seconds between retries of a task; the distributed end-to-end test shortens it so a task lost with its

@@ -93,11 +93,11 @@ def output_roots() -> list[str]:
 
 def raise_cap_params() -> dict[str, Any]:
     """`tracegen_raise_cap`'s form: which running run, and its new cap. The field is the run's own
-    max_tokens field (`config.Cap`, `tracegen.cap_rule`'s bounds); the rest of the one cap rule (above
+    max_tokens field (`config.Cap`, `tracegen.common.cap_rule`'s bounds); the rest of the one cap rule (above
     the run's cap, below the servers' context length) is applied when the raise is made and read."""
     from airflow.sdk import Param
 
-    from tracegen.cap_rule import HIGHEST
+    from tracegen.common.cap_rule import HIGHEST
     from tracegen.config import rule_of
 
     rule = rule_of("max_tokens")

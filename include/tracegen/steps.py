@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tracegen import dag_ids
+from tracegen.common import dag_ids
 from tracegen.tasks.chunks import CHUNK_LABEL_TEMPLATE, CHUNK_TASK_DOC
 
 __all__ = ["CHUNK_LABEL_TEMPLATE", "CHUNK_TASK_DOC"]

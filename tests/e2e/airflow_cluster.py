@@ -348,7 +348,7 @@ class AirflowCluster:
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.services.pg_url(self.database, "postgresql"),
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
             # Workers import pandas & co. once, before forking task processes (as docker-compose.yaml).
-            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "tracegen.celery_config.CELERY_CONFIG",
+            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "tracegen.common.celery_config.CELERY_CONFIG",
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
             "AIRFLOW__API__BASE_URL": self.api_url,
@@ -363,7 +363,7 @@ class AirflowCluster:
             "TRACEGEN_STATE_DIR": str(state),
             "TRACEGEN_SPOOL_DIR": str(state / "spool"),
             "TRACEGEN_OUTPUT_URI": str(self.root / "output"),
-            # Where runs may write (tracegen.locations): the tests' setting (tests/conftest.py), else this root.
+            # Where runs may write (tracegen.common.locations): the tests' setting (tests/conftest.py), else this root.
             "TRACEGEN_WRITE_PREFIXES": os.environ.get("TRACEGEN_WRITE_PREFIXES") or str(self.root),
             "TRACEGEN_SIM_PORT": str(free_port(2)),
             "TRACEGEN_RETRY_DELAY_S": "2",

@@ -21,8 +21,8 @@ from typing import Any
 from urllib.parse import quote
 
 from tracegen.audit.formats import duration_fine, gpu_hours, num, pct
-from tracegen.cap_rule import CapRefused, check_cap, lowest_cap, shown, whole_number
-from tracegen.locations import shown_location
+from tracegen.common.cap_rule import CapRefused, check_cap, lowest_cap, shown, whole_number
+from tracegen.common.locations import shown_location
 
 RECOMMENDED, OTHER, CURRENT, STOP = "recommended", "other", "current", "stop"
 OPTION_KINDS = (RECOMMENDED, OTHER, CURRENT, STOP)

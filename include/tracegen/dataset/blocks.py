@@ -11,10 +11,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from tracegen.common.locations import shown_location
 from tracegen.dataset.index import DatasetIndex
 from tracegen.dataset.scan import fingerprint_source, gunzip_stream, split_rows
 from tracegen.dataset.source import ByteSource, DatasetError, SourceFile, open_source, source_identity
-from tracegen.locations import shown_location
 
 log = logging.getLogger(__name__)
 

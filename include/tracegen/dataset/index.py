@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from tracegen.common.locations import shown_location
 from tracegen.dataset.scan import SCAN_BLOCK, fingerprint_source, gunzip_stream, is_row, scan, split_rows
 from tracegen.dataset.source import (
     ByteSource,
@@ -48,7 +49,6 @@ from tracegen.dataset.source import (
     source_identity,
     split_uri,
 )
-from tracegen.locations import shown_location
 
 log = logging.getLogger(__name__)
 

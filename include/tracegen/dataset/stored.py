@@ -3,9 +3,9 @@ the dataset, and the binding that keeps two datasets from mixing in one output r
 
 from __future__ import annotations
 
+from tracegen.common.locations import shown_location
 from tracegen.dataset.blocks import check_unchanged
 from tracegen.dataset.index import DatasetIndex, build_index
-from tracegen.locations import shown_location
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 

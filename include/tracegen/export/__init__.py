@@ -16,7 +16,7 @@ shard as it is shaped), and a trainer layout's single file is streamed to disk a
 (`sink`).
 
 An export never clobbers: the output root must lie under the operator's read (or write) prefixes and the
-destination under their write prefixes (`tracegen.locations`; the command line, the operator's own tool,
+destination under their write prefixes (`tracegen.common.locations`; the command line, the operator's own tool,
 skips that check); a destination that holds anything needs `overwrite`, and then only an export of the
 same output root is replaced (its manifest's `source`), unless `force`; a destination inside the output
 root (or holding it) is refused. All of that is checked before anything is written. Files are written

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tracegen import locations
+from tracegen.common import locations
 from tracegen.dataset.blocks import check_unchanged
 from tracegen.dataset.stored import load_index
 from tracegen.export import layouts as L
@@ -79,7 +79,7 @@ def export_dataset(
     `overwrite`, which replaces only an export of this same output root (or the leftovers of a killed
     export); `force` replaces whatever export is there. The previous export stays complete until the new
     manifest replaces it. `check_prefixes`: the output root and the destination must lie under the
-    operator's prefixes (`tracegen.locations`); only the operator's own command line turns it off."""
+    operator's prefixes (`tracegen.common.locations`); only the operator's own command line turns it off."""
     if layout not in LAYOUTS:
         raise ExportError(f"layout {layout!r} is not one of {LAYOUTS}")
     if fmt not in FORMATS or (layout != L.MESSAGES and fmt != "jsonl"):

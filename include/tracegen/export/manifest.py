@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from tracegen.common.locations import shown_location
 from tracegen.export.layouts import CONVERSATIONS, MESSAGES, TOKENS, data_dir
 from tracegen.export.servers import SERVERS_FILE
-from tracegen.locations import shown_location
 from tracegen.store.records import COMPLETE
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError

@@ -9,7 +9,7 @@ import logging
 import re
 from datetime import UTC, datetime
 
-from tracegen import locations
+from tracegen.common import locations
 from tracegen.export.errors import ExportError
 from tracegen.export.lock import MANIFEST
 from tracegen.store.root import OutputRoot

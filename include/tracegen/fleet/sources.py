@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tracegen.config import LOCAL_SIM, state_dir
+from tracegen.fleet.ref import FleetRef, fleet_digest
 from tracegen.fleet.spec import FleetSpec, FleetSpecError
-from tracegen.fleet_ref import FleetRef, fleet_digest
 from tracegen.params import default_fleet_source
 
 __all__ = ["LOCAL_SIM", "FleetChangedError", "FleetNotListed", "listed_fleet", "load_fleet", "local_sim_fleet",

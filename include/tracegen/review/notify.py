@@ -42,7 +42,7 @@ from airflow.sdk.bases.notifier import BaseNotifier
 
 from tracegen.audit.figures import AT_CAP, figure
 from tracegen.audit.review import CapQuestion
-from tracegen.http_connection import (
+from tracegen.common.http_connection import (
     HTTP_TYPES,
     ConnectionMisconfigured,
     connection_extra,
@@ -50,7 +50,7 @@ from tracegen.http_connection import (
     connection_port,
     http_url,
 )
-from tracegen.locations import shown_location
+from tracegen.common.locations import shown_location
 from tracegen.run.api_answer import ASSIGNED_USERS_ENV
 
 NOTIFY_ENV = "TRACEGEN_QUESTION_NOTIFY"

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from tracegen.audit.review import CAP_FIELD, OTHER, AnswerRefused, CapQuestion, decide
-from tracegen.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
+from tracegen.common.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
 from tracegen.run.api_answer import API_CONN_ENV, ASSIGNED_USERS_ENV, AnswerFailed, api_conn_id
 from tracegen.run.cap_raise import (
     CapRaise,

@@ -16,7 +16,7 @@ from tracegen.audit import capfit, gate, length_fit, measure_report, report
 from tracegen.audit.review import RAISE
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
 from tracegen.audit.stats import AUDIT_COLUMNS, audit, censoring_arrays, gate_counts
-from tracegen.locations import shown_location
+from tracegen.common.locations import shown_location
 from tracegen.run import plan, while_asking
 from tracegen.run.spec import RunSpec
 from tracegen.store.current import current_mask

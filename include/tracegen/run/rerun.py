@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from tracegen import locations
+from tracegen.common import locations
 from tracegen.run import plan
 from tracegen.run.records import recorded_airflow_run, stopped_at_gate
 from tracegen.run.spec import RunSpec
@@ -142,7 +142,7 @@ def unfinished_work(output_uri: str, airflow: AirflowRuns, aws_conn_id: str = "a
     A run held at its gate (stopped, or waiting for the reviewer's answer) is not finished by the
     scheduler: finishing it would spend the GPU-days the gate exists to save. A run the reviewer let go
     on is finished at the cap they chose (Airflow handed it to its second fan-out). A root outside the
-    operator's write prefixes (`tracegen.locations`) is left alone, said in the log: the roots come from a
+    operator's write prefixes (`tracegen.common.locations`) is left alone, said in the log: the roots come from a
     Variable, which is not the operator's alone.
     """
     refused = _outside_prefixes(output_uri)

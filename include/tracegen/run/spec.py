@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracegen.audit.review import CURRENT, RAISE, CapDecision
 from tracegen.config import ConfigError, RunConfig
-from tracegen.fleet_ref import FleetRef
+from tracegen.fleet.ref import FleetRef
 from tracegen.run.plan import ChunkLayout
 
 if TYPE_CHECKING:

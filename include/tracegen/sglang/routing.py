@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from tracegen.locations import shown_location
+from tracegen.common.locations import shown_location
 from tracegen.sglang.retry import FatalClientError
 from tracegen.sglang.settings import ClientConfig
 from tracegen.sglang.wire import PATH, MalformedResponse, parse_completion

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tracegen import dag_ids
+from tracegen.common import dag_ids
 
 log = logging.getLogger(__name__)
 

@@ -72,7 +72,7 @@ def generate_chunk(api, run: dict[str, Any], chunk: dict[str, Any], *, alongside
     try:
         settle_when_last(api, spec, root)
     except Exception as exc:  # noqa: BLE001 - only a shortcut: the question task decides without it
-        from tracegen.dag_ids import DECIDING_TASK
+        from tracegen.common.dag_ids import DECIDING_TASK
 
         log.warning("could not settle the question after the last chunk (%s: %s); %s decides",
                     type(exc).__name__, exc, DECIDING_TASK)
@@ -84,8 +84,8 @@ def generate_while_asking(api, run: dict[str, Any], chunk: dict[str, Any]) -> di
     Airflow's to say, when it starts: the answer's, once there is one (a 'stop' skips it, "stopped by the
     gate"), else the provisional cap the question task chose. While it runs at that cap its rows are marked
     in the ledger, and an answer to stop (or the question's timeout) stops it after committing what finished."""
-    from tracegen import dag_ids
     from tracegen.audit.review import CapDecision
+    from tracegen.common import dag_ids
     from tracegen.fleet.sources import resolve
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
     from tracegen.run.plan import ChunkWork

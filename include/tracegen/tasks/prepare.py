@@ -17,7 +17,7 @@ def prepare_task(api, lead: int) -> dict[str, Any]:
     cannot hold is refused here too, so a value the trigger form clamped to its maximum never reaches a
     server (a fleet that declares none is checked by provision_fleet, from the servers). Returns the run and
     its chunks with work left, as the XComs the DAG hands on."""
-    from tracegen import dag_ids
+    from tracegen.common import dag_ids
     from tracegen.config import ConfigError, RunConfig, safe_run_id
     from tracegen.fleet import FleetSpecError
     from tracegen.fleet.sources import listed_fleet, reference

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tracegen import dag_ids
+from tracegen.common import dag_ids
 from tracegen.run.stage import STOPPED
 from tracegen.tasks.outcomes import Skip
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tracegen.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
+from tracegen.common.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
 
 log = logging.getLogger(__name__)
 
@@ -20,12 +20,12 @@ class AirflowRaiseView:
         return self.api.dagrun_state(run_id)
 
     def prepared_run(self, run_id: str) -> Any:
-        from tracegen.dag_ids import PREPARE_RUN
+        from tracegen.common.dag_ids import PREPARE_RUN
 
         return self.api.xcom_pull(PREPARE_RUN, dag_id=GENERATE, run_id=run_id, key="run")
 
     def servers(self, run_id: str) -> Any:
-        from tracegen.dag_ids import PROVISION_FLEET
+        from tracegen.common.dag_ids import PROVISION_FLEET
 
         return self.api.xcom_pull(PROVISION_FLEET, dag_id=GENERATE, run_id=run_id)
 
@@ -56,7 +56,7 @@ class AirflowRaiseView:
         self.api.xcom_push(ANSWERING_KEY, raised.to_json())
 
     def decided(self, run_id: str) -> Any:
-        from tracegen.dag_ids import QUESTION_KEY
+        from tracegen.common.dag_ids import QUESTION_KEY
 
         return self.api.xcom_pull(DECIDING_TASK, dag_id=GENERATE, run_id=run_id, key=QUESTION_KEY)
 

@@ -24,7 +24,7 @@ class AirflowRunsView:
         return self.api.dagrun_state(run_id)
 
     def spec(self, run_id: str) -> Any:
-        from tracegen import dag_ids
+        from tracegen.common import dag_ids
         from tracegen.run.spec import RunSpec, RunSpecError
 
         for task_id in (dag_ids.APPLY_DECISION, dag_ids.PREPARE_RUN):

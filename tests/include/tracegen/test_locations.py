@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tracegen import locations
+from tracegen.common import locations
 from tracegen.config import SAMPLE_DATASET, state_dir
 
 

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tracegen.http_connection import ConnectionMisconfigured
+from tracegen.common.http_connection import ConnectionMisconfigured
 from tracegen.run.api_answer import (
     API_CONN_ENV,
     AnswerFailed,

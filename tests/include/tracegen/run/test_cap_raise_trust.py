@@ -16,8 +16,9 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 from engine_support.helpers import make_config, prepare, write_dataset
 
-from tracegen import dag_ids, steps
+from tracegen import steps
 from tracegen.audit.review import CAP_FIELD, OTHER, PILOT, CapQuestion, decide
+from tracegen.common import dag_ids
 from tracegen.run.cap_raise import (
     ANSWERING_KEY,
     RAISE_DAG,

@@ -30,7 +30,7 @@ READ_SETTING = "TRACEGEN_READ_PREFIXES"
 WRITE_SETTING = "TRACEGEN_WRITE_PREFIXES"
 READ, WRITE = "read", "write"
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # include/tracegen
 SAMPLE_DATA_DIR = _PACKAGE_DIR / "sample_data"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from tracegen.locations import shown_location
+from tracegen.common.locations import shown_location
 
 HTTP_TYPES = ("http", "https")
 
