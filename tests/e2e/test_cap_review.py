@@ -196,7 +196,9 @@ def _check_completed_at(output: Path, run_id: str, cap: int) -> dict:
                                                | frame["while_asking"])]
     assert set(redone["index"]) == set(cut) and set(redone["pivot"]) == {"extended"}, redone["pivot"].tolist()
     done_by_measuring = measured[(measured["finish_reason"] != "length") | (measured["max_tokens"] >= cap)]["index"]
-    assert not frame[frame["index"].isin(done_by_measuring) & (frame["max_tokens"] == cap)].size  # none redone
+    # None redone at the chosen cap (the measured row itself is at it when the measurement's cap was chosen).
+    assert not frame[frame["index"].isin(done_by_measuring) & (frame["max_tokens"] == cap)
+                     & (frame["chunk"] != MEASURE_CHUNK)].size
     assert report["audit"]["max_tokens"] == cap and report["decisions"] == record["decisions"]
     return record["decisions"][-1]
 

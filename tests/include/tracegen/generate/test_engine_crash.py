@@ -137,7 +137,10 @@ def test_sigkill_during_extension_loses_and_duplicates_nothing_and_a_resume_exte
     for trial in range(8):
         driver = start_driver(pivot, "run-200", servers, spool, 0, n_rows, tmp_path, tag=f"x{trial}")
         driver.wait_ready()
-        time.sleep(rng.uniform(0.3, 1.5))
+        # Killed once this try has committed something, at a random moment after: a loaded machine may take
+        # seconds before its first commit, and a kill before it proves nothing about half-done extensions.
+        _wait_for_work(root, tmp_path / "no-spool", len(before), timeout=60)
+        time.sleep(rng.uniform(0.0, 0.6))
         driver.kill(signal.SIGKILL)
         driver.proc.wait(30)
         after = _entries_snapshot(root)
