@@ -81,10 +81,14 @@ class Generated:
 
 @dataclass(frozen=True, slots=True)
 class ServerParsers:
-    """The parsers a server was launched with (None: without one)."""
+    """The parsers a server was launched with (None: without one), and how it streams."""
 
     reasoning: str | None
     tool_call: str | None
+    # --incremental-streaming-output: each streamed event holds only its new ids. Without it every event
+    # repeats the whole output so far, which costs the client quadratic bytes: tracegen streams (to stop a
+    # loop) only from servers that stream incrementally.
+    incremental_stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +362,7 @@ def parse_function_calls(raw: bytes, new_id: Any) -> tuple[str, list[dict[str, A
 
 
 def parse_server_parsers(raw: bytes) -> ServerParsers:
-    """The reasoning and tool-call parsers a /server_info body reports."""
+    """The reasoning and tool-call parsers a /server_info body reports, and whether it streams incrementally."""
     data = _object(raw)
     found = []
     for key in ("reasoning_parser", "tool_call_parser"):
@@ -366,7 +370,10 @@ def parse_server_parsers(raw: bytes) -> ServerParsers:
         if value is not None and not isinstance(value, str):
             raise MalformedResponse(f"server_info.{key} must be a string or null, got {value!r:.80}")
         found.append(value or None)
-    return ServerParsers(*found)
+    incremental = data.get("incremental_streaming_output", False)
+    if not isinstance(incremental, bool):
+        raise MalformedResponse(f"server_info.incremental_streaming_output must be a boolean, got {incremental!r:.80}")
+    return ServerParsers(*found, incremental_stream=incremental)
 
 
 def error_message(raw: bytes, status: int) -> str:
