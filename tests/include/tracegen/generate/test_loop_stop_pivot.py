@@ -13,6 +13,7 @@ from engine_support.helpers import endpoints, make_config, metric, prepare, root
 
 from tracegen.audit.runaway_rows import find_runaways
 from tracegen.audit.stats import gate_counts
+from tracegen.audit.tokens import token_account
 from tracegen.export import export_dataset
 from tracegen.run import plan
 from tracegen.store.current import current_rows
@@ -64,3 +65,7 @@ def test_a_continuation_that_loops_is_stopped_and_is_a_runaway_from_then_on(tmp_
     for shard in sorted(dest.glob("shard-*.jsonl.gz")):
         written |= {json.loads(line)["index"] for line in gzip.decompress(shard.read_bytes()).splitlines()}
     assert manifest.rows == len(written) and not loops & written  # runaway_policy=drop
+    # Every token the fleet generated is in one place, the stopped loops among the runaways.
+    acct = token_account(frame)
+    assert acct["generated"] == acct["kept"] + acct["truncated_left_out"] + acct["runaway"] + acct["superseded"]
+    assert acct["stopped_rows"] == len(stopped) and acct["superseded"] == 0 and acct["runaway"] >= acct["stopped_tokens"]
