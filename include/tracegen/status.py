@@ -15,6 +15,7 @@ import pandas as pd
 
 from tracegen.audit.figures import figures_from_ledger, figures_text
 from tracegen.audit.pivot import pivot_summary, pivot_text
+from tracegen.audit.tokens import account_lines, token_account
 from tracegen.run import plan
 from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
@@ -29,7 +30,7 @@ RATE_WINDOW_S = 600.0  # rate and ETA from the last ten minutes of commits of th
 # rates, the truncation figures, and the pivot's (`audit.pivot`, which `chunk` tells the tail measurement's
 # rows from the pivot's).
 STATUS_COLUMNS = ("index", "max_tokens", "prompt_tokens", "completion_tokens", "chunk", "prefix_tokens", "text_joined",
-                  "status", "finish_reason", "run_id", "pivot", "part", "committed_at")
+                  "status", "finish_reason", "run_id", "pivot", "part", "committed_at", "runaway_score", "while_asking")
 
 
 def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float | None = None) -> dict[str, Any]:
@@ -82,6 +83,8 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
             "eta_s": left / rate if rate else None,
             # Every run's pivots: the rows that replaced a row truncated under a lower cap, and their cost.
             "pivot": pivot_summary(usable),
+            # Where every generated token went (`audit.tokens`).
+            "token_account": token_account(usable),
             "runs": _history(root, frame),
             # Parts that no longer match their ledger entries: named, with the rows they hold (not done).
             "damaged": [{"part": d.part, "entry": d.entry, "rows": d.n_rows, "problem": d.problem} for d in damage],
@@ -248,6 +251,7 @@ def format_status(s: dict[str, Any]) -> str:
                            if s["truncated_rate"] is not None else "-"),
         f"tokens:      {s['completion_tokens']:,} completion, {s['prompt_tokens']:,} prompt",
         "pivot:       " + (pivot_text(s["pivot"]) or "none (no row replaced one truncated under a lower cap)"),
+        "generated:   " + "; ".join(f"{n:,} {what} ({share})" for what, n, share in account_lines(s["token_account"])),
         "rate:        " + (f"{s['rows_per_s']:.2f} rows/s over the last {RATE_WINDOW_S / 60:.0f} min"
                            if s["rows_per_s"] else "idle (no commits in the last 10 min)"),
         "ETA:         " + (f"{s['eta_s'] / 3600:.1f} h" if s["eta_s"] else ("done" if s["left"] == 0 else "-")),

@@ -19,7 +19,7 @@ import pandas as pd
 
 from tracegen.audit.runaway import RUNAWAY_THRESHOLD, runaway_score, text_token_ids
 from tracegen.store.current import current_mask
-from tracegen.store.records import OK, GeneratedRow, unpack_token_ids
+from tracegen.store.records import CUT, LOOP, OK, GeneratedRow, unpack_token_ids
 from tracegen.store.root import OutputRoot
 
 TAIL_CHARS = 400  # of a runaway's text, shown as its example
@@ -46,8 +46,10 @@ def row_text(row: GeneratedRow) -> str:
 def score_of(row: GeneratedRow) -> float | None:
     """How much a truncated row's tail loops (`runaway.runaway_score`, on its token ids, or on its text's
     units without them); None for a row that finished, whose tail says nothing."""
-    if row.status != OK or row.finish_reason != "length":
+    if row.status != OK or row.finish_reason not in CUT:
         return None
+    if row.finish_reason == LOOP and row.runaway_score is not None:
+        return row.runaway_score  # judged while it generated, on every id (`audit.loop_stop`)
     ids = unpack_token_ids(row.response_token_ids) if row.has_token_ids else text_token_ids(row_text(row))
     return round(runaway_score(ids), 4)
 
@@ -61,11 +63,12 @@ def judge(row: GeneratedRow) -> Runaway | None:
 
 
 def truncated_current(frame: pd.DataFrame) -> pd.DataFrame:
-    """The current truncated rows of a ledger frame (index, max_tokens, part, run_id)."""
+    """The current rows of a ledger frame cut at their cap or stopped in a loop (index, max_tokens, part,
+    run_id)."""
     if frame.empty:
         return frame.iloc[0:0]
     cur = current_mask(frame) & (frame["status"] == OK).to_numpy(bool) & \
-        (frame["finish_reason"] == "length").to_numpy(bool)
+        frame["finish_reason"].isin(CUT).to_numpy(bool)
     return frame.loc[cur]
 
 

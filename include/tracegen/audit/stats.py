@@ -32,7 +32,7 @@ from tracegen.audit import operational
 from tracegen.audit.columns import Coded, group_table, rate
 from tracegen.audit.pivot import pivot_summary
 from tracegen.store.current import current_mask
-from tracegen.store.records import FAILED, LEDGER_DEFAULTS, OK, STATUSES
+from tracegen.store.records import FAILED, LEDGER_DEFAULTS, LOOP, OK, STATUSES
 
 # The bucket edges a team's hand analysis of 1,500 sampled rows used (at 4096: 18% truncated) (under 100, under 500, ... over 3000).
 BUCKET_EDGES = (100, 500, 1000, 2000, 3000, 4000)
@@ -343,7 +343,9 @@ def gate_counts(frame: pd.DataFrame, max_tokens: int) -> tuple[int, int]:
     under_cap = frame["max_tokens"].to_numpy(dtype=np.int64) < max_tokens
     tokens = frame["completion_tokens"] if "completion_tokens" in frame.columns else pd.Series(0, index=frame.index)
     past_cap = tokens.fillna(0).to_numpy(dtype=np.int64) > max_tokens
-    judged = cur & ~(is_length & under_cap)
+    # A row stopped in its loop is counted apart: no cap would have finished it, so it says nothing about
+    # this cap (the cap table's runaway floor and the report count it).
+    judged = cur & ~(is_length & under_cap) & ~Coded(frame["finish_reason"]).eq(LOOP)
     return int((judged & (is_length | past_cap)).sum()), int(judged.sum())
 
 
@@ -352,5 +354,6 @@ def censoring_arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     is only known to exceed its own cap, which may differ row to row after a cap change."""
     cur = current_mask(frame) & Coded(frame["status"]).eq(OK)
     lengths = frame["completion_tokens"].fillna(0).to_numpy(dtype=np.int64)[cur]
-    censored = Coded(frame["finish_reason"]).eq("length")[cur]
+    finish = Coded(frame["finish_reason"])
+    censored = (finish.eq("length") | finish.eq(LOOP))[cur]  # a loop stopped early would have run on
     return lengths, censored

@@ -13,7 +13,7 @@ import pandas as pd
 from tracegen.audit.runaway_rows import find_runaways
 from tracegen.store.current import current_mask
 from tracegen.store.ledger_rows import ledger_rows
-from tracegen.store.records import OK
+from tracegen.store.records import CUT, OK
 from tracegen.store.root import OutputRoot
 
 # What an export reads of each ledger row: supersession's columns (`current_mask`), the part and run a row is
@@ -42,7 +42,8 @@ def choose_rows(root: OutputRoot, policy: str, include_truncated: bool) -> Choic
     # ledger's columns and the chosen rows, never a chain of filtered copies.
     chosen = current_mask(frame) if len(frame) else np.zeros(0, dtype=bool)
     chosen &= (frame["status"] == OK).to_numpy(bool)
-    truncated = chosen & (frame["finish_reason"] == "length").to_numpy(bool)
+    # Rows stopped in a loop go with the truncated ones: no ending to train on, and runaways to the policy.
+    truncated = chosen & frame["finish_reason"].isin(CUT).to_numpy(bool)
     left_out_truncated = 0 if include_truncated else int(truncated.sum())
     runaways: list[int] = []
     if include_truncated and truncated.any():

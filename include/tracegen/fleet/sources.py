@@ -84,6 +84,10 @@ def local_sim_fleet() -> dict[str, Any]:
             "--max-running-requests": 64,
             "--context-length": 40960,
             "--enable-metrics": True,
+            # Streamed output, so that a continuation that loops is stopped while it loops: each event only
+            # its new ids, one every 16 tokens (docs/architecture.md, "Stopping a loop").
+            "--incremental-streaming-output": True,
+            "--stream-interval": 16,
             "--sim-time-scale": time_scale,
         },
         "work_dir": str(state_dir() / "fleet"),

@@ -30,17 +30,20 @@ from typing import Any
 
 import pandas as pd
 
+from tracegen.audit.loop_stop import LoopWatch
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
 from tracegen.generate.rows import complete_row
 from tracegen.run.records import read_run_record
 from tracegen.run.spec import RunSpecError
 from tracegen.sglang.client import ChatRequest, Outcome, Sampling, SGLangClient
+from tracegen.sglang.stream import STOPPED
 from tracegen.sglang.wire import Generated, ServerParsers
 from tracegen.store.entries import LedgerError
 from tracegen.store.records import (
     EXTENDED,
     FAILED,
     FALLBACK_REGENERATED,
+    LOOP,
     OK,
     REGENERATED,
     REJECTED,
@@ -277,12 +280,16 @@ async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_id
     parsers: ServerParsers = _value(await client.server_parsers(), "/server_info")
     same = Sampling(max_tokens=cap, temperature=job.temperature, top_p=job.top_p, seed=sampling.seed)
     # A row cut inside its thinking continues its thinking: the server is told so, to count those tokens.
+    # Streamed and watched where the servers stream incrementally: a continuation that loops is stopped at
+    # once instead of running to the cap (the watch starts with the ids before it, so an old loop shows too).
+    watch = (lambda: LoopWatch(response_ids)) if parsers.incremental_stream else None
     generated = await client.generate(prompt_ids + response_ids, max_new_tokens=cap - len(response_ids),
-                                      sampling=same, require_reasoning=source.cut_in_reasoning)
+                                      sampling=same, require_reasoning=source.cut_in_reasoning, watch=watch)
     new = _value(generated, "/generate")
     whole, text_from = await _whole_text(client, source, response_ids, new, generated.server)
     reasoning, content, tool_calls, finish = await _split(client, parsers, job, whole, new.finish_reason)
     total = len(response_ids) + new.completion_tokens
+    stopped = loop_stopped(new, before=len(response_ids))
     return rows.row(
         OK,
         generated,
@@ -290,7 +297,8 @@ async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_id
         content=content,
         reasoning_content=reasoning or None,
         tool_calls=tool_calls,
-        finish_reason=finish,
+        finish_reason=LOOP if stopped else finish,
+        runaway_score=stopped["score"] if stopped else None,
         prompt_tokens=source.prompt_tokens,
         completion_tokens=total,
         reasoning_tokens=source.reasoning_tokens + new.reasoning_tokens,
@@ -306,8 +314,20 @@ async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_id
             "new_tokens": new.completion_tokens,
             "sampling": {"temperature": job.temperature, "top_p": job.top_p},
             "text": text_from,
+            **({"stopped": stopped} if stopped else {}),
         },
     )
+
+
+def loop_stopped(generated: Generated, *, before: int = 0) -> dict[str, Any] | None:
+    """What a request the client stopped in a loop says of it, as its row's provenance keeps it (None: it
+    was not stopped): the response token it was stopped at, where the loop began, its period and score.
+    `before`: response tokens the row had before this request."""
+    verdict = generated.stopped
+    if generated.finish_reason != STOPPED or verdict is None:
+        return None
+    return {"at_token": before + generated.completion_tokens, "onset": before + verdict.onset,
+            "period": verdict.period, "score": round(verdict.score, 4)}
 
 
 async def _whole_text(client: SGLangClient, source: GeneratedRow, response_ids: list[int], new: Generated,

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen.audit.runaway import scored_runaway
-from tracegen.store.records import COMPLETE, INVALID, OK, PLAN_COLUMNS, REJECTED
+from tracegen.store.records import COMPLETE, INVALID, LOOP, OK, PLAN_COLUMNS, REJECTED
 
 if TYPE_CHECKING:
     from tracegen.config import RunConfig
@@ -119,12 +119,16 @@ def _check_frame(frame: pd.DataFrame) -> None:
 
 
 def scored_runaways(frame: pd.DataFrame) -> np.ndarray:
-    """Per ledger row: a truncated row its stored score judges a runaway (a frame without the column holds
-    none). Such a row is never continued: its loop would run to any cap."""
-    if "runaway_score" not in frame.columns or len(frame) == 0:
-        return np.zeros(len(frame), dtype=bool)
-    return (frame["status"] == OK).to_numpy(bool) & (frame["finish_reason"] == "length").to_numpy(bool) & \
-        scored_runaway(frame["runaway_score"])
+    """Per ledger row: a runaway, by its kind (finish `loop`: stopped while it looped) or, truncated at its
+    cap, by the score the ledger keeps (a frame without the column has only the former). Such a row is never
+    continued: its loop would run to any cap."""
+    if len(frame) == 0:
+        return np.zeros(0, dtype=bool)
+    ok = (frame["status"] == OK).to_numpy(bool)
+    stopped = ok & (frame["finish_reason"] == LOOP).to_numpy(bool)  # stopped in its loop: a runaway by its kind
+    if "runaway_score" not in frame.columns:
+        return stopped
+    return stopped | (ok & (frame["finish_reason"] == "length").to_numpy(bool) & scored_runaway(frame["runaway_score"]))
 
 
 def runaways(frame: pd.DataFrame) -> np.ndarray:
@@ -154,11 +158,11 @@ def done_rows(frame: pd.DataFrame, max_tokens: int, truncated_policy: str) -> np
     complete = ok & (finish.isin(COMPLETE)).to_numpy(bool)
     # A runaway loops until any cap cuts it: it is done at every cap, never continued or generated again
     # by a raised one (runaway_policy=resample gives it its one fresh sample, `generate.resample`).
-    runaway = ok & length & runaways(frame)
-    truncated_done = ok & length & ((truncated_policy == "keep") | (cap >= max_tokens) | runaway)
+    runaway = runaways(frame)
+    truncated_done = ok & length & ((truncated_policy == "keep") | (cap >= max_tokens))
     rejected_done = (status == REJECTED).to_numpy(bool) & (cap <= max_tokens)
     invalid = (status == INVALID).to_numpy(bool)
-    return complete | truncated_done | rejected_done | invalid
+    return complete | truncated_done | runaway | rejected_done | invalid
 
 
 def done_mask(frame: pd.DataFrame, n_rows: int, max_tokens: int, truncated_policy: str) -> np.ndarray:

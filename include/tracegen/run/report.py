@@ -16,6 +16,7 @@ from tracegen.audit import capfit, gate, length_fit, measure_report, report
 from tracegen.audit.review import RAISE
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
 from tracegen.audit.stats import AUDIT_COLUMNS, audit, censoring_arrays, gate_counts
+from tracegen.audit.tokens import token_account
 from tracegen.common.locations import shown_location
 from tracegen.run import plan, while_asking
 from tracegen.run.spec import RunSpec
@@ -124,6 +125,8 @@ def audit_and_report(
             "scope_rows": int(frame["index"].nunique()) if len(frame) else 0}
     if indices is None and (asked := _while_asking(spec, full)) is not None:
         meta["while_asking"] = asked
+    if indices is None:
+        meta["token_account"] = token_account(full)
     report_json, html = report.render_report(result, table, decision, meta, examples,
                                              decisions=[d.to_json() for d in spec.decisions], measurement=measured)
     json_uri = root.run_files.put(spec.run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())

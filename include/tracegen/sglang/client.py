@@ -20,6 +20,7 @@ Routing, quarantine and probes live in `tracegen.sglang.routing`; failure kinds 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 import uuid
@@ -39,7 +40,9 @@ from tracegen.sglang.retry import (
 )
 from tracegen.sglang.routing import ServerEndpoint, ServerPool, ServerState
 from tracegen.sglang.settings import ClientConfig, Sampling
+from tracegen.sglang.stream import EventReader, StreamAssembly, StreamRejected, TokenWatch
 from tracegen.sglang.wire import (
+    ABORT_PATH,
     DETOKENIZE_PATH,
     GENERATE_PATH,
     PARSE_FUNCTION_CALL_PATH,
@@ -69,6 +72,9 @@ __all__ = ["ChatRequest", "ClientConfig", "Completion", "FatalClientError", "Out
            "ServerEndpoint"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+# Seconds an abort may take before the stream is closed anyway (SGLang aborts a disconnected request too).
+ABORT_WAIT_S = 5.0
 
 
 class _Aborted(Exception):
@@ -102,19 +108,37 @@ def _generate_result(raw: bytes, max_new_tokens: int | None = None) -> Generated
     return generated
 
 
+def _not_streamed(raw: bytes) -> Any:
+    raise AssertionError("a streamed call's answer is read from its events")  # never called: see _attempt
+
+
 def _call_id() -> str:
     # The chat route's tool-call ids: "call_" + 24 hex digits, fresh per call.
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-async def _send(transport: httpx.AsyncHTTPTransport, request: httpx.Request) -> tuple[int, bytes]:
-    """POST on a transport: (status, body). Raises httpx's transport errors (timeouts, disconnects)."""
+async def _send(transport: httpx.AsyncHTTPTransport, request: httpx.Request,
+                read_200: Callable[[httpx.Response], Any] | None = None) -> tuple[int, Any]:
+    """POST on a transport: (status, body). `read_200`: reads a 200 response itself (a stream), and its
+    result stands for the body. Raises httpx's transport errors (timeouts, disconnects)."""
     response = await transport.handle_async_request(request)
     try:
+        if read_200 is not None and response.status_code == 200:
+            return 200, await read_200(response)
         raw = await response.aread()
     finally:
         await response.aclose()
     return response.status_code, raw
+
+
+@dataclass(frozen=True, slots=True)
+class _Stream:
+    """A streamed /generate: the body for a request id (fresh per attempt: `/abort_request` matches rids by
+    prefix, and 32 hex digits are never one another's prefix), a new watch per attempt, and the cap."""
+
+    body: Callable[[str], bytes]
+    watch: Callable[[], TokenWatch]
+    max_new_tokens: int
 
 
 class SGLangClient:
@@ -195,14 +219,27 @@ class SGLangClient:
         return await self._call("POST", PATH, body, lambda raw: _chat_result(raw, max_tokens))
 
     async def generate(
-        self, input_ids: list[int], *, max_new_tokens: int, sampling: Sampling, require_reasoning: bool = False
+        self, input_ids: list[int], *, max_new_tokens: int, sampling: Sampling, require_reasoning: bool = False,
+        watch: Callable[[], TokenWatch] | None = None,
     ) -> Outcome[Generated]:
         """`/generate` continuing `input_ids` (a prompt's ids + the response so far) by up to
         `max_new_tokens`, with the row's sampling params (`require_reasoning`: the response so far ends
-        inside its thinking)."""
-        body = build_generate_body(input_ids, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
-                                   top_p=sampling.top_p, seed=sampling.seed, require_reasoning=require_reasoning)
-        return await self._call("POST", GENERATE_PATH, body, lambda raw: _generate_result(raw, max_new_tokens))
+        inside its thinking).
+
+        With `watch` (a factory: one watch per attempt) the output is streamed and fed to the watch as it
+        arrives; once the watch returns a verdict the request is aborted (`POST /abort_request` with its rid,
+        then the connection closed), which frees its slot on the server at once, and the answer is what it
+        had generated, finish `stream.STOPPED`, the verdict in `Generated.stopped`."""
+
+        def body(rid: str | None) -> bytes:
+            return build_generate_body(input_ids, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
+                                       top_p=sampling.top_p, seed=sampling.seed,
+                                       require_reasoning=require_reasoning, rid=rid)
+
+        if watch is None:
+            return await self._call("POST", GENERATE_PATH, body(None),
+                                    lambda raw: _generate_result(raw, max_new_tokens))
+        return await self._call("POST", GENERATE_PATH, None, _not_streamed, stream=_Stream(body, watch, max_new_tokens))
 
     async def separate_reasoning(self, text: str, parser: str) -> Outcome[tuple[str, str]]:
         """SGLang's (reasoning, answer) split of raw model output, the chat route's own."""
@@ -242,6 +279,7 @@ class SGLangClient:
         *,
         generation: bool = True,
         optional: bool = False,
+        stream: _Stream | None = None,
     ) -> Outcome[T]:
         """One request with the client's routing, deadlines and retries. `generation`: a request that runs
         the model, whose success is the progress signal behind wedge detection (a wedged server still
@@ -251,7 +289,7 @@ class SGLangClient:
             raise self._fatal
         self._start_tuner()
         pool = self._pool
-        call = _Call(method, path, body, parse, generation, optional)
+        call = _Call(method, path, body, parse, generation, optional, stream)
         last_error = ""
         previous: ServerState | None = None
         attempt = 0
@@ -290,10 +328,16 @@ class SGLangClient:
         pool = self._pool
         # The chat URL is built once per server: it is on the hot path of every row.
         url = server.chat_url if call.path == PATH else httpx.URL(server.url + call.path)
-        request = httpx.Request(
-            call.method, url, headers=server.headers, content=call.body, extensions=server.extensions
-        )
-        task = asyncio.create_task(_send(http, request))
+        content, read_200 = call.body, None
+        if call.stream is not None:
+            rid, stream = uuid.uuid4().hex, call.stream
+            content = stream.body(rid)
+
+            async def read_200(response: httpx.Response) -> Generated:
+                return await self._read_stream(server, response, stream, rid)
+
+        request = httpx.Request(call.method, url, headers=server.headers, content=content, extensions=server.extensions)
+        task = asyncio.create_task(_send(http, request, read_200))
         server.tasks.add(task)
         try:
             response = await task
@@ -317,10 +361,20 @@ class SGLangClient:
             reason = f"{type(exc).__name__}: {exc}"
             pool.record_failure(server, reason)
             raise TransientError(reason) from None
+        except StreamRejected as exc:  # an error event with a 4xx code: the request itself is refused
+            server.consecutive_failures = 0
+            return _Rejected(str(exc))
+        except (MalformedResponse, _Aborted) as exc:  # from a stream, read inside the task
+            reason = "finish_reason abort" if isinstance(exc, _Aborted) else f"{exc.kind}: {exc}"
+            pool.record_failure(server, reason)
+            raise TransientError(reason) from None
         finally:
             server.tasks.discard(task)
 
         status, raw = response
+        if status == 200 and call.stream is not None:
+            pool.record_success(server)
+            return raw
         if status == 200:
             try:
                 result = call.parse(raw)
@@ -354,6 +408,41 @@ class SGLangClient:
         return _Rejected(f"HTTP {status}: {message}")
 
 
+    async def _read_stream(self, server: ServerState, response: httpx.Response,
+                           stream: _Stream, rid: str) -> Generated:
+        """A streamed /generate's events put together, each new id fed to the attempt's watch; aborted as
+        soon as the watch says so. Raises `stream.StreamFailed` (transient), `StreamRejected`, `_Aborted`."""
+        assembly, reader, watch = StreamAssembly(), EventReader(), stream.watch()
+        async for chunk in response.stream:
+            for data in reader.feed(chunk):
+                new = assembly.feed_event(data)
+                verdict = watch.feed(new) if new else None
+                if verdict is not None:
+                    await self._abort(server, rid)
+                    return assembly.stopped(verdict)
+                if assembly.done:
+                    break
+            if assembly.done:
+                break
+        generated = assembly.result(max_new_tokens=stream.max_new_tokens)
+        if generated.finish_reason == "abort":
+            raise _Aborted
+        return generated
+
+    async def _abort(self, server: ServerState, rid: str) -> None:
+        """Ask the server to abort request `rid` now. Sent on the server's probe connection, not the slot's pool,
+        which the streams in flight may fill. Best effort: closing the stream right after makes SGLang abort it
+        too (once it notices the disconnect), so a failure here costs seconds of decoding, never a row."""
+        try:
+            response = await asyncio.wait_for(server.probe_http.post(ABORT_PATH, json={"rid": rid}), ABORT_WAIT_S)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            log.info("%s: abort of %s not confirmed (%s); the closed stream aborts it", server.name, rid, exc)
+            return
+        if response.status_code != 200:
+            log.info("%s: /abort_request answered HTTP %d: %s", server.name, response.status_code,
+                     error_message(response.content, response.status_code))
+
+
 @dataclass(frozen=True, slots=True)
 class _Rejected:
     message: str
@@ -370,3 +459,4 @@ class _Call(Generic[T]):
     parse: Callable[[bytes], T]
     generation: bool
     optional: bool
+    stream: _Stream | None = None

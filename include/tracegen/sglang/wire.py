@@ -29,6 +29,7 @@ SEPARATE_REASONING_PATH = "/separate_reasoning"
 PARSE_FUNCTION_CALL_PATH = "/parse_function_call"
 SERVER_INFO_PATH = "/server_info"
 DETOKENIZE_PATH = "/detokenize"
+ABORT_PATH = "/abort_request"  # SGLang's: {"rid"} aborts that request (and those whose rid it prefixes)
 # The finish reasons of a completion, as SGLang reports them: it ended by itself, or at the cap ("length").
 FINISH_REASONS = ("stop", "tool_calls", "length")
 # What SGLang reports; `abort` is not a completion (the client retries it), the rest are.
@@ -70,18 +71,24 @@ class Generated:
 
     text: str
     output_ids: list[int] | None
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: str  # "stop" | "length" | "abort", or `stream.STOPPED`: the client stopped it
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    # Why the client stopped a streamed request (its watch's verdict, `stream.TokenWatch`); None otherwise.
+    stopped: Any = None
 
 
 @dataclass(frozen=True, slots=True)
 class ServerParsers:
-    """The parsers a server was launched with (None: without one)."""
+    """The parsers a server was launched with (None: without one), and how it streams."""
 
     reasoning: str | None
     tool_call: str | None
+    # --incremental-streaming-output: each streamed event holds only its new ids. Without it every event
+    # repeats the whole output so far, which costs the client quadratic bytes: tracegen streams (to stop a
+    # loop) only from servers that stream incrementally.
+    incremental_stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,15 +142,19 @@ def build_generate_body(
     top_p: float,
     seed: int | None,
     require_reasoning: bool = False,
+    rid: str | None = None,
 ) -> bytes:
     """`/generate` continuing `input_ids` (prompt ids + the response so far) by up to `max_new_tokens`,
     with the sampling params of the chat request that produced the response. `require_reasoning`: the
     response so far ends inside its thinking, so the server counts the new tokens up to the end of the
-    thinking as reasoning tokens (it counts only thinking a response opens itself otherwise)."""
+    thinking as reasoning tokens (it counts only thinking a response opens itself otherwise). `rid`: the
+    request streams its output, under this id (what `/abort_request` names)."""
     params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
     if seed is not None:
         params["sampling_seed"] = seed
-    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params, "stream": False}
+    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params, "stream": rid is not None}
+    if rid is not None:
+        body["rid"] = rid
     if require_reasoning:
         body["require_reasoning"] = True
     return _encode(body)
@@ -171,7 +182,7 @@ def build_parse_function_call_body(text: str, tools: list[dict[str, Any]], parse
     return _encode({"text": text, "tools": tools, "tool_call_parser": parser})
 
 
-def _int_field(usage: dict[str, Any], key: str, *, required: bool) -> int:
+def int_field(usage: dict[str, Any], key: str, *, required: bool) -> int:
     value = usage.get(key)
     if value is None and not required:
         return 0
@@ -199,7 +210,7 @@ def _object(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def _token_ids(container: dict[str, Any], key: str, where: str) -> list[int] | None:
+def token_ids(container: dict[str, Any], key: str, where: str) -> list[int] | None:
     ids = container.get(key)
     if ids is None:
         return None
@@ -209,7 +220,7 @@ def _token_ids(container: dict[str, Any], key: str, where: str) -> list[int] | N
     return ids
 
 
-def _check_usage(
+def check_usage(
     where: str,
     *,
     prompt_tokens: int,
@@ -277,13 +288,13 @@ def parse_completion(raw: bytes, *, max_tokens: int | None = None) -> Completion
         reasoning_content=_opt_str(message, "reasoning_content"),
         tool_calls=tool_calls,
         finish_reason=finish_reason,
-        prompt_tokens=_int_field(usage, "prompt_tokens", required=True),
-        completion_tokens=_int_field(usage, "completion_tokens", required=True),
+        prompt_tokens=int_field(usage, "prompt_tokens", required=True),
+        completion_tokens=int_field(usage, "completion_tokens", required=True),
         reasoning_tokens=reasoning_tokens or 0,
-        prompt_token_ids=_token_ids(choice, "prompt_token_ids", "choices[0]."),
-        response_token_ids=_token_ids(choice, "response_token_ids", "choices[0]."),
+        prompt_token_ids=token_ids(choice, "prompt_token_ids", "choices[0]."),
+        response_token_ids=token_ids(choice, "response_token_ids", "choices[0]."),
     )
-    _check_usage("usage.", prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
+    check_usage("usage.", prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
                  reasoning_tokens=completion.reasoning_tokens, prompt_ids=completion.prompt_token_ids,
                  output_ids=completion.response_token_ids, cap=max_tokens, cap_name="max_tokens")
     return completion
@@ -307,13 +318,13 @@ def parse_generate(raw: bytes, *, max_new_tokens: int | None = None) -> Generate
         return Generated(text, None, "abort", 0, 0, 0)
     generated = Generated(
         text=text,
-        output_ids=_token_ids(data, "output_ids", ""),
+        output_ids=token_ids(data, "output_ids", ""),
         finish_reason=kind,
-        prompt_tokens=_int_field(meta, "prompt_tokens", required=True),
-        completion_tokens=_int_field(meta, "completion_tokens", required=True),
-        reasoning_tokens=_int_field(meta, "reasoning_tokens", required=False),
+        prompt_tokens=int_field(meta, "prompt_tokens", required=True),
+        completion_tokens=int_field(meta, "completion_tokens", required=True),
+        reasoning_tokens=int_field(meta, "reasoning_tokens", required=False),
     )
-    _check_usage("meta_info.", prompt_tokens=generated.prompt_tokens, completion_tokens=generated.completion_tokens,
+    check_usage("meta_info.", prompt_tokens=generated.prompt_tokens, completion_tokens=generated.completion_tokens,
                  reasoning_tokens=generated.reasoning_tokens, prompt_ids=None, output_ids=generated.output_ids,
                  cap=max_new_tokens, cap_name="max_new_tokens")
     return generated
@@ -351,7 +362,7 @@ def parse_function_calls(raw: bytes, new_id: Any) -> tuple[str, list[dict[str, A
 
 
 def parse_server_parsers(raw: bytes) -> ServerParsers:
-    """The reasoning and tool-call parsers a /server_info body reports."""
+    """The reasoning and tool-call parsers a /server_info body reports, and whether it streams incrementally."""
     data = _object(raw)
     found = []
     for key in ("reasoning_parser", "tool_call_parser"):
@@ -359,7 +370,10 @@ def parse_server_parsers(raw: bytes) -> ServerParsers:
         if value is not None and not isinstance(value, str):
             raise MalformedResponse(f"server_info.{key} must be a string or null, got {value!r:.80}")
         found.append(value or None)
-    return ServerParsers(*found)
+    incremental = data.get("incremental_streaming_output", False)
+    if not isinstance(incremental, bool):
+        raise MalformedResponse(f"server_info.incremental_streaming_output must be a boolean, got {incremental!r:.80}")
+    return ServerParsers(*found, incremental_stream=incremental)
 
 
 def error_message(raw: bytes, status: int) -> str:

@@ -24,7 +24,12 @@ STATUSES = (OK, FAILED, REJECTED, INVALID)
 # finish_reason values of a completion: it ended by itself (COMPLETE), or at the cap ("length"). SGLang also
 # reports `abort`, which is not a completion and never reaches the ledger: the client retries it.
 COMPLETE = ("stop", "tool_calls")
-FINISH_REASONS = (*COMPLETE, "length")
+# A row the client stopped while it generated, because its tail looped (`audit.loop_stop`): a runaway, kept
+# with what it generated until then; not cut by the cap, and never continued.
+LOOP = "loop"
+# The finishes that are not an ending: cut at the cap, or stopped in a loop.
+CUT = ("length", LOOP)
+FINISH_REASONS = (*COMPLETE, *CUT)
 
 # How a row replaced a committed row truncated under a lower cap (its `pivot`; None: a first generation).
 EXTENDED = "extended"  # continued from the truncated row's token prefix (truncated_policy=extend)
