@@ -277,6 +277,25 @@ def _tell_outcome(run: Path, decision: dict, cap: int) -> None:
     from tracegen.audit.pivot import pivot_text
 
     _say(f"  rows continued from their tokens: {pivot_text(audit.get('pivot') or {}) or 'none'}")
+    _tell_loops(json.loads((run / "report.json").read_text()), cap)
+
+
+def _tell_loops(report: dict, cap: int) -> None:
+    """The rows that loop: how many, what stopping them saved, and where every generated token went."""
+    from tracegen.audit.tokens import account_lines
+
+    runaway = ((report.get("measurement") or {}).get("runaway") or {})
+    account = (report.get("run") or {}).get("token_account") or {}
+    cut = runaway.get("rows") or 0
+    stopped, stopped_tokens = account.get("stopped_rows") or 0, account.get("stopped_tokens") or 0
+    if cut or stopped:
+        _say(f"  loops: {cut:,} rows loop ({runaway.get('share') or 0:.1%}); a runaway is never continued, so "
+             f"neither the tail measurement nor the pivot spent a token on one cut at 4,096; {stopped:,} "
+             f"continuations fell into a loop and were stopped while they looped, {stopped_tokens:,} tokens in "
+             f"all, against up to {stopped * cap:,} had they run to the cap")
+    if account:
+        _say("  where the tokens went: " + "; ".join(f"{n:,} {what} ({share})"
+                                                  for what, n, share in account_lines(account)))
 
 
 def _tell_where(output: Path, run: Path, logs: Path, demo: Path) -> None:

@@ -71,6 +71,9 @@ def listed_fleet(source: Any) -> str:
 def local_sim_fleet() -> dict[str, Any]:
     """The bundled simulated fleet: SGLang stand-ins on this machine, launched exactly like SGLang."""
     time_scale = float(os.environ.get("TRACEGEN_SIM_TIME_SCALE", "40"))
+    # A share of samples that loop as models do (`make demo` sets 3%): none unless asked for.
+    runaway_rate = float(os.environ.get("TRACEGEN_SIM_RUNAWAY_RATE") or 0)
+    loops = {"--sim-runaway-rate": runaway_rate, "--sim-loop-shape": "varied"} if runaway_rate > 0 else {}
     return {
         "hosts": [{"conn_id": "local", "gpus": [0, 1], "base_port": int(os.environ.get("TRACEGEN_SIM_PORT", "31000"))}],
         "model_path": "Qwen/Qwen3.6-27B",
@@ -89,6 +92,7 @@ def local_sim_fleet() -> dict[str, Any]:
             "--incremental-streaming-output": True,
             "--stream-interval": 16,
             "--sim-time-scale": time_scale,
+            **loops,
         },
         "work_dir": str(state_dir() / "fleet"),
         "health_timeout_s": 60.0,
