@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tracegen.dataset.blocks import check_unchanged
 from tracegen.dataset.index import DatasetIndex, build_index
+from tracegen.dataset.source import DatasetError
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
@@ -31,13 +32,23 @@ def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str) -> DatasetI
         if index.source_version is None:
             # An index stored before versions were recorded: store it again with the version, so later
             # reads need no re-hash to know the file is unchanged.
-            index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
+            index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id)
             root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
             storage.put(DATASET_INDEX_KEY, index.to_bytes())
         else:
             root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
         return index
-    index = build_index(dataset_uri, cache_uri=storage.uri_for("cache"), aws_conn_id=aws_conn_id)
+    index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id)
     root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
     storage.put(DATASET_INDEX_KEY, index.to_bytes())
+    return index
+
+
+def _index_rows(dataset_uri: str, cache_uri: str, aws_conn_id: str) -> DatasetIndex:
+    """The dataset's index, refused when it holds no row: a run over it would generate nothing and report
+    success, and binding it would tie the root to an empty file."""
+    index = build_index(dataset_uri, cache_uri=cache_uri, aws_conn_id=aws_conn_id)
+    if index.n_rows == 0:
+        raise DatasetError(f"dataset {dataset_uri} holds no rows (no non-blank line, or no Parquet row): "
+                           "there is nothing to generate; check dataset_uri")
     return index
