@@ -19,6 +19,8 @@ offset, plus `n_rows` and a sha256 fingerprint of the file's bytes computed in t
 Blank lines are not rows; a row's index is its position among the non-blank lines (or Parquet
 rows), which is stable because the fingerprint pins the bytes.
 
+The pass also reads every row's id and refuses a dataset where two rows share one (`dataset.row_ids`).
+
 Reading rows with an index, from a file checked to be the one indexed, is `dataset.blocks`.
 """
 
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from tracegen.dataset.row_ids import RowIds
 from tracegen.dataset.scan import SCAN_BLOCK, fingerprint_source, gunzip_stream, is_row, scan, split_rows
 from tracegen.dataset.source import (
     ByteSource,
@@ -290,12 +293,16 @@ def build_index(
     src = source or open_source(uri, aws_conn_id)
     before = source_identity(src)
     fmt = sniff_format(src)
+    ids = RowIds(uri)
     if fmt == "jsonl":
-        index = _index_jsonl(uri, src, stride)
+        index = _index_jsonl(uri, src, stride, ids)
     elif fmt == "jsonl.gz":
-        index = _index_gzip(uri, src, stride, max_block_rows, cache_uri, aws_conn_id)
+        index = _index_gzip(uri, src, stride, max_block_rows, cache_uri, aws_conn_id, ids)
     else:
-        index = _index_parquet(uri, src, max_block_rows, cache_uri, aws_conn_id)
+        index = _index_parquet(uri, src, max_block_rows, cache_uri, aws_conn_id, ids)
+    if ids.rows != index.n_rows:
+        raise DatasetError(f"dataset {uri}: {ids.rows} ids read for {index.n_rows} rows; index it again")
+    ids.check()
     # The version recorded must be that of the bytes hashed: a file written to during the pass has neither.
     if source_identity(src) != before:
         raise DatasetError(f"dataset {uri}: the file changed while it was being indexed; index it again")
@@ -308,7 +315,7 @@ def build_index(
     return index
 
 
-def _index_jsonl(uri: str, src: ByteSource, stride: int) -> DatasetIndex:
+def _index_jsonl(uri: str, src: ByteSource, stride: int, ids: RowIds) -> DatasetIndex:
     hasher = hashlib.sha256()
     raw = SourceFile(src, on_read=lambda _pos, data: hasher.update(data))
     size = raw.size()
@@ -318,6 +325,7 @@ def _index_jsonl(uri: str, src: ByteSource, stride: int) -> DatasetIndex:
         if is_row(line):
             if row % stride == 0:
                 offsets.append(pos)
+            ids.add_line(line)
             row += 1
         pos += len(line)
     if pos != size:
@@ -334,12 +342,14 @@ class _NeedsCopy(Exception):
 
 
 def _index_gzip(
-    uri: str, src: ByteSource, stride: int, max_block_rows: int, cache_uri: str | None, aws_conn_id: str
+    uri: str, src: ByteSource, stride: int, max_block_rows: int, cache_uri: str | None, aws_conn_id: str,
+    ids: RowIds,
 ) -> DatasetIndex:
     try:
-        return _index_gzip_in_place(uri, src, max_block_rows)
+        return _index_gzip_in_place(uri, src, max_block_rows, ids)
     except _NeedsCopy as why:
         reason = str(why)
+        ids.clear()  # the copy's pass reads every row again
     cache = cache_uri or default_cache_dir()
     log.warning(
         "dataset %s is not seekable as it is (%s): writing a seekable multi-member copy (%d rows per member) "
@@ -357,6 +367,7 @@ def _index_gzip(
         nonlocal n_rows
         for line in rows:
             n_rows += 1
+            ids.add_line(line)
             yield line
 
     try:
@@ -382,7 +393,7 @@ def _index_gzip(
     )
 
 
-def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> DatasetIndex:
+def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int, ids: RowIds) -> DatasetIndex:
     hasher = hashlib.sha256()
     offsets = [0]
     first_rows = [0]
@@ -391,6 +402,7 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
     def member_end(end: int) -> None:
         # A member must end on a line boundary, or be the last one: else a row spans two members.
         if is_row(state["carry"]):
+            ids.add_line(state["carry"])
             state["row"] += 1
             state["dangling"] = True
         state["carry"] = b""
@@ -403,7 +415,11 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
             raise _NeedsCopy("a row spans two gzip members")
         lines = (state["carry"] + out).split(b"\n")
         state["carry"] = lines.pop()
-        n = sum(1 for line in lines if is_row(line))
+        n = 0
+        for line in lines:
+            if is_row(line):
+                ids.add_line(line)
+                n += 1
         state["row"] += n
         state["member_rows"] += n
         if state["member_rows"] > max_block_rows:
@@ -411,6 +427,7 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
                 "single gzip stream" if len(offsets) == 1 else f"a gzip member holds > {max_block_rows} rows"
             )
     if is_row(state["carry"]):  # stream without a final member end is caught as truncation above
+        ids.add_line(state["carry"])
         state["row"] += 1
     size = src.size()
     # The last recorded offset is the end of the file, not a block start.
@@ -426,7 +443,7 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
 
 
 def _index_parquet(
-    uri: str, src: ByteSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str
+    uri: str, src: ByteSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str, ids: RowIds
 ) -> DatasetIndex:
     import pyarrow.parquet as pq
 
@@ -439,6 +456,15 @@ def _index_parquet(
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     if "messages" not in pf.schema_arrow.names:
         log.warning("dataset %s has no 'messages' column: every row will be reported invalid", uri)
+    # The id column alone, a row group at a time: every row's id, without its prompt.
+    has_ids = "id" in pf.schema_arrow.names
+    for g in range(meta.num_row_groups):
+        if has_ids:
+            for value in pf.read_row_group(g, columns=["id"]).column("id").to_pylist():
+                ids.add(value)
+        else:
+            for _ in range(sizes[g]):
+                ids.add(None)
     if not sizes or max(sizes) <= max_block_rows:
         return DatasetIndex(
             source_uri=uri, data_uri=uri, format="parquet", n_rows=meta.num_rows, fingerprint=fingerprint,
