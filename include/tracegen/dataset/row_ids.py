@@ -54,8 +54,8 @@ def line_id(line: bytes) -> str | int | None:
         return _DECODE_ID.decode(line).id
     except msgspec.ValidationError:
         return None  # not an object, or an id of another type: an invalid row, id-less
-    except msgspec.DecodeError:
-        pass  # JSON msgspec refuses and json.loads reads (NaN, a lone surrogate): read it as the rows are
+    except Exception:  # noqa: BLE001 - JSON msgspec refuses (NaN, a lone surrogate, nesting past its limit)
+        pass  # is read as the rows are, and what json.loads refuses too is the row checks' to name
     try:
         obj = json.loads(line)
     except Exception:  # noqa: BLE001 - a malformed row is the row checks' to name
