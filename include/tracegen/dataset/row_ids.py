@@ -14,7 +14,6 @@ when it is read (`dataset.reader.parse_row`); its fallback id still takes part, 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from array import array
 from typing import Any
@@ -73,7 +72,9 @@ class RowIds:
     def clear(self) -> None:
         """Forget every id added (a pass that starts again)."""
         self.rows = 0
-        self._digests = bytearray()  # 8 bytes of blake2b per row: equal ids have equal digests
+        # Python's hash of each id's bytes (8 bytes a row): equal ids hash alike, and the pass needs the hashes
+        # only while it runs, in this process.
+        self._hashes = array("q")
         self._own = bytearray()  # 1 where the row has its own id, 0 where it has the fallback
         self._text = bytearray()  # the ids' UTF-8, one after another (to name a clash, and rule out a digest's)
         self._ends = array("q")
@@ -85,7 +86,7 @@ class RowIds:
         own = _own_id(own_id)
         # surrogatepass: an id with a lone surrogate is refused by the row checks; here it is still an id.
         text = row_id(own, self.rows).encode("utf-8", "surrogatepass")
-        self._digests += hashlib.blake2b(text, digest_size=8).digest()
+        self._hashes.append(hash(text))
         self._own.append(own is not None)
         self._text += text
         self._ends.append(len(self._text))
@@ -102,13 +103,13 @@ class RowIds:
         """Raise `DatasetError` naming the first two rows that share an id (and how many more clashes)."""
         if self.rows < 2:
             return
-        digests = np.frombuffer(bytes(self._digests), dtype="<u8")
-        order = np.argsort(digests, kind="stable")
-        same = np.flatnonzero(digests[order[1:]] == digests[order[:-1]])
+        hashes = np.frombuffer(self._hashes, dtype=np.int64)
+        order = np.argsort(hashes, kind="stable")
+        same = np.flatnonzero(hashes[order[1:]] == hashes[order[:-1]])
         clashes = []
         for k in same.tolist():
             a, b = sorted((int(order[k]), int(order[k + 1])))
-            if self._text_of(a) == self._text_of(b):  # equal digests of different ids are not a clash
+            if self._text_of(a) == self._text_of(b):  # equal hashes of different ids are not a clash
                 clashes.append((b, a))
         if not clashes:
             return
