@@ -244,7 +244,7 @@ class Chaos:
         self.cluster = AirflowCluster(self.root / "cluster", workers=2, worker_concurrency=2, extra_env={
             "AIRFLOW_CONN_AWS_DEFAULT": self.s3.conn_json, ssh_var: os.environ[ssh_var],
             "TRACEGEN_FLEET": str(self.fleet_path), "TRACEGEN_RETRY_DELAY_S": "2",
-            # The campaign's dataset and roots (tracegen.locations).
+            # The campaign's dataset and roots (tracegen.common.locations).
             "TRACEGEN_WRITE_PREFIXES": f"s3://{self.s3.bucket}/{self.prefix}",
             # Airflow's defaults (300 s, 30 s) leave the tasks of a scheduler killed together with their
             # worker "running" for up to 5 minutes: the new scheduler adopts them, and only then fails and

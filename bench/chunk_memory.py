@@ -149,7 +149,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="chunk-memory-") as tmp:
             work = Path(tmp)
-            os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.locations)
+            os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.common.locations)
             table: dict[int, dict[int, dict]] = {}
             for n_rows in (args.small, args.large):
                 # Measured chunks sit back to back at the start; every other index is already done.

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_resume import synthetic_columns, write_entries  # noqa: E402
 
 from tracegen.generate.gate_watch import CONTINUOUS_GATE_SAMPLE  # noqa: E402
-from tracegen.plan import choose_chunk_size, pilot_sample  # noqa: E402
+from tracegen.run.plan import choose_chunk_size, pilot_sample  # noqa: E402
 from tracegen.store.root import OutputRoot  # noqa: E402
 from tracegen.store.snapshots import COMPACT_OVER  # noqa: E402
 from tracegen.store.storage import LocalStorage  # noqa: E402

@@ -184,7 +184,7 @@ def main() -> None:
         return
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tracegen-export-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.locations)
+    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.common.locations)
     try:
         root = str(work / "output")
         if not (work / "output" / "dataset.json").exists():

@@ -37,9 +37,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from occupancy_support.fleet import MODEL, Fleet, Sampler, start_fleet  # noqa: E402
 
-from tracegen import params, plan  # noqa: E402
+from tracegen import params  # noqa: E402
 from tracegen.fleet.sources import local_sim_fleet  # noqa: E402
-from tracegen.plan import TARGET_CHUNK_ROWS  # noqa: E402
+from tracegen.run import plan  # noqa: E402
+from tracegen.run.plan import TARGET_CHUNK_ROWS  # noqa: E402
 
 REFERENCE_PROMPTS = 913_786
 REFERENCE_SERVERS = 7
@@ -332,7 +333,7 @@ def main() -> int:
     caps = [int(c) for c in args.caps.split(",")]
 
     work = Path(tempfile.mkdtemp(prefix="tracegen-occupancy-"))
-    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.locations)
+    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.common.locations)
     fleet = start_fleet(args.servers, args.max_running, args.time_scale)
     baseline_conc = args.baseline_concurrency or fleet.slots
     print(

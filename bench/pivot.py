@@ -134,7 +134,7 @@ def main() -> int:
         raise SystemExit("--rows must be at least 3,000 for the KS test to tell the arms apart")
 
     work = Path(tempfile.mkdtemp(prefix="tracegen-pivot-"))
-    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.locations)
+    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.common.locations)
     fleet = start_fleet(args.servers, args.max_running, args.time_scale, seed=args.sim_seed)
     try:
         dataset = work / "prompts.jsonl"

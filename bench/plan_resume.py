@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 
-from tracegen.plan import choose_chunk_size, chunks, done_mask, remaining, remaining_per_chunk
+from tracegen.run.plan import choose_chunk_size, chunks, done_mask, remaining, remaining_per_chunk
 from tracegen.store.current import current_rows
 from tracegen.store.entries import SCHEMA, entry_key, part_key
 from tracegen.store.records import LEDGER_COLUMNS

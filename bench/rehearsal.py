@@ -203,7 +203,7 @@ class Rehearsal:
         self.cluster = AirflowCluster(self.root / "cluster", workers=args.workers,
                                       worker_concurrency=args.worker_concurrency, extra_env={
             ssh_var: os.environ[ssh_var], "TRACEGEN_FLEET": str(self.fleet_path),
-            "TRACEGEN_WRITE_PREFIXES": str(self.root),  # its dataset and root (tracegen.locations)
+            "TRACEGEN_WRITE_PREFIXES": str(self.root),  # its dataset and root (tracegen.common.locations)
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "60",
         })  # fmt: skip
         self.stack.callback(self.cluster.stop)
@@ -273,7 +273,8 @@ class Rehearsal:
         pg = self.cluster.services  # the cluster's own private PostgreSQL (or the one TRACEGEN_PG_PORT names)
         out = subprocess.run(["psql", "-h", pg.pg_host, "-p", str(pg.pg_port), "-U", pg.pg_user, "-d", "postgres",
                               "-tAc", sql],
-                             capture_output=True, text=True, check=False)
+                             capture_output=True, text=True, check=False,
+                             env={**os.environ, **({"PGPASSWORD": pg.pg_password} if pg.pg_password else {})})
         return int(out.stdout.strip() or 0)
 
     def _status(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import os
 import pendulum
 from airflow.sdk import Asset, AssetAlias, Param, dag, task
 
-from tracegen import dag_ids
+from tracegen.common import dag_ids
 
 # Parsed every few seconds: nothing of tracegen.export (pandas, pyarrow) is imported until the task runs.
 ALIAS = dag_ids.EXPORT_ALIAS

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from tracegen import dag_ids, params, steps
+from tracegen import params, steps
+from tracegen.common import dag_ids
 
 
 @dag(

@@ -47,7 +47,8 @@ import os
 import pendulum
 from airflow.sdk import TriggerRule, XComArg, dag, task
 
-from tracegen import dag_ids, params, steps
+from tracegen import params, steps
+from tracegen.common import dag_ids
 from tracegen.review_gate import CapReviewOperator
 
 # Seconds between retries of a task; the distributed end-to-end test shortens it so a task lost with its
@@ -104,7 +105,7 @@ def tracegen_generate():
     decided = task(steps.apply_decision, retries=0)(answer.output)
     at_decided_cap = (
         task(steps.generate_chunk, task_id=dag_ids.DECIDED_FAN_OUT, **chunk_task)
-        .partial(run=decided[steps.DECIDED_RUN_KEY])
+        .partial(run=decided[dag_ids.DECIDED_RUN_KEY])
         .expand(chunk=decided)
     )
     # runaway_policy=resample (skipped otherwise): one fresh sample per looping row, once generation is over,

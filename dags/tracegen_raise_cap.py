@@ -19,7 +19,8 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import dag, task
 
-from tracegen import dag_ids, params, steps
+from tracegen import params, steps
+from tracegen.common import dag_ids
 
 
 @dag(

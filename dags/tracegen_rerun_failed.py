@@ -18,7 +18,8 @@ import os
 import pendulum
 from airflow.sdk import dag, task
 
-from tracegen import dag_ids, steps
+from tracegen import steps
+from tracegen.common import dag_ids
 
 
 @dag(

@@ -19,7 +19,7 @@ os.environ.update(
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{_AIRFLOW_HOME}/airflow.db",
     }
 )
-# Where runs and exports may read and write (tracegen.locations): the tests' roots are temporary
+# Where runs and exports may read and write (tracegen.common.locations): the tests' roots are temporary
 # directories and prefixes of the test bucket (fixtures.s3.BUCKET), for this process and every subprocess it
 # starts. A test of a refusal narrows it with monkeypatch.
 os.environ["TRACEGEN_WRITE_PREFIXES"] = f"{os.path.realpath(tempfile.gettempdir())},s3://tracegen-test/"

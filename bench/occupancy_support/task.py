@@ -16,7 +16,7 @@ STARTED = time.time()  # before the heavy imports: start-up cost is part of a ta
 from tracegen.config import RunConfig  # noqa: E402
 from tracegen.fleet import FleetSpec  # noqa: E402
 from tracegen.generate.chunk import GateClosed, generate_chunk_work, run_pilot, starting_in_flight  # noqa: E402
-from tracegen.plan import ChunkWork, pilot_indices  # noqa: E402
+from tracegen.run.plan import ChunkWork, pilot_indices  # noqa: E402
 from tracegen.run.prepare import prepare_run  # noqa: E402
 from tracegen.run.records import read_run_record  # noqa: E402
 from tracegen.run.report import audit_and_report  # noqa: E402

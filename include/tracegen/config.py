@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tracegen import locations
-from tracegen.cap_rule import HIGHEST, LOWEST, CapRefused, check_cap
-from tracegen.locations import state_dir  # noqa: F401  (its home is `locations`; callers import it from here)
+from tracegen.common import locations
+from tracegen.common.cap_rule import HIGHEST, LOWEST, CapRefused, check_cap
+from tracegen.common.locations import state_dir  # noqa: F401  (its home is `locations`; callers import it from here)
 
 TRUNCATED_POLICIES = ("extend", "regenerate", "keep")
 GATE_MODES = ("ask", "stop", "warn")
@@ -160,7 +160,7 @@ class Int(Rule):
 
 @dataclass(frozen=True)
 class Cap(Rule):
-    """A completion cap: `tracegen.cap_rule`'s one check (an integer within [LOWEST, HIGHEST]), its bounds
+    """A completion cap: `tracegen.common.cap_rule`'s one check (an integer within [LOWEST, HIGHEST]), its bounds
     the form's."""
 
     def check(self, name: str, value: Any) -> None:

@@ -23,7 +23,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from tracegen import dag_ids
+from tracegen.common import dag_ids
 from tracegen.config import PROJECT_DIR, state_dir
 
 DEMO_PILOT = 500  # of the bundled 3,000 prompts

@@ -20,7 +20,8 @@ CONFIG_PARAMS = tuple(f.name for f in fields(RunConfig) if f.metadata.get("rule"
 FLEET_PARAM = {
     "type": "string", "minLength": 1, "title": "Fleet description",
     "description": f"Path to a fleet JSON file on the Airflow workers (hosts, GPUs, model, SGLang flags), or "
-    f"'{LOCAL_SIM}' for the bundled simulated fleet.",
+    f"'{LOCAL_SIM}' for the bundled simulated fleet: one the operator listed (TRACEGEN_FLEET, TRACEGEN_FLEETS); "
+    "any other is refused before it is read.",
 }
 TEARDOWN_PARAM = {
     "type": "boolean", "title": "Stop servers at the end",
@@ -92,11 +93,11 @@ def output_roots() -> list[str]:
 
 def raise_cap_params() -> dict[str, Any]:
     """`tracegen_raise_cap`'s form: which running run, and its new cap. The field is the run's own
-    max_tokens field (`config.Cap`, `tracegen.cap_rule`'s bounds); the rest of the one cap rule (above
+    max_tokens field (`config.Cap`, `tracegen.common.cap_rule`'s bounds); the rest of the one cap rule (above
     the run's cap, below the servers' context length) is applied when the raise is made and read."""
     from airflow.sdk import Param
 
-    from tracegen.cap_rule import HIGHEST
+    from tracegen.common.cap_rule import HIGHEST
     from tracegen.config import rule_of
 
     rule = rule_of("max_tokens")

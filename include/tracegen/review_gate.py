@@ -6,7 +6,7 @@ run's question (its options are labelled with the run's own caps, so they are se
 the DAG is parsed), waits in AWAITING_INPUT until someone answers in the UI or through the REST API, or
 until the run's `gate_question_timeout_minutes` pass (then the default, stop, is taken), and returns the
 `CapDecision` as its XCom. An answer the run cannot act on (no cap typed for "another cap", a cap that is
-not above the current one or not within the servers' context length: `tracegen.cap_rule`) is refused:
+not above the current one or not within the servers' context length: `tracegen.common.cap_rule`) is refused:
 the reason goes to the task log and to the XCom `refused_answer`, which the run's "tracegen report" tab
 shows above the report, and the same question is asked again. (Airflow keeps a question's text as it was
 first posed: asking again cannot rewrite it, so the question says where a refusal's reason appears.)
@@ -22,8 +22,8 @@ from typing import Any
 from airflow.providers.standard.operators.hitl import HITLOperator
 
 from tracegen.audit.review import CAP_FIELD, STOP_LABEL
-from tracegen.cap_rule import HIGHEST, LOWEST
-from tracegen.dag_ids import REFUSED_ANSWER_KEY as REFUSED_KEY
+from tracegen.common.cap_rule import HIGHEST, LOWEST
+from tracegen.common.dag_ids import REFUSED_ANSWER_KEY as REFUSED_KEY
 from tracegen.review.notify import assigned_users, question_notifiers
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen import plan
 from tracegen.audit.figures import figures_from_ledger, figures_text
 from tracegen.audit.pivot import pivot_summary, pivot_text
+from tracegen.run import plan
 from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
 from tracegen.store.current import current_mask

@@ -195,7 +195,7 @@ def test_the_export_dag_announces_each_export_through_its_alias(dagbag):
     through (the event itself resolves to the destination's manifest: tests/e2e/test_export_asset.py)."""
     from airflow.sdk import AssetAlias
 
-    from tracegen.dag_ids import EXPORT_ALIAS as ALIAS
+    from tracegen.common.dag_ids import EXPORT_ALIAS as ALIAS
     from tracegen.export.layouts import LAYOUTS
 
     dag = dagbag.dags["tracegen_export"]

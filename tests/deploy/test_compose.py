@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -168,3 +169,60 @@ def test_fleet_examples_in_the_docs_are_valid() -> None:
     for block in blocks:
         spec = FleetSpec.from_json(block)
         assert spec.servers()
+
+
+def _published(compose: dict) -> dict[str, list[str]]:
+    return {name: [str(p) for p in svc.get("ports", [])] for name, svc in compose["services"].items()
+            if svc.get("ports")}
+
+
+def _default(value: str) -> str:
+    """A `${VAR:-default}` reference's default (the value when .env leaves VAR unset), else the value."""
+    return re.sub(r"\$\{[A-Z_0-9]+:-([^}]*)\}", r"\1", value)
+
+
+def test_every_published_port_is_on_loopback_unless_the_operator_publishes_it(compose: dict) -> None:
+    published = _published(compose)
+    assert set(published) == {"airflow-apiserver", "s3"}, published
+    for name, ports in published.items():
+        for port in ports:
+            # host address : host port : container port, the address given (a port alone is every interface)
+            unset = _default(port)  # as published when .env sets nothing
+            assert len(unset.split(":")) == 3, f"{name} publishes {port!r} on every host interface"
+            assert unset.split(":")[0] == "127.0.0.1", f"{name} publishes {port!r} beyond loopback"
+    # The operator's choice for the UI is one setting, documented in .env.example.
+    assert published["airflow-apiserver"] == ["${AIRFLOW_API_BIND:-127.0.0.1}:${AIRFLOW_API_PORT:-8080}:8080"]
+    assert "AIRFLOW_API_BIND=" in (ROOT / ".env.example").read_text()
+
+
+def test_no_service_listens_on_every_interface_of_its_container(compose: dict) -> None:
+    for name, svc in compose["services"].items():
+        argv = " ".join(str(a) for key in ("entrypoint", "command") for a in (
+            svc.get(key) if isinstance(svc.get(key), list) else [svc.get(key) or ""]))
+        assert "0.0.0.0" not in argv, f"{name}: {argv}"
+    moto = compose["services"]["s3"]
+    assert moto["entrypoint"][moto["entrypoint"].index("--host") + 1] == "s3"  # its compose-network name
+    assert "http://s3:5000/" in " ".join(moto["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize("password", ['plain', 'q"uote', "back\\slash", "both\\\"", "new\nline", "dollar$HOME %s {}"])
+def test_airflow_init_writes_the_admin_password_file_as_json_whatever_the_password(compose: dict, tmp_path: Path,
+                                                                                   password: str) -> None:
+    import os
+    import subprocess
+
+    script = compose["services"]["airflow-init"]["command"][1]
+    assert not re.search(r"^\s*printf\b", script, re.M)
+    # The script as the container's bash runs it: compose's `$$` is a `$`; the Airflow commands are stubbed
+    # and the config volume is a temporary directory.
+    script = script.replace("$$", "$").replace("/opt/airflow/config", str(tmp_path))
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "airflow").write_text("#!/bin/sh\nexit 0\n")
+    (stubs / "airflow").chmod(0o755)
+    (stubs / "python").symlink_to(sys.executable)
+    env = {"PATH": f"{stubs}:{os.environ['PATH']}", "_AIRFLOW_WWW_USER_USERNAME": "admin",
+           "_AIRFLOW_WWW_USER_PASSWORD": password}
+    subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True, timeout=60)
+    written = json.loads((tmp_path / "simple_auth_manager_passwords.json").read_text())
+    assert written == {"admin": password}

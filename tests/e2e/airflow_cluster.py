@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -90,6 +91,7 @@ class Services:
     pg_host: str = "127.0.0.1"
     pg_port: int = 5432
     pg_user: str = "postgres"
+    pg_password: str | None = field(default=None, repr=False)
     redis_host: str = "127.0.0.1"
     redis_port: int = 6379
 
@@ -108,13 +110,16 @@ class Services:
             pg_host=os.environ.get("TRACEGEN_PG_HOST", "127.0.0.1"),
             pg_port=int(os.environ.get("TRACEGEN_PG_PORT", "5432")) if pg_named or local is None else local.pg_port,
             pg_user=os.environ.get("TRACEGEN_PG_USER", "postgres") if pg_named else "postgres",
+            pg_password=(os.environ.get("TRACEGEN_PG_PASSWORD") or None if pg_named or local is None
+                         else local.pg_password),
             redis_host=os.environ.get("TRACEGEN_REDIS_HOST", "127.0.0.1"),
             redis_port=(int(os.environ.get("TRACEGEN_REDIS_PORT", "6379")) if redis_named or local is None
                         else local.redis_port),
         )
 
     def pg_url(self, database: str, driver: str = "postgresql+psycopg2") -> str:
-        return f"{driver}://{self.pg_user}@{self.pg_host}:{self.pg_port}/{database}"
+        login = quote(self.pg_user, safe="") + (f":{quote(self.pg_password, safe='')}" if self.pg_password else "")
+        return f"{driver}://{login}@{self.pg_host}:{self.pg_port}/{database}"
 
 
 def env_names_postgres() -> bool:
@@ -144,7 +149,7 @@ def _pg_admin(services: Services, sql: str) -> None:
 
     try:
         with psycopg.connect(host=services.pg_host, port=services.pg_port, user=services.pg_user,
-                             dbname="postgres", autocommit=True, connect_timeout=5) as conn:
+                             password=services.pg_password, dbname="postgres", autocommit=True, connect_timeout=5) as conn:
             conn.execute(sql)
     except psycopg.OperationalError as exc:
         raise ClusterError(
@@ -343,7 +348,7 @@ class AirflowCluster:
             "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.services.pg_url(self.database, "postgresql"),
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
             # Workers import pandas & co. once, before forking task processes (as docker-compose.yaml).
-            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "tracegen.celery_config.CELERY_CONFIG",
+            "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "tracegen.common.celery_config.CELERY_CONFIG",
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
             "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
             "AIRFLOW__API__BASE_URL": self.api_url,
@@ -358,7 +363,7 @@ class AirflowCluster:
             "TRACEGEN_STATE_DIR": str(state),
             "TRACEGEN_SPOOL_DIR": str(state / "spool"),
             "TRACEGEN_OUTPUT_URI": str(self.root / "output"),
-            # Where runs may write (tracegen.locations): the tests' setting (tests/conftest.py), else this root.
+            # Where runs may write (tracegen.common.locations): the tests' setting (tests/conftest.py), else this root.
             "TRACEGEN_WRITE_PREFIXES": os.environ.get("TRACEGEN_WRITE_PREFIXES") or str(self.root),
             "TRACEGEN_SIM_PORT": str(free_port(2)),
             "TRACEGEN_RETRY_DELAY_S": "2",

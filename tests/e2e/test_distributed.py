@@ -104,7 +104,7 @@ def test_generate_runs_on_celery_workers(cluster: AirflowCluster, api: AirflowAp
 
 
 def test_workers_import_the_heavy_libraries_before_forking_tasks(cluster: AirflowCluster) -> None:
-    """tracegen.celery_config: a task process inherits pandas and pyarrow from its worker instead of
+    """tracegen.common.celery_config: a task process inherits pandas and pyarrow from its worker instead of
     importing them again (0.4-1.4 s of CPU per task, paid where the fleet idles)."""
     for name in cluster.worker_names:
         maps = Path(f"/proc/{cluster.components[name].proc.pid}/maps").read_text()

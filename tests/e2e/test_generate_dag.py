@@ -22,7 +22,7 @@ import pytest
 from tracegen.config import SAMPLE_DATASET, RunConfig
 from tracegen.export import export_dataset
 from tracegen.fleet import FleetSpec, status, teardown
-from tracegen.plan import pilot_indices
+from tracegen.run.plan import pilot_indices
 from tracegen.status import dataset_status
 from tracegen.store.records import FAILED, GeneratedRow
 from tracegen.store.root import OutputRoot
@@ -45,6 +45,8 @@ def airflow_env(tmp_path_factory, sshd, s3):
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "TRACEGEN_SPOOL_DIR": str(home / "spool"),
         "TRACEGEN_STATE_DIR": str(home / "state"),
+        # The fleet files the tests' triggers name are written under pytest's temporary directory.
+        "TRACEGEN_FLEETS": str(tmp_path_factory.getbasetemp()),
     }
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
                    capture_output=True)

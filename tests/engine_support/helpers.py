@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen import plan
 from tracegen.config import RunConfig
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetSpec
 from tracegen.fleet.spec import HostSpec
 from tracegen.generate.engine import ChunkEngine, ChunkSummary
+from tracegen.run import plan
 from tracegen.run.prepare import prepare_run
 from tracegen.run.spec import FleetRef, RunSpec
 from tracegen.sglang.client import ClientConfig

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from airflow.sdk import DAG
 
-from tracegen.plan import ChunkWork
+from tracegen.run.plan import ChunkWork
 from tracegen.steps import CHUNK_LABEL_TEMPLATE
 
 

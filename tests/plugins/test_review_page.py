@@ -72,7 +72,7 @@ def make_run(root: Path, raw: str, cap: int, indices: range, every: int, names: 
              gate_mode: str = "ask", n_rows: int = 400):
     """One run through the real ledger and report code: its rows committed, its record, its reports."""
     from tracegen.config import RunConfig, safe_run_id
-    from tracegen.plan import ChunkLayout
+    from tracegen.run.plan import ChunkLayout
     from tracegen.run.records import write_run_record
     from tracegen.run.report import audit_and_report
     from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
@@ -853,7 +853,7 @@ def test_each_truncation_figure_reads_the_same_in_the_report_progress_list_quest
     output_root, stored = make_run(root, FIGURES_RUN, 4096, range(200), 4, (), 6)
     output_root.commits.commit(_rows(stored, 2048, range(200, 260), 3), stored, 99999, "lower")
     from tracegen.config import RunConfig
-    from tracegen.plan import ChunkLayout
+    from tracegen.run.plan import ChunkLayout
     from tracegen.run.report import audit_and_report
     from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
 

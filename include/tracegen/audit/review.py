@@ -15,11 +15,14 @@ run only ever spends GPU time on a cap somebody chose.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from tracegen.audit.formats import duration_fine, gpu_hours, num, pct
-from tracegen.cap_rule import CapRefused, check_cap, lowest_cap, shown, whole_number
+from tracegen.common.cap_rule import CapRefused, check_cap, lowest_cap, shown, whole_number
+from tracegen.common.locations import shown_location
 
 RECOMMENDED, OTHER, CURRENT, STOP = "recommended", "other", "current", "stop"
 OPTION_KINDS = (RECOMMENDED, OTHER, CURRENT, STOP)
@@ -199,12 +202,32 @@ def _options(q: CapQuestion) -> tuple[CapOption, ...]:
     return tuple(options)
 
 
-def _md(text: Any) -> str:
-    """Text shown inside Markdown: characters Markdown would read as markup are escaped."""
-    out = str(text)
-    for ch in "\\`*_[]<>|#":
-        out = out.replace(ch, "\\" + ch)
-    return out
+# Read as markup anywhere in a line (code spans, emphasis, links, HTML, table cells, headings, GFM's
+# strikethrough, entities); backslash-escaping an ASCII punctuation character is always literal in CommonMark.
+_MARKUP = re.compile(r"([\\`*_\[\]<>|#~&])")
+# Read as markup only where a line starts (lists, thematic breaks, setext headings, and an ordered list's
+# `1.` or `1)` followed by a space: "36.7%" is no list).
+_LINE_START = re.compile(r"^([-+=]|\d{1,9}(?=[.)](?:\s|$)))")
+
+
+def markdown_text(value: Any) -> str:
+    """`value` as literal text in the question's Markdown: every character Markdown would read as markup is
+    backslash-escaped, and line breaks become spaces, so no value can close a code span, open a link, start
+    a list or end the table row it is shown in. The one escaping the question's values go through."""
+    text = " ".join(str(value).split()) if value is not None else ""
+    text = _MARKUP.sub(r"\\\1", text)
+    match = _LINE_START.match(text)
+    if match:
+        end = match.end()
+        # A leading '-', '+' or '=' is escaped; an ordered list's '1.' by its '.' or ')'.
+        text = "\\" + text if match.group(1) in "-+=" else text[:end] + "\\" + text[end:]
+    return text
+
+
+def _markdown_link(label: str, url: str) -> str:
+    """A link whose target cannot end early or carry markup: what a URL may not hold raw is percent-encoded."""
+    target = quote(shown_location(url), safe=":/?#@!$&'*+,;=%-._~")
+    return f"[{markdown_text(label)}]({target})"
 
 
 def question_body(q: CapQuestion) -> str:
@@ -213,8 +236,9 @@ def question_body(q: CapQuestion) -> str:
     where = "the pilot" if q.trigger == PILOT else "the rows generated so far (the continuous gate's sample)"
     head = (f"**Truncation is over the threshold in {where}.**" if v.get("verdict") == "stop" else
             # A chunk's own rows closed its gate, yet the wider sample does not stop: the reviewer decides.
-            f"**Chunks were held back at this cap; the audit of {where} now says {v.get('verdict')}.**")
-    lines = [f"{head} {_md(v.get('reason') or '')}", ""]
+            f"**Chunks were held back at this cap; the audit of {where} now says "
+            f"{markdown_text(v.get('verdict'))}.**")
+    lines = [f"{head} {markdown_text(v.get('reason') or '')}", ""]
     rows = q.cap_rows
     if rows:
         has_time = q.throughput is not None
@@ -234,21 +258,23 @@ def question_body(q: CapQuestion) -> str:
                 # Three significant digits: at small scale the options' costs still read differently.
                 cells += [duration_fine(r.get("eta_hours")), gpu_hours(r.get("gpu_hours"))]
             cells.append("observed" if r.get("basis") == "observed" else "modelled")
+            cells = [markdown_text(c) for c in cells]
             if cap == q.recommended_cap:
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
         if has_time:
             t = q.throughput or {}
-            lines += ["", f"ETA and GPU time: the {num(t.get('rows_remaining'))} rows left, at "
-                          f"{num(t.get('tokens_per_s_per_gpu'))} tokens/s per GPU (measured in the pilot) on "
-                          f"{num(t.get('n_gpus'))} GPUs."]
+            lines += ["", f"ETA and GPU time: the {markdown_text(num(t.get('rows_remaining')))} rows left, at "
+                          f"{markdown_text(num(t.get('tokens_per_s_per_gpu')))} tokens/s per GPU (measured in the "
+                          f"pilot) on {markdown_text(num(t.get('n_gpus')))} GPUs."]
     else:
         lines.append("No cap table: too few rows finished to fit their lengths; see the report.")
     context = (f"the servers' context length is {q.context_length:,} tokens" if q.context_length
                else "the servers did not report their context length")
     redo = {"extend": "continued from their tokens to the new cap (only the new tokens are paid for)",
             "regenerate": "generated again at the new cap",
-            "keep": "kept as they are (truncated_policy=keep)"}.get(q.truncated_policy, q.truncated_policy)
+            "keep": "kept as they are (truncated_policy=keep)"}.get(q.truncated_policy,
+                                                                        markdown_text(q.truncated_policy))
     lines += ["", "**Options**", ""]
     for o in q.options:
         explain = {
@@ -258,17 +284,19 @@ def question_body(q: CapQuestion) -> str:
             STOP: f"the run ends here; also what happens when nobody answers within "
                   f"{_minutes(q.timeout_minutes)}.",
         }[o.kind]
-        lines.append(f"- **{_md(o.label)}**: {explain}")
+        lines.append(f"- **{markdown_text(o.label)}**: {explain}")
     lines += ["", f"An answer the run cannot act on (no cap typed, a cap outside {q.min_cap:,} to {q.max_cap:,}, "
                   "or a cap typed with another option) is refused: the question opens again, and the task's log and "
                   "its XCom `refused_answer` say why."]
     lines += ["", f"Continuing, the same run goes on: finished rows are kept, rows truncated at "
                   f"{q.current_cap:,} are {redo}, and the chunks not generated yet run at the chosen cap.",]
     if q.while_asking:
-        lines += ["", _md(q.while_asking["statement"])]
+        lines += ["", markdown_text(q.while_asking["statement"])]
     lines.append("")
-    report = f"[Open the report]({q.report_url})" if q.report_url else "The report"
-    lines.append(f"{report} (stored at `{q.report_uri}`).")
+    report = _markdown_link("Open the report", q.report_url) if q.report_url else "The report"
+    # Plain escaped text, not a code span: nothing inside a code span can be escaped, so a backtick in an
+    # S3 key would close it.
+    lines.append(f"{report} (stored at {markdown_text(shown_location(q.report_uri))}).")
     return "\n".join(lines)
 
 

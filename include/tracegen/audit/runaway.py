@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 
 # Ids examined at the end of the row. A loop shows in the window only if it repeats there at least twice, so
 # the window bounds the longest loop period detected: about TAIL_WINDOW * (1 - RUNAWAY_THRESHOLD) = 1,024
@@ -66,6 +67,13 @@ def runaway_score(token_ids: Sequence[int] | np.ndarray, *, window: int = TAIL_W
         h ^= h >> np.uint64(29)
     distinct = np.unique(h).size
     return float((m - distinct) / m)
+
+
+def scored_runaway(scores: np.ndarray | pd.Series) -> np.ndarray:
+    """Per ledger row: its stored `runaway_score` says its tail loops (NaN, a row not judged, says no). The
+    rule planning, the tail measurement and the pivot read, so that a runaway, which no cap finishes, is
+    never continued."""
+    return np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0) >= RUNAWAY_THRESHOLD
 
 
 def is_runaway(token_ids: Sequence[int] | np.ndarray) -> bool:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from tracegen.common.locations import shown_location
 from tracegen.dataset.index import (
     DatasetIndex,
     block_digest,
@@ -96,7 +97,7 @@ def check_unchanged(index: DatasetIndex, aws_conn_id: str = "aws_default", sourc
     if fingerprint == index.fingerprint:
         if version != index.source_version:
             log.info("dataset %s: version %s differs from the indexed %s but its bytes are the same (%s)",
-                     index.source_uri, version, index.source_version, fingerprint[:19])
+                     shown_location(index.source_uri), version, index.source_version, fingerprint[:19])
         return
     raise DatasetChangedError(
         f"dataset {index.source_uri} changed since it was indexed for this output root: it is now "
@@ -114,7 +115,7 @@ def with_block_hashes(index: DatasetIndex, aws_conn_id: str = "aws_default") -> 
     if index.block_hashes is not None:
         return index
     log.warning("dataset index of %s holds no block hashes (stored by an earlier version): hashing its blocks "
-                "from the file once; the next run's first task stores the index with them", index.source_uri)
+                "from the file once; the next run's first task stores the index with them", shown_location(index.source_uri))
     src = open_source(index.data_uri, aws_conn_id)
     if index.block_offsets is None:  # Parquet indexed before its row groups' offsets were recorded
         import pyarrow.parquet as pq

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from tracegen.common.locations import shown_location
 from tracegen.dataset.row_ids import RowIds
 from tracegen.dataset.scan import SCAN_BLOCK, fingerprint_source, gunzip_stream, is_row, scan, split_rows
 from tracegen.dataset.source import (
@@ -426,8 +427,8 @@ def build_index(
     index.source_version = before[1]
     log.info(
         "indexed %s: %d rows, %d blocks, format %s, %s%s",
-        uri, index.n_rows, index.n_blocks, index.format, index.fingerprint[:19],
-        f", reading copy {index.data_uri}" if index.data_uri != uri else "",
+        shown_location(uri), index.n_rows, index.n_blocks, index.format, index.fingerprint[:19],
+        f", reading copy {shown_location(index.data_uri)}" if index.data_uri != uri else "",
     )
     return index
 
@@ -470,7 +471,7 @@ def _index_gzip(
     cache = cache_uri or default_cache_dir()
     log.warning(
         "dataset %s is not seekable as it is (%s): writing a seekable multi-member copy (%d rows per member) "
-        "into %s, once%s", uri, reason, stride, cache,
+        "into %s, once%s", shown_location(uri), reason, stride, shown_location(cache),
         "" if cache_uri else " (worker-local cache: pass cache_uri under the output root for remote workers)",
     )
     hasher = hashlib.sha256()
@@ -572,7 +573,7 @@ def _index_parquet(
         raise DatasetError(f"dataset {uri}: not a readable Parquet file ({exc})") from None
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     if "messages" not in pf.schema_arrow.names:
-        log.warning("dataset %s has no 'messages' column: every row will be reported invalid", uri)
+        log.warning("dataset %s has no 'messages' column: every row will be reported invalid", shown_location(uri))
     # The id column alone, a row group at a time: every row's id, without its prompt.
     has_ids = "id" in pf.schema_arrow.names
     for g in range(meta.num_row_groups):
@@ -593,7 +594,7 @@ def _index_parquet(
     cache = cache_uri or default_cache_dir()
     log.warning(
         "dataset %s has row groups of up to %d rows (> %d): writing a copy with %d-row groups into %s, once",
-        uri, max(sizes), max_block_rows, group_rows, cache,
+        shown_location(uri), max(sizes), max_block_rows, group_rows, shown_location(cache),
     )
     local_dir = split_uri(cache)[0] if split_uri(cache)[1] is None else None
     if local_dir:

@@ -3,6 +3,7 @@ the dataset, and the binding that keeps two datasets from mixing in one output r
 
 from __future__ import annotations
 
+from tracegen.common.locations import shown_location
 from tracegen.dataset.blocks import check_unchanged, with_block_hashes
 from tracegen.dataset.index import DatasetIndex, build_index
 from tracegen.dataset.source import DatasetError
@@ -42,13 +43,13 @@ def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str) -> DatasetI
             # An index stored before versions or block hashes were recorded: indexed again (which also checks
             # the rows' ids) and stored with them, so later reads need no whole-file hash.
             index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id)
-            root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+            root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
             storage.put(DATASET_INDEX_KEY, index.to_bytes())
         else:
-            root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+            root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
         return index
     index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id)
-    root.run_files.bind_dataset(index.fingerprint, {"uri": dataset_uri, "rows": index.n_rows})
+    root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
     storage.put(DATASET_INDEX_KEY, index.to_bytes())
     return index
 

@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from tracegen.export.layouts import CONVERSATIONS, TOKENS
+from tracegen.common.locations import shown_location
+from tracegen.export.layouts import CONVERSATIONS, MESSAGES, TOKENS, data_dir
 from tracegen.export.servers import SERVERS_FILE
+from tracegen.store.records import COMPLETE
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
@@ -149,3 +151,83 @@ def trainer_settings(layout: str, file_uri: str, dir_uri: str, figures: dict[str
             },
         }
     return {}
+
+
+def build(job: Any, choice: Any, export_id: str, figures: Any, shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest of export `export_id` (`job`: the `job.ExportJob`): what was written and left out and why
+    (`choice`: the `selection.Choice`; `figures`: the `writer.Figures`), each file with its sha256, and whose
+    tokens these are."""
+    root, record, index, dest, layout = job.root, job.record, job.index, job.dest, job.layout
+    with_token_ids, include_truncated = job.with_token_ids, job.include_truncated
+    fig = figures.to_json()
+    doc: dict[str, Any] = {
+        "schema": 2,
+        "export_id": export_id,
+        "source": shown_location(root.storage.uri),
+        "dataset": _shown_dataset(root.run_files.dataset()),
+        "newest_run": record.run_id,
+        "max_tokens": record.config.max_tokens,
+        "layout": layout,
+        "format": job.fmt,
+        "rows": figures.rows,
+        "dataset_rows": index.n_rows,
+        "finish_reasons": figures.finish_reasons,
+        "extended_rows": figures.extended,
+        # How the rows written came to be: a first generation, or which kind of replacement.
+        "provenance_counts": figures.provenance,
+        "with_token_ids": with_token_ids or layout == TOKENS,
+        "left_out": {
+            "truncated": choice.left_out_truncated,
+            "runaway": choice.left_out_runaway,
+            "not_ok_or_missing": int(index.n_rows - len(choice.best) - choice.left_out_truncated
+                                     - choice.left_out_runaway),
+            # The tokens layout cannot write a row whose server returned no ids.
+            **({"no_token_ids": figures.no_token_ids} if layout == TOKENS else {}),
+        },
+        # Judged when truncated rows are exported (include_truncated): the runaways among them, and the policy.
+        "runaway_policy": choice.policy,
+        "runaway_rows": len(choice.runaways) if include_truncated else None,
+        "runaway_indices": choice.runaways[:1000],
+        **choice.ledger_figures,
+        **fig,
+        "provenance": provenance(root, record, record.config.aws_conn_id),
+        "shards": shards,
+    }
+    if layout == TOKENS:
+        doc["end_of_turn"] = end_of_turn(figures.last_ids)
+    if layout != MESSAGES and shards:
+        doc["data_file"] = shards[0]["name"]
+        doc["data_dir"] = data_dir(export_id)
+        file_uri = dest.uri_for(shards[0]["name"])
+        doc["trainers"] = trainer_settings(layout, file_uri, file_uri.rsplit("/", 1)[0] + "/", fig)
+    return doc
+
+
+def end_of_turn(last_ids: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Whether the response ids of finished rows end with one stop token, as SGLang returns them."""
+    finished = {fr: ids for fr, ids in last_ids.items() if fr in COMPLETE}
+    counts: dict[str, int] = {}
+    for ids in finished.values():
+        for tok, n in ids.items():
+            counts[tok] = counts.get(tok, 0) + n
+    total = sum(counts.values())
+    top = max(counts.items(), key=lambda kv: kv[1]) if counts else None
+    return {
+        "finished_rows_with_ids": total,
+        "last_token_ids": dict(sorted(counts.items(), key=lambda kv: -kv[1])[:5]),
+        "token_id": int(top[0]) if top else None,
+        "all_finished_rows_end_with_it": bool(top and top[1] == total),
+        "loss_mask_covers_it": True,
+        "note": "SGLang keeps the matched stop token (the model's end of turn, e.g. <|im_end|>) in a finished "
+                "row's output ids; the tokens layout keeps it, under loss_mask 1, so the drafter learns where "
+                "the target stops. A row cut at the cap (finish_reason length) has no stop token.",
+    }
+
+
+def _shown_dataset(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The root's dataset record as the manifest shows it: its URI without credentials or a query (a record
+    written before dataset URIs were stored that way may hold them)."""
+    info = (doc or {}).get("info")
+    if not isinstance(info, dict) or "uri" not in info:
+        return doc
+    return {**doc, "info": {**info, "uri": shown_location(info["uri"])}}

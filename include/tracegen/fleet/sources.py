@@ -4,6 +4,11 @@ A fleet is named by a source: 'local-sim' (the bundled simulated fleet, SGLang s
 machine) or the path of a fleet JSON file on the Airflow workers. Runs record the source and the
 fleet's digest (`tracegen.run.spec.FleetRef`); a task that needs the fleet loads it from the source
 and refuses a fleet that changed since the run began.
+
+A DAG's `fleet` param names only a fleet the operator listed (`listed_fleet`): TRACEGEN_FLEET (the
+default) and the entries of TRACEGEN_FLEETS (comma-separated fleet files, or directories whose files may
+all be named). Anything else is refused before it is opened, with the same words whether or not such a
+file exists, so the param cannot probe the workers' file system or read a file's contents into a log.
 """
 
 from __future__ import annotations
@@ -14,14 +19,53 @@ from pathlib import Path
 from typing import Any
 
 from tracegen.config import LOCAL_SIM, state_dir
+from tracegen.fleet.ref import FleetRef, fleet_digest
 from tracegen.fleet.spec import FleetSpec, FleetSpecError
-from tracegen.fleet_ref import FleetRef, fleet_digest
+from tracegen.params import default_fleet_source
 
-__all__ = ["LOCAL_SIM", "FleetChangedError", "load_fleet", "local_sim_fleet", "reference", "resolve"]
+__all__ = ["LOCAL_SIM", "FleetChangedError", "FleetNotListed", "listed_fleet", "load_fleet", "local_sim_fleet",
+           "reference", "resolve"]
+
+DEFAULT_FLEET_ENV = "TRACEGEN_FLEET"  # read by `params.default_fleet_source`
+LISTED_FLEETS_ENV = "TRACEGEN_FLEETS"
 
 
 class FleetChangedError(FleetSpecError):
     """The fleet a run recorded is not the fleet its source describes now."""
+
+
+class FleetNotListed(FleetSpecError):
+    """A `fleet` param naming a fleet the operator did not list."""
+
+
+def _listed() -> list[str]:
+    entries = [e.strip() for e in os.environ.get(LISTED_FLEETS_ENV, "").split(",")]
+    return [default_fleet_source(), *(e for e in entries if e)]
+
+
+def listed_fleet(source: Any) -> str:
+    """`source` when the operator listed it (TRACEGEN_FLEET, or a file or directory in TRACEGEN_FLEETS);
+    `FleetNotListed` otherwise. Only the operator's entries are looked at on disk: for any other path the
+    refusal is the same whether a file is there or not, and quotes nothing of it."""
+    if not isinstance(source, str) or not source.strip():
+        raise FleetNotListed(f"fleet: expected '{LOCAL_SIM}' or the path of a fleet file the operator listed")
+    source = source.strip()
+    listed = _listed()
+    if source == LOCAL_SIM:
+        if LOCAL_SIM in listed:
+            return source
+    elif os.path.isabs(source):
+        # Compared by real path (links and '..' resolved), the operator's entries' too.
+        wanted = os.path.realpath(source)
+        for entry in listed:
+            if entry == LOCAL_SIM or not os.path.isabs(entry):
+                continue
+            real = os.path.realpath(entry)
+            if wanted == real or (os.path.isdir(real) and wanted.startswith(real.rstrip("/") + "/")):
+                return source
+    raise FleetNotListed(
+        f"fleet: not one the operator listed ({DEFAULT_FLEET_ENV}, {LISTED_FLEETS_ENV}): the trigger may name "
+        f"{', '.join(repr(e) for e in listed)} (or a file in a listed directory); nothing was read")
 
 
 def local_sim_fleet() -> dict[str, Any]:

@@ -12,13 +12,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from tracegen import plan
 from tracegen.config import ConfigError, RunConfig
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetConnection, FleetSpec, provision
 from tracegen.fleet.server import ServerHandle, served_context_lengths
 from tracegen.generate.engine import PILOT_CHUNK, ChunkEngine, ChunkInterrupted, ChunkSummary
 from tracegen.generate.gate_watch import PilotGateWatch, continuous_gate
+from tracegen.run import plan
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.claims import Attempt

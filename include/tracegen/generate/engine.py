@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from tracegen import plan
 from tracegen.audit.runaway_rows import score_of
 from tracegen.config import RunConfig
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
@@ -43,6 +42,7 @@ from tracegen.generate.extend import (
     superseded_map,
 )
 from tracegen.generate.rows import complete_row
+from tracegen.run import plan
 from tracegen.sglang.autotune import InFlightLimit
 from tracegen.sglang.client import (
     ChatRequest,

@@ -76,7 +76,7 @@ class Superseded:
 
 
 def superseded_map(frame: pd.DataFrame) -> dict[int, Superseded]:
-    """`tracegen.plan.superseded_rows` keyed by index."""
+    """`tracegen.run.plan.superseded_rows` keyed by index."""
     return {
         int(i): Superseded(int(i), int(c), str(p))
         for i, c, p in zip(frame["index"], frame["max_tokens"], frame["part"], strict=True)

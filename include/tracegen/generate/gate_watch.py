@@ -4,9 +4,9 @@ pilot. Both count with `audit.stats.gate_counts` and decide with `audit.gate.dec
 
 from __future__ import annotations
 
-from tracegen import plan
 from tracegen.audit import gate
 from tracegen.audit.stats import gate_counts
+from tracegen.run import plan
 from tracegen.run.records import gate_verdict, pilot_report
 from tracegen.run.spec import RunSpec
 from tracegen.store.root import OutputRoot

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen import plan
 from tracegen.audit import gate
 from tracegen.audit.capfit import candidate_caps
 from tracegen.audit.stats import gate_counts
@@ -45,7 +44,7 @@ from tracegen.fleet import FleetSpec
 from tracegen.generate.chunk import fleet_endpoints
 from tracegen.generate.engine import ChunkEngine
 from tracegen.generate.extend import not_extendable
-from tracegen.run import MEASURE_CHUNK, MEASURE_FILE
+from tracegen.run import MEASURE_CHUNK, MEASURE_FILE, plan
 from tracegen.run.spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.current import current_mask
@@ -123,12 +122,13 @@ def trigger(spec: RunSpec, frame: pd.DataFrame) -> str | None:
 
 
 def truncated_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """The current rows of `frame` that are truncated (ok, finish `length`): index, completion_tokens,
+    """The current rows of `frame` that are truncated (ok, finish `length`) and not runaways (their loop would
+    run to any cap: measuring it measures nothing and costs the most): index, completion_tokens,
     prompt_tokens, max_tokens, part."""
     if frame.empty:
         return frame.iloc[0:0][["index", "completion_tokens", "prompt_tokens", "max_tokens", "part"]]
     cur = current_mask(frame) & (frame["status"] == OK).to_numpy(bool) & \
-        (frame["finish_reason"] == "length").to_numpy(bool)
+        (frame["finish_reason"] == "length").to_numpy(bool) & ~plan.scored_runaways(frame)
     rows = frame.loc[cur, ["index", "completion_tokens", "prompt_tokens", "max_tokens", "part"]]
     return rows.sort_values("index").reset_index(drop=True)
 

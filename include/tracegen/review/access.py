@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from tracegen import dag_ids
+from tracegen.common import dag_ids
 from tracegen.config import ConfigError
 
 # The DAG whose runs write runs/<run_id>/: access to a report is read access to it.

@@ -6,7 +6,9 @@ One `QuestionNotifier` per Airflow connection the operator names in TRACEGEN_QUE
 separated connection ids, read when the DAG is parsed). Each connection's conn_type picks the channel:
 
 - `smtp` / `email`: an e-mail through that SMTP server (host, port, login, password; extra `from`, `to`,
-  `starttls`, `ssl`);
+  `starttls`, `ssl`, `allow_login_without_tls`). A login is refused without TLS (`starttls` or `ssl`), so a
+  password never crosses the network in the clear, unless the connection's extra `allow_login_without_tls`
+  is true (a relay on the same host, say);
 - `http` / `https`: a JSON POST to a webhook (the URL in host, or host, port and extra `path`; extra
   `headers`). The body's `text` is what Slack's and Teams' incoming webhooks show; `tracegen` holds the
   same facts as fields, for anything else that reads it.
@@ -14,7 +16,11 @@ separated connection ids, read when the DAG is parsed). Each connection's conn_t
 Connections only: nothing in an output root (which a run's conf can name) can send mail or reach a URL.
 
 A notification is a courtesy, the question is the point: a connection that is missing, malformed or whose
-server does not answer is logged as a warning naming what is wrong, and the question is asked anyway.
+server does not answer is logged as a warning naming what is wrong, and the question is asked anyway. Each
+notification has a total deadline, TRACEGEN_QUESTION_NOTIFY_DEADLINE_S seconds (default 30) from connecting
+to the server's last byte: a server that answers one byte at a time never trips a per-read timeout, and
+would otherwise keep the question from being posed. The task log names a server by `shown_location` (no
+login, password, path or token of a webhook URL).
 
 TRACEGEN_QUESTION_ASSIGNED_USERS (comma-separated user ids, each optionally `id:display name`) limits who
 may answer (HITL's `assigned_users`); unset, anyone who may act on the DAG's runs may answer.
@@ -22,18 +28,21 @@ may answer (HITL's `assigned_users`); unset, anyone who may act on the DAG's run
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import socket
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from airflow.sdk.bases.notifier import BaseNotifier
 
 from tracegen.audit.figures import AT_CAP, figure
 from tracegen.audit.review import CapQuestion
-from tracegen.http_connection import (
+from tracegen.common.http_connection import (
     HTTP_TYPES,
     ConnectionMisconfigured,
     connection_extra,
@@ -41,16 +50,21 @@ from tracegen.http_connection import (
     connection_port,
     http_url,
 )
+from tracegen.common.locations import shown_location
 from tracegen.run.api_answer import ASSIGNED_USERS_ENV
 
 NOTIFY_ENV = "TRACEGEN_QUESTION_NOTIFY"
+DEADLINE_ENV = "TRACEGEN_QUESTION_NOTIFY_DEADLINE_S"
 log = logging.getLogger(__name__)
 
 EMAIL_TYPES = ("smtp", "email")
 WEBHOOK_TYPES = HTTP_TYPES
 # Long enough for a slow relay, short enough that a dead one does not keep the question waiting to be posed
-# (the notifiers run before the task parks in AWAITING_INPUT).
+# (the notifiers run before the task parks in AWAITING_INPUT): the bound on one connect or one read.
 SEND_TIMEOUT_S = 15.0
+# The bound on a whole notification, however its server paces its bytes.
+DEFAULT_DEADLINE_S = 30.0
+ALLOW_CLEARTEXT_LOGIN = "allow_login_without_tls"
 
 
 # A notification connection that cannot be used (the name callers and tests know it by).
@@ -59,6 +73,26 @@ ChannelMisconfigured = ConnectionMisconfigured
 
 class ChannelFailed(RuntimeError):
     """The channel's server was reached and refused the notification."""
+
+
+class DeadlinePassed(TimeoutError):
+    """The notification did not finish within its total deadline; it was given up."""
+
+
+def notify_deadline_s() -> float:
+    """TRACEGEN_QUESTION_NOTIFY_DEADLINE_S, or the default when unset; a value that is not a positive number
+    is the default too (and said so), since a notification must never keep the question from being posed."""
+    raw = os.environ.get(DEADLINE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_DEADLINE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        log.warning("%s=%r is not a positive number of seconds; using %g", DEADLINE_ENV, raw, DEFAULT_DEADLINE_S)
+        return DEFAULT_DEADLINE_S
+    return value
 
 
 def question_notifiers() -> list[QuestionNotifier]:
@@ -130,7 +164,8 @@ def message_for(context: Any) -> QuestionMessage:
         recommended_cap=question.recommended_cap, current_cap=question.current_cap,
         question_url=question_url(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
         # The review page when the deployment serves one; else where the report is stored, as text.
-        report_link=question.report_url or question.report_uri, timeout_minutes=question.timeout_minutes,
+        report_link=shown_location(question.report_url or question.report_uri),
+        timeout_minutes=question.timeout_minutes,
     )
 
 
@@ -201,15 +236,19 @@ class EmailChannel:
         starttls, ssl = connection_flag(extra, "starttls"), connection_flag(extra, "ssl")
         if starttls and ssl:
             raise ChannelMisconfigured("extra 'starttls' and 'ssl' are both true: choose one")
+        if conn.login and not (starttls or ssl) and not connection_flag(extra, ALLOW_CLEARTEXT_LOGIN):
+            raise ChannelMisconfigured(
+                f"a login without TLS would send the password in the clear: set extra 'starttls' or 'ssl' to "
+                f"true, or '{ALLOW_CLEARTEXT_LOGIN}' to true where the server is trusted (the same host)")
         return cls(host=conn.host, port=connection_port(conn, 465 if ssl else 587 if starttls else 25), sender=sender,
                    recipients=tuple(recipients), login=conn.login or None, password=conn.password or None,
                    starttls=starttls, ssl=ssl)
 
     @property
     def where(self) -> str:
-        return f"SMTP {self.host}:{self.port}"
+        return f"SMTP {shown_location(self.host, with_path=False)}:{self.port}"
 
-    def send(self, message: QuestionMessage) -> None:
+    def send(self, message: QuestionMessage, deadline_s: float) -> None:
         import smtplib
         from email.message import EmailMessage
 
@@ -219,12 +258,37 @@ class EmailChannel:
         mail["To"] = ", ".join(self.recipients)
         mail.set_content(message.text)
         smtp_class = smtplib.SMTP_SSL if self.ssl else smtplib.SMTP
-        with smtp_class(self.host, self.port, timeout=SEND_TIMEOUT_S) as smtp:
+        smtp = smtp_class(timeout=min(SEND_TIMEOUT_S, deadline_s))  # not connected yet: the timer can reach it
+        passed = threading.Event()
+
+        def give_up() -> None:
+            # smtplib has no total timeout; shutting the socket down wakes the read it is blocked in.
+            passed.set()
+            sock = getattr(smtp, "sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(deadline_s, give_up)
+        timer.daemon = True
+        timer.start()
+        try:
+            smtp.connect(self.host, self.port)
             if self.starttls:
                 smtp.starttls()
             if self.login:
                 smtp.login(self.login, self.password or "")
             smtp.send_message(mail)
+            smtp.quit()
+        except (OSError, smtplib.SMTPException):
+            if passed.is_set():
+                raise DeadlinePassed(_deadline_text(deadline_s)) from None
+            raise
+        finally:
+            timer.cancel()
+            smtp.close()
 
 
 @dataclass(frozen=True)
@@ -247,17 +311,40 @@ class WebhookChannel:
     @property
     def where(self) -> str:
         # Never the whole URL: an incoming webhook's path is its secret (Slack's, Teams').
-        parts = urlsplit(self.url)
-        return f"webhook {parts.scheme}://{parts.netloc}"
+        return f"webhook {shown_location(self.url, with_path=False)}"
 
-    def send(self, message: QuestionMessage) -> None:
-        import httpx
-
-        response = httpx.post(self.url, content=json.dumps(message.webhook_body()),
-                              headers={"Content-Type": "application/json", **self.headers},
-                              timeout=SEND_TIMEOUT_S, follow_redirects=False)
+    def send(self, message: QuestionMessage, deadline_s: float) -> None:
+        # httpx's timeouts bound each read, not the request: cancelling the request at the deadline does.
+        response = _run(self._post(message, deadline_s))
         if response.status_code >= 300:
             raise ChannelFailed(f"answered HTTP {response.status_code}: {response.text[:200]!r}")
+
+    async def _post(self, message: QuestionMessage, deadline_s: float) -> Any:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=min(SEND_TIMEOUT_S, deadline_s), follow_redirects=False) as client:
+            try:
+                return await asyncio.wait_for(
+                    client.post(self.url, content=json.dumps(message.webhook_body()),
+                                headers={"Content-Type": "application/json", **self.headers}), deadline_s)
+            except TimeoutError:
+                raise DeadlinePassed(_deadline_text(deadline_s)) from None
+
+
+def _deadline_text(deadline_s: float) -> str:
+    return f"not done within the notification's deadline of {deadline_s:g} s ({DEADLINE_ENV}); given up"
+
+
+def _run(coroutine: Any) -> Any:
+    """`coroutine`'s result, from synchronous code whether or not this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def channel_for(conn: Any) -> EmailChannel | WebhookChannel:
@@ -302,11 +389,27 @@ class QuestionNotifier(BaseNotifier):
             log.warning("%s not sent: the connection is malformed: %s", label, exc)
             return
         try:
-            channel.send(message)
+            channel.send(message, notify_deadline_s())
         except Exception as exc:  # noqa: BLE001 - unreachable, refused, timed out: the question still waits
-            log.warning("%s not sent: %s failed (%s: %s)", label, channel.where, type(exc).__name__, exc)
+            log.warning("%s not sent: %s failed (%s: %s)", label, channel.where, type(exc).__name__,
+                        _without_secrets(str(exc), channel))
             return
         log.info("%s sent through %s", label, channel.where)
+
+
+def _without_secrets(text: str, channel: EmailChannel | WebhookChannel) -> str:
+    """An error's text as the log may show it: an error that quotes the channel's URL (httpx's do) shows
+    it as `where` does, and its password or header values not at all."""
+    if isinstance(channel, WebhookChannel):
+        text = text.replace(channel.url, shown_location(channel.url, with_path=False))
+        secrets = list(channel.headers.values())
+    else:
+        text = text.replace(channel.host, shown_location(channel.host, with_path=False))
+        secrets = [channel.password or ""]
+    for secret in secrets:
+        if len(secret) >= 4:  # a shorter one would blank ordinary words
+            text = text.replace(secret, "***")
+    return text
 
 
 def _connection(conn_id: str) -> Any:

@@ -193,3 +193,26 @@ class Site:
         except Exception as exc:  # noqa: BLE001 - the page still shows the question's state
             log.warning("refused answer of %s: %s", airflow_run_id, exc)
             return None
+
+
+def review_page_url(output_uri: str, run_id: str, name: str, *, run_conf: dict[str, Any]) -> str | None:
+    """The review page showing one of a run's report files (for the question to link), absolute when the
+    api-server's base URL is configured; None when the review pages do not serve the run's output root (they
+    serve the default root, the `tracegen_output_roots` Variable's and the root a run's conf names, never one
+    named by a URL). `run_conf`: the conf the run was triggered with."""
+    from airflow.providers.common.compat.sdk import conf
+
+    if run_conf.get("output_uri") == output_uri:
+        served = [output_uri]  # the review pages find it from this run's conf
+    else:
+        try:
+            served = configured_roots()
+        except Exception as exc:  # noqa: BLE001 - a malformed Variable must not keep the question from being asked
+            log.warning("cannot tell which output roots the review pages serve: %s", exc)
+            return None
+    if output_uri not in served:
+        log.info("the review pages do not serve %s (not in tracegen_output_roots): the question names the "
+                 "report's storage location only", output_uri)
+        return None
+    base = (conf.get("api", "base_url", fallback=None) or "").rstrip("/")
+    return base + report_file_path(output_uri, run_id, name)

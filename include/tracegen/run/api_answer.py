@@ -7,7 +7,7 @@ to make a raise the answer to a question that waits, answers through the Core AP
 the Airflow connection TRACEGEN_API_CONN names (default `tracegen_api`):
 
 - host: the api-server's URL (`http://airflow-apiserver:8080`), or a host name with schema, port and extra
-  `path` (a UI served under a prefix), as for the webhook notifier (`tracegen.http_connection`);
+  `path` (a UI served under a prefix), as for the webhook notifier (`tracegen.common.http_connection`);
 - login / password: a user the auth manager issues a token to at `/auth/token` (the simple auth manager's
   and FAB's). It needs permission to answer the DAG's questions and, when TRACEGEN_QUESTION_ASSIGNED_USERS
   limits who may answer, to be one of them.
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from tracegen.http_connection import ConnectionMisconfigured, http_url
+from tracegen.common.http_connection import ConnectionMisconfigured, http_url
+from tracegen.common.locations import shown_location
 
 API_CONN_ENV = "TRACEGEN_API_CONN"
 # Names the users who alone may answer the gate's question (`review.notify.assigned_users` reads it); a raise
@@ -91,7 +92,7 @@ class ApiAnswerer:
 
     @property
     def where(self) -> str:
-        return f"the api-server at {self.base_url} (connection {self.conn_id!r})"
+        return f"the api-server at {shown_location(self.base_url)} (connection {self.conn_id!r})"
 
 
 def _json(response: Any) -> dict[str, Any]:

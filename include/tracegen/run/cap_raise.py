@@ -10,7 +10,7 @@ triggers `tracegen_raise_cap` with the run's id and the new cap, and nothing is 
 2. Each chunk task of the run reads it when it starts and generates at the raised cap; chunks already
    running finish at the cap they started with. Read, a Variable is trusted only as `verify` says: the
    raise task it names succeeded and returned exactly it, and its cap passes the one cap rule
-   (`tracegen.cap_rule`) against the run's cap and the servers' context length; anything else is
+   (`tracegen.common.cap_rule`) against the run's cap and the servers' context length; anything else is
    ignored and logged (`decode`).
 3. After the first fan-out, `ask_about_cap` turns it into the run's decision (a `CapDecision` with trigger
    `raise`), recorded in `run.json` and the report like a reviewer's answer. The second fan-out then
@@ -33,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from tracegen import dag_ids
 from tracegen.audit.review import OTHER, RAISE, CapDecision
-from tracegen.cap_rule import CapRefused, check_cap
+from tracegen.common import dag_ids
+from tracegen.common.cap_rule import CapRefused, check_cap
 from tracegen.run.spec import RunSpec, RunSpecError
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class CapRaise:
     @classmethod
     def from_json(cls, doc: Any, where: str) -> CapRaise:
         """Decode a stored raise; anything else is refused, naming `where`. Variables can be edited by
-        hand, so the caps are checked by the one cap rule (`tracegen.cap_rule`)."""
+        hand, so the caps are checked by the one cap rule (`tracegen.common.cap_rule`)."""
         if not isinstance(doc, dict):
             raise RaiseRefused(f"{where}: expected a JSON object, got {type(doc).__name__}")
         try:
@@ -100,7 +100,7 @@ def variable_key(run_id: str) -> str:
 def check_raise(spec: RunSpec, cap: Any, *, context_length: int | None, earlier: CapRaise | None) -> tuple[int, int]:
     """(from_cap, cap) for a raise of `spec`'s run to `cap`, or `RaiseRefused` saying what fits.
 
-    The one cap rule (`tracegen.cap_rule`), as for a reviewer's answer: only up, as a lower cap is not a
+    The one cap rule (`tracegen.common.cap_rule`), as for a reviewer's answer: only up, as a lower cap is not a
     pivot (the rows done at the higher cap would have to be cut, and their real endings are what the
     dataset is for); a second raise goes up from the first."""
     current = earlier.cap if earlier is not None else spec.config.max_tokens
@@ -268,6 +268,23 @@ def at_raised_cap(spec: RunSpec, raised: CapRaise | None) -> RunSpec:
     if raised is None or raised.cap <= spec.config.max_tokens:
         return spec
     return replace(spec, config=replace(spec.config, max_tokens=raised.cap))
+
+
+def current_raise(api: Any, run_id: str) -> CapRaise | None:
+    """The operator's raise of run `run_id`'s cap (`tracegen_raise_cap`), as a task reads it now through
+    `api` (`tasks.api.TaskApi`), or None. A Variable no raise task made, or whose cap the run cannot
+    take, is ignored and logged (`decode`), never trusted and never a reason to fail the run."""
+    return decode(api.variable(variable_key(run_id)), run_id)
+
+
+def at_current_cap(api: Any, spec: RunSpec) -> RunSpec:
+    """`at_raised_cap` with the raise as it stands when the task starts; logged when it changes the cap."""
+    raised = current_raise(api, spec.run_id)
+    at = at_raised_cap(spec, raised)
+    if at is not spec:
+        log.warning("generating at max_tokens=%d, not %d: %s", at.config.max_tokens, spec.config.max_tokens,
+                    raised.summary())
+    return at
 
 
 def as_decision(spec: RunSpec, raised: CapRaise) -> CapDecision:

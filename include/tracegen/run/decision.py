@@ -20,11 +20,10 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from tracegen import plan
 from tracegen.audit import gate
 from tracegen.audit.review import DRIFT, PILOT, CapDecision, CapQuestion, question_from_report
-from tracegen.cap_rule import highest_cap
-from tracegen.run import QUESTION_FILE, while_asking
+from tracegen.common.cap_rule import highest_cap
+from tracegen.run import QUESTION_FILE, plan, while_asking
 from tracegen.run.records import gate_verdict, pilot_report, write_run_record
 from tracegen.run.report import audit_and_report
 from tracegen.run.spec import RunSpec

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import time
 
-from tracegen import plan
 from tracegen.config import RunConfig
 from tracegen.dataset.stored import bind_index
+from tracegen.run import plan
 from tracegen.run.records import create_run_record, stored_run_id
 from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
 from tracegen.store.root import open_root

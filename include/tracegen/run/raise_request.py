@@ -14,7 +14,7 @@ and a raise holding one would only delay it. Airflow takes one answer per questi
 first wins, and the raise is withdrawn and refused, saying so.
 
 Everything here is refused with `RaiseRefused`, whose message says why and what would be accepted; the
-Airflow task (`steps.raise_cap`) turns it into a failure without retries.
+Airflow task (`tasks.raise_cap.raise_from_task`) turns it into a failure without retries.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from tracegen.audit.review import CAP_FIELD, OTHER, AnswerRefused, CapQuestion, decide
-from tracegen.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
+from tracegen.common.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
 from tracegen.run.api_answer import API_CONN_ENV, ASSIGNED_USERS_ENV, AnswerFailed, api_conn_id
 from tracegen.run.cap_raise import (
     CapRaise,
@@ -50,7 +50,7 @@ WAITING = ("awaiting_input", "deferred")
 
 
 class RaiseView(Protocol):
-    """What making a raise reads and writes in Airflow's metadata (`steps` implements it over the task API)."""
+    """What making a raise reads and writes in Airflow's metadata (`tasks.raise_cap.AirflowRaiseView` over the task API)."""
 
     def run_state(self, run_id: str) -> str | None:
         """The tracegen_generate run's state (lower case), None when Airflow does not know the run."""
@@ -244,7 +244,7 @@ def _taken(view: RaiseView, run_id: str, raised: CapRaise, *, wait_s: float, pol
            sleep: Callable[[float], None]) -> bool:
     """Whether the run's deciding task takes the raise just written. Not started yet, it will, unless the
     last chunk of the first fan-out is skipping it on a look at the Variables taken just before the write
-    (`steps._settle_the_question_when_last`): so look again once such a skip would show. Started, it may
+    (`tasks.question.settle_when_last`): so look again once such a skip would show. Started, it may
     have read before the write, so wait for it and see whether its decision is this raise."""
     if view.deciding_state(run_id) in NOT_STARTED:
         sleep(SETTLE_S)

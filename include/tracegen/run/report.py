@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen import plan
 from tracegen.audit import capfit, gate, length_fit, measure_report, report
 from tracegen.audit.review import RAISE
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
 from tracegen.audit.stats import AUDIT_COLUMNS, audit, censoring_arrays, gate_counts
-from tracegen.run import while_asking
+from tracegen.common.locations import shown_location
+from tracegen.run import plan, while_asking
 from tracegen.run.spec import RunSpec
 from tracegen.store.current import current_mask
 from tracegen.store.layout import RESAMPLE_CHUNK
@@ -117,7 +117,10 @@ def audit_and_report(
     # Examples are read from their parts: none from a damaged one.
     examples = _example_rows(
         root, frame[~frame["part"].isin([d.part for d in damaged])].reset_index(drop=True) if damaged else frame)
-    meta = {"run_id": spec.run_id, "report": name, "config": config.to_json(),
+    # The config as the report shows it: a URI a trigger gave with a token in it is shown without it.
+    shown_config = {k: shown_location(v) if k.endswith("_uri") and isinstance(v, str) else v
+                    for k, v in config.to_json().items()}
+    meta = {"run_id": spec.run_id, "report": name, "config": shown_config,
             "scope_rows": int(frame["index"].nunique()) if len(frame) else 0}
     if indices is None and (asked := _while_asking(spec, full)) is not None:
         meta["while_asking"] = asked
@@ -126,7 +129,7 @@ def audit_and_report(
     json_uri = root.run_files.put(spec.run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())
     html_uri = root.run_files.put(spec.run_id, f"{name}.html", html.encode())
     summary = report.summary_text(result, table, decision, measured)
-    log.info("%s report: %s\n%s", name, html_uri, summary)
+    log.info("%s report: %s\n%s", name, shown_location(html_uri), summary)
     return ReportOutcome(decision.verdict, decision.reason, decision.action, json_uri, html_uri, summary)
 
 

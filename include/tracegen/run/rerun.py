@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from tracegen import locations, plan
+from tracegen.common import locations
+from tracegen.run import plan
 from tracegen.run.records import recorded_airflow_run, stopped_at_gate
 from tracegen.run.spec import RunSpec
 from tracegen.store.lease import fresh_holders, lease_ttl_s
@@ -34,7 +35,7 @@ LIVE_STATES = ("queued", "running")
 
 
 class AirflowRuns(Protocol):
-    """What Airflow's metadata says of `tracegen_generate` runs (`steps` implements it over the task API)."""
+    """What Airflow's metadata says of `tracegen_generate` runs (`tasks.rerun.AirflowRunsView` over the task API)."""
 
     def state(self, run_id: str) -> str | None:
         """The DagRun's state ('queued', 'running', 'success', 'failed'), or None: Airflow knows no such run."""
@@ -141,7 +142,7 @@ def unfinished_work(output_uri: str, airflow: AirflowRuns, aws_conn_id: str = "a
     A run held at its gate (stopped, or waiting for the reviewer's answer) is not finished by the
     scheduler: finishing it would spend the GPU-days the gate exists to save. A run the reviewer let go
     on is finished at the cap they chose (Airflow handed it to its second fan-out). A root outside the
-    operator's write prefixes (`tracegen.locations`) is left alone, said in the log: the roots come from a
+    operator's write prefixes (`tracegen.common.locations`) is left alone, said in the log: the roots come from a
     Variable, which is not the operator's alone.
     """
     refused = _outside_prefixes(output_uri)

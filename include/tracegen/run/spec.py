@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from tracegen.audit.review import CURRENT, RAISE, CapDecision
 from tracegen.config import ConfigError, RunConfig
-from tracegen.fleet_ref import FleetRef
-from tracegen.plan import ChunkLayout
+from tracegen.fleet.ref import FleetRef
+from tracegen.run.plan import ChunkLayout
 
 if TYPE_CHECKING:
     pass
@@ -125,6 +125,11 @@ class RunSpec:
         A record read back from storage names the root and connection it was written with; a copied or
         moved root must be worked on where it is now, never where it was, so readers replace both."""
         return replace(self, config=replace(self.config, output_uri=output_uri, aws_conn_id=aws_conn_id))
+
+
+def handed_over(doc: Any) -> RunSpec:
+    """The run as a task receives it from `prepare_run` (or `apply_decision`), as an XCom."""
+    return RunSpec.from_json(doc, "the run handed over by prepare_run")
 
 
 def _str(value: Any, name: str) -> str:

@@ -24,18 +24,23 @@ the rest of the fan-out (`left_to_start`).
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tracegen import plan
 from tracegen.audit.formats import gpu_hours, num
 from tracegen.audit.review import RECOMMENDED, CapQuestion
+from tracegen.common import dag_ids
+from tracegen.run import plan
 from tracegen.run.spec import RunSpec
 from tracegen.store.records import COMPLETE, EXTENDED, FAILED, OK
+
+log = logging.getLogger(__name__)
 
 IDLE = "idle"
 
@@ -195,3 +200,33 @@ def left_to_start(states: dict[int, str], chunks: list[dict[str, Any]], among: s
     too: its next try reads the answer."""
     return {plan.ChunkWork.from_json(chunk).chunk for i, chunk in enumerate(chunks)
             if (among is None or i in among) and states.get(i, "none") not in STARTED}
+
+
+def settled_left_to_start(api: Any, poll_s: float = 2.0) -> set[int]:
+    """The chunk numbers of the chunk tasks generated while asking that had not started when the answer's task
+    (`apply_decision`, through `api`, a `tasks.api.TaskApi`) first looked: they read the answer when they
+    start and take its cap themselves (`left_to_start`). Returned once those that were generating then have
+    ended: they may run at the provisional cap, and their rows must be committed before the answer's plan
+    reads the ledger. Chunk tasks that start meanwhile are not waited for. Each ends within a chunk's time,
+    and sooner on a stop, which it polls for."""
+    chunks = api.xcom_pull(dag_ids.DECIDING_TASK) or []
+    if not chunks:
+        return set()
+    prefix = f"{dag_ids.WHILE_ASKING}_"
+
+    def states() -> dict[int, str]:
+        found = api.task_states([dag_ids.WHILE_ASKING])
+        return {int(k.removeprefix(prefix)): v for k, v in found.items()
+                if k.startswith(prefix) and k.removeprefix(prefix).isdigit()}
+
+    first = states()
+    waited = set(generating(first))
+    now, waiting = first, set(waited)
+    while waiting:
+        log.info("waiting for %d chunk tasks generating since before the answer to commit: %s", len(waiting),
+                 sorted(waiting))
+        time.sleep(poll_s)
+        now = states()
+        waiting &= set(generating(now))
+    # One of them that failed and waits for its retry reads the answer too when it starts again.
+    return left_to_start(first, chunks) | left_to_start(now, chunks, among=waited)

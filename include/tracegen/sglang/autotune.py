@@ -174,7 +174,7 @@ class Autotuner:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._loop(s), name=f"autotune {s.url}") for s in self.pool.servers]
+        self._tasks = [loop.create_task(self._loop(s), name=f"autotune {s.shown_url}") for s in self.pool.servers]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -224,7 +224,7 @@ class Autotuner:
         state["changes"] += 1
         if now - state["at"] >= SUMMARY_INTERVAL_S:
             log.info("autotune %s: in-flight limit now %d (%d changes since the last summary; running %d/%s, "
-                     "queued %d)", server.url, new, state["changes"], obs.running, obs.max_running, obs.queued)
+                     "queued %d)", server.shown_url, new, state["changes"], obs.running, obs.max_running, obs.queued)
             state["at"], state["changes"] = now, 0
 
     async def _loop(self, server: ServerState) -> None:
@@ -234,13 +234,13 @@ class Autotuner:
                 obs = await self.observe(server, max_running)
             except (httpx.HTTPError, ValueError) as exc:
                 obs = None
-                log.debug("autotune %s: poll failed: %s", server.url, exc)
+                log.debug("autotune %s: poll failed: %s", server.shown_url, exc)
             else:
                 if obs is None:
                     log.warning(
                         "autotune %s: no /metrics (start SGLang with --enable-metrics); keeping "
                         "the fixed limit %d",
-                        server.url,
+                        server.shown_url,
                         server.limit,
                     )
                     return
@@ -251,7 +251,7 @@ class Autotuner:
                     self._summarise(server, new, obs)
                     log.debug(
                         "autotune %s: in-flight limit %d -> %d (running %d/%s, queued %d)",
-                        server.url,
+                        server.shown_url,
                         server.limit,
                         new,
                         obs.running,
@@ -267,7 +267,7 @@ class Autotuner:
                     self.history.append(
                         {
                             "t": time.monotonic(),
-                            "url": server.url,
+                            "url": server.shown_url,
                             "running": obs.running,
                             "queued": obs.queued,
                             "limit": new,

@@ -266,7 +266,7 @@ class SGLangClient:
             try:
                 result = await self._attempt(server, http, call, started)
             except TransientError as exc:
-                last_error = f"{server.url}: {exc}"
+                last_error = f"{server.shown_url}: {exc}"
             else:
                 if isinstance(result, _Rejected):
                     return Outcome(rejected=result.message, attempt=attempt, server=server.name)
@@ -346,7 +346,7 @@ class SGLangClient:
             return _Rejected(f"HTTP {status}: {message}")
         if kind == FATAL:
             hint = " (check the api key for this server)" if status in (401, 403) else ""
-            self._fatal = FatalClientError(f"{server.url} answered HTTP {status}: {message}{hint}")
+            self._fatal = FatalClientError(f"{server.shown_url} answered HTTP {status}: {message}{hint}")
             raise self._fatal
         # REJECTED: the request itself is wrong for this server (context overflow): never retried. The
         # server answered, so it is alive.

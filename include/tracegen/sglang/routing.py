@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from tracegen.common.locations import shown_location
 from tracegen.sglang.retry import FatalClientError
 from tracegen.sglang.settings import ClientConfig
 from tracegen.sglang.wire import PATH, MalformedResponse, parse_completion
@@ -43,14 +44,16 @@ class ServerEndpoint:
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"server url must start with http:// or https://, got {self.url!r}")
+            raise ValueError(f"server url must start with http:// or https://, got {shown_location(self.url)!r}")
         if "?" in self.url or "#" in self.url:
-            raise ValueError(f"server url must be a base URL without query or fragment, got {self.url!r}")
+            raise ValueError(f"server url must be a base URL without query or fragment, got "
+                             f"{shown_location(self.url)!r}")
         object.__setattr__(self, "url", self.url.rstrip("/"))
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
-            raise ValueError(f"api_key for {self.url} must be a non-empty string or None")
+            raise ValueError(f"api_key for {shown_location(self.url)} must be a non-empty string or None")
         if type(self.max_in_flight) is not int or self.max_in_flight < 1:
-            raise ValueError(f"max_in_flight for {self.url} must be an integer >= 1, got {self.max_in_flight!r}")
+            raise ValueError(f"max_in_flight for {shown_location(self.url)} must be an integer >= 1, got "
+                             f"{self.max_in_flight!r}")
 
 
 def _headers(endpoint: ServerEndpoint) -> dict[str, str]:
@@ -85,6 +88,7 @@ class ServerState:
     __slots__ = (
         "endpoint",
         "url",
+        "shown_url",
         "name",
         "pools",
         "free_pools",
@@ -112,7 +116,9 @@ class ServerState:
     def __init__(self, endpoint: ServerEndpoint, config: ClientConfig, tls: ssl.SSLContext) -> None:
         self.endpoint = endpoint
         self.url = endpoint.url
-        self.name = endpoint.name or endpoint.url
+        # What logs, errors and the ledger's `server` column show: the URL without any credentials in it.
+        self.shown_url = shown_location(endpoint.url)
+        self.name = endpoint.name or self.shown_url
         # httpcore's pool does O(requests x connections) work on every request event, which costs ~4 ms CPU
         # per completion at 64 connections. Small pools keep that term constant: the in-flight slots are
         # spread over ceil(max_in_flight / pool_size) clients, each sized to its share of slots.
@@ -166,7 +172,7 @@ class ServerPool:
         urls = [e.url for e in endpoints]
         duplicates = sorted({u for u in urls if urls.count(u) > 1})
         if duplicates:
-            raise ValueError(f"server urls must be distinct, repeated: {duplicates}")
+            raise ValueError(f"server urls must be distinct, repeated: {[shown_location(u) for u in duplicates]}")
         self.config = config
         # One TLS context for all clients: httpx loads the CA bundle per context (~20 ms each).
         tls = ssl.create_default_context()
@@ -187,7 +193,7 @@ class ServerPool:
         """Autotune hook: change one server's in-flight limit. Raising it above the slots the pools were
         built for adds pools; lowering it lets requests in flight finish and sends no new ones past it."""
         if type(limit) is not int or limit < 1:
-            raise ValueError(f"in-flight limit for {server.url} must be an integer >= 1, got {limit!r}")
+            raise ValueError(f"in-flight limit for {server.shown_url} must be an integer >= 1, got {limit!r}")
         size = self.config.pool_size
         while server.max_in_flight < limit:
             # One more pool of `size` slots; its slot entries join the free list like the first ones.
@@ -279,7 +285,7 @@ class ServerPool:
                 waiter.set_result(None)
 
     def _all_down_message(self) -> str:
-        details = "; ".join(f"{s.url}: {s.reason or 'quarantined'}" for s in self.servers)
+        details = "; ".join(f"{s.shown_url}: {s.reason or 'quarantined'}" for s in self.servers)
         return (
             f"every server has been unusable for more than {self.config.all_down_fatal_s:g} s "
             f"(check the fleet, URLs, tunnels and api keys): {details}"
@@ -327,19 +333,19 @@ class ServerPool:
         server.quarantined_since = time.monotonic()
         server.quarantines += 1
         server.reason = reason
-        log.warning("quarantining %s: %s", server.url, reason)
+        log.warning("quarantining %s: %s", server.shown_url, reason)
         if all(s.quarantined for s in self.servers) and self._all_down_since is None:
             self._all_down_since = time.monotonic()
             # Waiters blocked on "all full" must now wait with the fatal deadline instead of forever.
             self._wake_all()
         if not self._closed:
             server.probe_task = asyncio.get_running_loop().create_task(
-                self._probe_loop(server), name=f"probe {server.url}"
+                self._probe_loop(server), name=f"probe {server.shown_url}"
             )
 
     def _restore(self, server: ServerState) -> None:
         down_for = time.monotonic() - server.quarantined_since
-        log.warning("%s is back after %.1f s in quarantine", server.url, down_for)
+        log.warning("%s is back after %.1f s in quarantine", server.shown_url, down_for)
         server.quarantined = False
         server.consecutive_failures = 0
         server.last_completion = time.monotonic()
@@ -391,7 +397,7 @@ class ServerPool:
         """Per-server counters, for progress logs and tests."""
         return [
             {
-                "url": s.url,
+                "url": s.shown_url,
                 "in_flight": s.in_flight,
                 "limit": s.limit,
                 "sent": s.sent,

@@ -64,6 +64,9 @@ class Job:
     tokens: int = 0  # final token count once done
     aborted: bool = False
     abort_message: str | None = None
+    # Where an abort found it: "running" (SGLang's running-batch abort, reported with the full meta_info)
+    # or "waiting" (popped from the queue, reported by the tokenizer manager's short abort output).
+    aborted_in: str | None = None
     future: Any = None  # asyncio.Future set by the driver, resolved when done
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -112,6 +115,13 @@ class BatchEngine:
             return job.tokens
         return 0
 
+    def time_until(self, job: Job, tokens: int) -> float | None:
+        """Simulated seconds until `job` has produced `tokens` at the current rate (None: not decoding)."""
+        rate = self.rate()
+        if job.state != "running" or rate <= 0:
+            return None
+        return max(0.0, job.v0 + tokens - self.v) / rate
+
     def tokens_generated(self) -> int:
         return self.tokens_done + int(len(self.running) * self.v - self._sum_v0 + _EPS)
 
@@ -147,18 +157,24 @@ class BatchEngine:
         return done
 
     def abort(self, rid: str, t: float, message: str | None = None) -> tuple[Job | None, list[Job]]:
-        """Abort request `rid`; returns (the aborted job or None, other jobs finished meanwhile)."""
+        """Abort request `rid`; returns (the aborted job or None, other jobs finished meanwhile).
+
+        A running request keeps what it produced plus the one token of the decode step SGLang still runs
+        for it (its scheduler sets `to_finish`, and the request finishes after the next forward pass); its
+        slot goes to the queue's head at once. A queued one ends with no token."""
         done = self.advance(t)
         job = self.running.get(rid)
         if job is not None:
-            tokens = self.produced(job)
+            tokens = min(job.target, self.produced(job) + 1)
             self._remove_running(job)
-            self._finish(job, tokens, aborted=True, message=message or "Abort request")
+            job.aborted_in = "running"
+            self._finish(job, tokens, aborted=True, message=message or "Aborted")
             done.extend(self._admit())
             return job, done
         for queued in self.waiting:
             if queued.rid == rid:
                 self.waiting.remove(queued)
+                queued.aborted_in = "waiting"
                 self._finish(queued, 0, aborted=True, message=message or "Abort in waiting queue")
                 return queued, done
         return None, done
@@ -266,7 +282,7 @@ class AsyncBatcher:
     def submit(self, job: Job) -> Job:
         """Queue `job`; its `future` resolves when it finishes. Raises QueueFull."""
         if job.rid in self.engine.running or any(j.rid == job.rid for j in self.engine.waiting):
-            raise ValueError(f"request id {job.rid!r} is already in flight")
+            raise ValueError(f"Duplicate request ID detected: {job.rid}")  # SGLang's words
         job.future = self._loop.create_future()
         self._resolve(self.engine.submit(job, self.sim_now()))
         self._rearm()
@@ -279,6 +295,18 @@ class AsyncBatcher:
         self._resolve(done)
         self._rearm()
         return job
+
+    def abort_matching(self, rid: str) -> int:
+        """SGLang's `/abort_request {"rid"}`: nothing unless `rid` itself is in flight (its tokenizer manager
+        knows only exact ids), and then every request whose id starts with it (its scheduler matches by
+        prefix, so aborting "row-1" also aborts "row-10"). Returns how many were aborted."""
+        in_flight = list(self.engine.running) + [j.rid for j in self.engine.waiting]
+        if rid not in in_flight:
+            return 0
+        matching = [r for r in in_flight if r.startswith(rid)]
+        for r in matching:
+            self.abort(r)
+        return len(matching)
 
     def abort_all(self) -> int:
         rids = list(self.engine.running) + [j.rid for j in self.engine.waiting]
@@ -294,6 +322,12 @@ class AsyncBatcher:
     def produced(self, job: Job) -> int:
         self.sync()
         return self.engine.produced(job)
+
+    def wall_until(self, job: Job, tokens: int) -> float | None:
+        """Wall seconds until `job` has produced `tokens` at the current rate (None: not decoding)."""
+        self.sync()
+        sim = self.engine.time_until(job, tokens)
+        return None if sim is None else self.wall_seconds(sim)
 
     def start_accounting(self) -> None:
         self.engine.start_accounting(self.sim_now())

@@ -17,9 +17,18 @@ from aiohttp import web
 from tracegen.simulator import protocol as p
 from tracegen.simulator import sampling
 from tracegen.simulator.batching import Job, QueueFull
-from tracegen.simulator.jobs import admit, apply_fault, progress, record, refuse_if_draining, wait
-from tracegen.simulator.responses import error_response, json_response, open_event_stream, send_event
+from tracegen.simulator.jobs import (
+    abort_disconnected,
+    admit,
+    apply_fault,
+    progress,
+    record,
+    refuse_if_draining,
+    wait,
+)
+from tracegen.simulator.responses import error_response, json_response, open_event_stream, send_event, sse
 from tracegen.simulator.state import STATE, State
+from tracegen.simulator.streaming import Detokenizer, event_ends
 from tracegen.simulator.tokens import chat_prompt_ids, prompt_tool_names
 from tracegen.simulator.tool_calls import chat_tool_parser, parse_function_call
 
@@ -80,7 +89,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state.active += 1
     try:
         try:
-            job = admit(state, plan, rid, fault, req.priority)
+            job = admit(state, plan, rid, fault, n_prompt, req.priority)
         except QueueFull:
             return error_response(request, "The request queue is full.", 503)
         model = req.model if req.model is not None else state.args["served_model_name"]
@@ -182,28 +191,46 @@ async def _stream_chat(request: web.Request, r: _Reply) -> web.StreamResponse:
 
 
 async def _stream_deltas(resp: web.StreamResponse, r: _Reply, created: int) -> tuple[str, str]:
-    """Send the text as it grows until the request finishes; returns the (reasoning, content) sent."""
-    sent = 0
+    """Send the text as it grows until the request finishes, a chunk for each event SGLang's scheduler
+    sends (`streaming.event_ends`, at --stream-interval); returns the (reasoning, content) sent."""
+    interval = max(1, r.state.args["stream_interval"])
+    per_step = r.state.settings.accept_length
+    detok = Detokenizer(r.plan.context)
+    produced = 0  # tokens whose text the detokenizer has seen
+    raw = ""
     sent_reasoning, sent_content = "", ""
+
+    def chunk(end: int) -> bytes:
+        # Deltas of the split of everything so far: they add up to the non-streamed message.
+        nonlocal produced, raw, sent_reasoning, sent_content
+        raw += detok.step(p.output_ids_between(r.plan, produced, end, final=False), False)
+        produced = end
+        thinking, content = p.split_reasoning(raw, r.parser, r.req.enable_thinking)
+        if r.parse_tools:  # SGLang's streaming parser holds a call back from the content
+            content = content.split(TOOL_CALL_START, 1)[0]
+        delta: dict[str, Any] = {}
+        if len(thinking) > len(sent_reasoning):
+            delta["reasoning_content"] = thinking[len(sent_reasoning) :]
+        if len(content) > len(sent_content):
+            delta["content"] = content[len(sent_content) :]
+        sent_reasoning, sent_content = thinking, content
+        return sse(_chunk(r, created, delta)) if delta else b""
+
     try:
-        while True:
-            n = await progress(r.state, r.job)
-            if n > sent:
-                # Deltas of the split of everything so far: they add up to the non-streamed message.
-                thinking, content = r.texts(n, final=False)
-                if r.parse_tools:  # SGLang's streaming parser holds a call back from the content
-                    content = content.split(TOOL_CALL_START, 1)[0]
-                delta: dict[str, Any] = {}
-                if len(thinking) > len(sent_reasoning):
-                    delta["reasoning_content"] = thinking[len(sent_reasoning) :]
-                if len(content) > len(sent_content):
-                    delta["content"] = content[len(sent_content) :]
-                if delta:
-                    await send_event(resp, _chunk(r, created, delta))
-                sent, sent_reasoning, sent_content = n, thinking, content
+        while not r.job.future.done():
+            n = await progress(r.state, r.job, 1 if produced == 0 else produced + interval)
             if r.job.future.done():
                 break
+            ends = event_ends(produced, min(n, r.plan.target - 1), interval, per_step)
+            payload = b"".join(chunk(end) for end in ends)
+            if payload:
+                await resp.write(payload)
     except (ConnectionResetError, asyncio.CancelledError):
-        r.state.batcher.abort(r.job.rid, "Abort: client disconnected")
+        abort_disconnected(r.state, r.job)
         raise
+    # Events due before the finish that the last look did not reach.
+    ends = event_ends(produced, r.job.tokens - 1, interval, per_step)
+    payload = b"".join(chunk(end) for end in ends)
+    if payload:
+        await resp.write(payload)
     return sent_reasoning, sent_content

@@ -69,6 +69,11 @@ _SIM_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "type": float, "default": None,
         "help": "share of samples that never stop and loop until the cap (default 0)",
     }),
+    ("--sim-loop-shape", {
+        "default": None, "choices": ["phrase", "varied"],
+        "help": "how runaways loop: 'phrase' (default: an exact phrase of 8-63 tokens) or 'varied' (periods "
+        "of 1 to 1,000 tokens, onset early and late, half of them near-exact)",
+    }),
     ("--sim-prompt-variance-share", {
         "type": float, "default": None,
         "help": "share of the log-length variance fixed by the prompt; the rest is per sample (default 0.5)",
@@ -99,7 +104,9 @@ _SIM_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "type": float, "default": 0.25, "help": "share of prompts with `tools` that finish with a tool call",
     }),
     ("--sim-stream-interval-ms", {
-        "type": float, "default": 50.0, "help": "wall ms between streamed chunks",
+        "type": float, "default": 50.0,
+        "help": "most wall ms between two looks at a stream (sooner when its next event is due); events due "
+        "meanwhile are written together, each its own (their count is --stream-interval's)",
     }),
     ("--sim-drain-timeout-s", {
         "type": float, "default": 600.0, "help": "SIGTERM: max wall seconds to drain",
@@ -322,7 +329,7 @@ def _length_model(parser: argparse.ArgumentParser, a: dict[str, Any]) -> LengthM
         field: a[flag]
         for field, flag in (
             ("tail_dof", "sim_tail_dof"), ("long_share", "sim_long_mode_share"),
-            ("long_ratio", "sim_long_mode_ratio"), ("runaway_rate", "sim_runaway_rate"),
+            ("long_ratio", "sim_long_mode_ratio"), ("runaway_rate", "sim_runaway_rate"), ("loop_shape", "sim_loop_shape"),
             ("prompt_share", "sim_prompt_variance_share"),
         )
         if a[flag] is not None

@@ -41,7 +41,7 @@ async def abort_request(request: web.Request) -> web.Response:
         n = state.batcher.abort_all()
         log.info("aborted all %d requests", n)
     elif isinstance(rid, str) and rid:
-        state.batcher.abort(rid)
+        state.batcher.abort_matching(rid)
     else:
         raise p.BadRequest("abort_request needs a non-empty string rid or abort_all: true")
     return web.Response(status=200)

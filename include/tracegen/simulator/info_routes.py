@@ -103,7 +103,8 @@ async def server_info(request: web.Request) -> web.Response:
     model = state.settings.length_model
     info["sim_length_model_resolved"] = {
         **{
-            k: getattr(model, k) for k in ("kind", "median", "sigma", "prompt_share", "runaway_rate", "fixed")
+            k: getattr(model, k)
+            for k in ("kind", "median", "sigma", "prompt_share", "runaway_rate", "loop_shape", "fixed")
         },
         "truncated_share_at_4096": round(model.survival(4096), 6),
         "truncated_share_at_8192": round(model.survival(8192), 6),

@@ -1,5 +1,10 @@
 """A generation request's life on the server: the fault it meets, its admission to the batch, waiting for
-it (a client that goes away aborts it, as in SGLang), and what it adds to the metrics when it ends."""
+it (a client that goes away aborts it, as in SGLang), and what it adds to the metrics when it ends.
+
+A client that disconnects is aborted at once: in SGLang 0.5.23 the cancelled handler's cleanup
+(`TokenizerManager.generate_request`, `_release_req_states_on_failure`) sends the abort for the dispatched
+request; the stream's background task that aborts it again after 2 s (`create_abort_task`) finds it gone.
+"""
 
 from __future__ import annotations
 
@@ -53,10 +58,13 @@ def _priority(state: State, requested: int | None) -> str:
     return str(requested if requested is not None else state.args["default_priority_value"])
 
 
-def admit(state: State, plan: p.Plan, rid: str, fault: str, priority: int | None = None) -> Job:
+def admit(
+    state: State, plan: p.Plan, rid: str, fault: str, prompt_tokens: int, priority: int | None = None
+) -> Job:
     """The request's job, queued in the batch; raises `batching.QueueFull` when the queue is full."""
     job = Job(rid=rid, target=plan.target)
     job.meta["priority"] = _priority(state, priority)
+    job.meta["prompt_tokens"] = prompt_tokens
     if fault == fault_kinds.ABORT:
         job.target = int(plan.target * state.injector.abort_fraction())
         job.aborted = True
@@ -69,6 +77,10 @@ def admit(state: State, plan: p.Plan, rid: str, fault: str, priority: int | None
 
 
 def record(state: State, job: Job, prompt_toks: int) -> None:
+    """What a finished request adds to the metrics, as SGLang counts it: a request that finished, a running
+    one aborted too (its abort ends in the scheduler's normal output, which the tokenizer manager counts as a
+    finished request), is in `num_requests_total` and `prompt_tokens_total`; an abort is in
+    `num_aborted_requests_total` as well."""
     m = state.metrics
     now = time.monotonic()
     t0 = job.meta["t_arrival"]
@@ -80,9 +92,16 @@ def record(state: State, job: Job, prompt_toks: int) -> None:
         m.ttft.observe(queue_wall + state.batcher.wall_seconds(state.batcher.engine.step.step_time(1)))
     if job.aborted:
         m.num_aborted_requests_total += 1
-    else:
+    if not job.aborted or job.aborted_in == "running":
         m.num_requests_total += 1
         m.prompt_tokens_total += prompt_toks
+
+
+def abort_disconnected(state: State, job: Job) -> None:
+    """The client went away: abort the request, which frees its slot, and record it here (its cancelled
+    handler never gets to)."""
+    if state.batcher.abort(job.rid, "Abort: client disconnected") is not None:
+        record(state, job, job.meta["prompt_tokens"])
 
 
 async def wait(job: Job, state: State) -> None:
@@ -90,18 +109,27 @@ async def wait(job: Job, state: State) -> None:
     try:
         await job.future
     except asyncio.CancelledError:
-        state.batcher.abort(job.rid, "Abort: client disconnected")
+        abort_disconnected(state, job)
         raise
 
 
-async def progress(state: State, job: Job) -> int:
-    """Wait one stream interval (or until done), then return tokens produced so far."""
-    interval = state.args["sim_stream_interval_ms"] / 1000.0
+# The shortest wall wait between two looks at a stream: below it, many streams' wake-ups cost the event loop
+# more than they are worth, and the events due meanwhile are written together.
+_MIN_LOOK_S = 0.001
+
+
+async def progress(state: State, job: Job, due: int) -> int:
+    """Wait until the job has produced `due` tokens (at the current rate, looking again at least every
+    --sim-stream-interval-ms in case the batch changes) or is done; returns the tokens produced so far."""
+    look = state.args["sim_stream_interval_ms"] / 1000.0
+    until = state.batcher.wall_until(job, due)
+    if until is not None:
+        look = max(_MIN_LOOK_S, min(look, until))
     try:
-        await asyncio.wait_for(asyncio.shield(job.future), interval)
+        await asyncio.wait_for(asyncio.shield(job.future), look)
     except TimeoutError:
         pass
     except asyncio.CancelledError:
-        state.batcher.abort(job.rid, "Abort: client disconnected")
+        abort_disconnected(state, job)
         raise
     return state.batcher.produced(job)

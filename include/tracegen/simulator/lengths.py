@@ -14,7 +14,8 @@ of where the window starts (its origin), so a continuation of a response the sta
 the sample from the response's own ids (`continued_sample`), on any server of a fleet.
 
 Laws (`kind`), each with an optional share of runaway samples that never stop (`runaway_rate`): they
-loop in their thinking until the cap, as reasoning models do.
+loop in their thinking until the cap, as reasoning models do, with periods from one token to a thousand,
+early and late, exactly or with a word changed now and then (`loop_shape`).
 - lognormal: both parts normal; sigma is the total log-sd.
 - logt: the sample part is a Student t (`tail_dof` degrees of freedom) scaled by sigma·sqrt(1 - share):
   a power-law-like tail of very long samples.
@@ -111,6 +112,7 @@ class LengthModel:
     long_share: float = 0.3  # bimodal: share of samples in the long mode
     long_ratio: float = 8.0  # bimodal: how many times longer the long mode is (3.3 sigma apart by default)
     runaway_rate: float = 0.0  # share of samples that never stop
+    loop_shape: str = "phrase"  # how runaways loop: one of LOOP_SHAPES (see `loop_shape`)
     fixed: int = 0
     max_length: int = 1_000_000  # "never stops": longer than any context
     reasoning_share: tuple[float, float] = (0.55, 0.92)
@@ -132,6 +134,8 @@ class LengthModel:
             )
         if not 0.0 <= self.runaway_rate < 1.0:
             raise ValueError(f"runaway_rate must be in [0, 1), got {self.runaway_rate}")
+        if self.loop_shape not in LOOP_SHAPES:
+            raise ValueError(f"loop shape {self.loop_shape!r} is not one of {', '.join(LOOP_SHAPES)}")
         low, high = self.reasoning_share
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"reasoning_share {self.reasoning_share} must satisfy 0 <= low <= high <= 1")
@@ -244,15 +248,49 @@ class LengthModel:
             total = max(1, min(total, self.max_length))
             # At least one answer token, so every complete generation has a non-empty answer.
             reasoning = max(0, min(int(total * share), total - 1))
+        onset, period, variants = loop_shape(self.loop_shape, base, u_onset, u_period, key)
         return Sample(
             total=total,
             reasoning=reasoning,
             key=key,
             runaway=runaway,
-            loop_onset=max(1, int(base * (0.1 + 0.5 * u_onset))),
-            loop_period=8 + int(56 * u_period),
+            loop_onset=onset,
+            loop_period=period,
+            loop_variants=variants,
             tool_roll=u_tool,
         )
+
+
+# How runaway samples loop (`--sim-loop-shape`), at the law's scale (its median; at the reference job's,
+# 2,300 tokens). "phrase": an exact loop of a phrase of 8-63 tokens from 10-60% of the median on, which every
+# detector sees at a 4,096 cap. "varied", loops as models make them:
+# - the period (tokens repeated) is log-uniform from 1 (a token repeated) to half the median, at most
+#   LOOP_PERIOD_MAX: a word, a sentence, a paragraph, a block of a thousand tokens are all common;
+# - the onset is log-uniform from 1% of the median to twice it: most loops start early, some late (at the
+#   reference scale from about 20 tokens to 4,600, past a 4,096 cap for a few);
+# - half the loops are near-exact: each copy after the first swaps one token of the loop for another
+#   (a word changed), as real loops drift, with probability LOOP_VARIANT_RATE for a loop of
+#   LOOP_VARIANT_PERIOD tokens or more and proportionally less for a shorter one (a loop of a few tokens
+#   that changed a word every other copy would be no loop); the other half repeat exactly.
+LOOP_SHAPES = ("phrase", "varied")
+LOOP_PERIOD_MAX = 1000
+LOOP_ONSET_RANGE = (0.01, 2.0)
+LOOP_NEAR_SHARE = 0.5
+LOOP_VARIANT_RATE = 0.5
+LOOP_VARIANT_PERIOD = 64
+
+
+def loop_shape(shape: str, base: float, u_onset: float, u_period: float, key: int) -> tuple[int, int, float]:
+    """(onset, period, per-copy swap probability) of the loop of sample `key` of a law of scale `base`."""
+    if shape == "phrase":
+        return max(1, int(base * (0.1 + 0.5 * u_onset))), 8 + int(56 * u_period), 0.0
+    top = max(1.0, min(LOOP_PERIOD_MAX, base / 2))
+    period = max(1, min(int(top), int(top**u_period)))
+    low, high = LOOP_ONSET_RANGE
+    onset = max(1, int(base * low * (high / low) ** u_onset))
+    # From the key's bits, not one more draw: the draws of a sample stay what they were.
+    near = _unit((key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) < LOOP_NEAR_SHARE
+    return onset, period, LOOP_VARIANT_RATE * min(1.0, period / LOOP_VARIANT_PERIOD) if near else 0.0
 
 
 def _normal_sf(y: float, sd: float) -> float:
@@ -289,6 +327,15 @@ def build_model(
     default the calibration's reference cap) as `spec` does: changing the law or adding runaways moves
     the median, not the share of rows the pipeline sees cut.
     """
+    loops = shape.pop("loop_shape", None)
+    model = _law(spec, kind, truncated_share, truncated_at, **shape)
+    # How runaways loop is no part of the law: it leaves the calibration alone.
+    return model if loops is None else replace(model, loop_shape=loops)
+
+
+def _law(
+    spec: str, kind: str | None, truncated_share: float | None, truncated_at: int | None, **shape: Any
+) -> LengthModel:
     base = LengthModel.parse(spec)
     model = replace(base, **({"kind": kind} if kind else {}), **shape)
     if base.kind == "fixed":
@@ -313,7 +360,8 @@ class Sample:
     """One sampled completion: `total` tokens until it stops, the first `reasoning` of them thinking.
 
     A runaway never stops (`total` is the model's max_length): from `loop_onset` on, its text repeats a
-    phrase of `loop_period` tokens. `key` seeds its text and token ids.
+    stretch of `loop_period` tokens, each copy after the first swapping one token for a variant with
+    probability `loop_variants` (0: an exact loop; see `loop_shape`). `key` seeds its text and token ids.
     """
 
     total: int
@@ -322,6 +370,7 @@ class Sample:
     runaway: bool = False
     loop_onset: int = 0
     loop_period: int = 0
+    loop_variants: float = 0.0
     tool_roll: float = 1.0  # uniform in [0, 1): below the tool-call rate, a prompt with tools calls one
 
     @property

@@ -278,6 +278,7 @@ class GenerateRequest:
     ignore_eos: bool
     rid: str | None
     sampling_seed: int | None = None
+    stream_interval: int | None = None  # sampling_params.stream_interval: tokens per event (None, 0: the server's)
 
 
 def parse_generate(body: dict[str, Any]) -> GenerateRequest:
@@ -301,6 +302,9 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
     max_new = _int(sp, "max_new_tokens", 0, where)
     _number(sp, "temperature", 0.0, 100.0, where)
     _number(sp, "top_p", 0.0, 1.0, where)
+    interval = sp.get("stream_interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)):
+        raise BadRequest(f"sampling_params.stream_interval must be an integer, got {json.dumps(interval)[:80]}")
     stop = sp.get("stop")
     if stop is not None and not (
         isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
@@ -313,6 +317,7 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
         ignore_eos=_bool(sp, "ignore_eos", False, where),
         rid=_rid(body),
         sampling_seed=_seed(sp, "sampling_seed", where),
+        stream_interval=interval,
     )
 
 
@@ -486,6 +491,15 @@ def output_ids(plan: Plan, n: int) -> list[int]:
     return ids
 
 
+def output_ids_between(plan: Plan, a: int, b: int, final: bool) -> list[int]:
+    """Ids of this request's tokens a .. b-1 (`final`: b is where it finished, so a stop ends in the stop
+    token), without building the ids before a."""
+    ids = plan.response.ids(plan.start + a, b - a)
+    if final and plan.ends_with_eos and b >= plan.target and ids:
+        ids[-1] = EOS_TOKEN_ID
+    return ids
+
+
 def raw_text(plan: Plan, prev: int, n: int) -> str:
     """The decoding of this request's tokens prev .. n-1 on their own (the stop token has no text): raw
     model output, thinking inline in its tags. A slice that starts or ends inside a character has U+FFFD
@@ -509,7 +523,11 @@ def chat_texts(plan: Plan, n: int, parser: str | None, thinking: bool, final: bo
     With a reasoning parser the split is SGLang's, applied to the raw text; without one the thinking
     stays inline in content, as the raw model output would.
     """
-    raw = text(plan, n, final)
+    return split_reasoning(text(plan, n, final), parser, thinking)
+
+
+def split_reasoning(raw: str, parser: str | None, thinking: bool) -> tuple[str, str]:
+    """(reasoning_content, content) of raw text, as `chat_texts` splits it."""
     if parser is None:
         return "", raw
     return separate_reasoning(raw, chat_parser(parser), force=thinking)
@@ -539,8 +557,18 @@ def usage(prompt_tokens: int, completion: int, reasoning: int) -> dict[str, Any]
     }
 
 
-def finish_reason_native(finish: str, cap: int, abort_message: str | None) -> dict[str, Any]:
+def stream_error(message: str) -> dict[str, Any]:
+    """The event SGLang's /generate stream sends for an error raised once the stream is open (its
+    tokenizer manager's ValueErrors: the context checks), before `[DONE]`."""
+    return {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
+
+
+def finish_reason_native(finish: str, cap: int, abort_message: str | None, running: bool = False) -> dict[str, Any]:
+    """`running`: an abort of a running request (FINISH_ABORT's own JSON, status code and error type null);
+    otherwise the tokenizer manager's short abort reason (a queued request, the fault injector's abort)."""
     if finish == "abort":
+        if running:
+            return {"type": "abort", "message": abort_message or "Aborted", "status_code": None, "err_type": None}
         return {"type": "abort", "message": abort_message or "Abort request"}
     if finish == "length":
         return {"type": "length", "length": cap}

@@ -30,6 +30,11 @@ async def open_event_stream(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def send_event(resp: web.StreamResponse, payload: Any) -> None:
+def sse(payload: Any) -> bytes:
+    """One server-sent event as SGLang writes it: `data: {json}` (or `data: [DONE]`) and a blank line."""
     data = payload if isinstance(payload, str) else json.dumps(payload)
-    await resp.write(f"data: {data}\n\n".encode())
+    return f"data: {data}\n\n".encode()
+
+
+async def send_event(resp: web.StreamResponse, payload: Any) -> None:
+    await resp.write(sse(payload))

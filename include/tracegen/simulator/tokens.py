@@ -10,8 +10,9 @@ are windows of a tokenized text stream.
   answer, an optional tool call, `<|im_end|>`. Thinking and answer are one contiguous window of the
   register's `Stream` (the tokenization of `corpus.text`), starting at the sample's `origin`; the window's
   ends fall on whole characters, so a finished completion decodes without U+FFFD, while a cap can cut
-  anywhere, inside a character too. A runaway sample repeats a phrase of the stream from its loop onset on,
-  so its ids loop as a real model's do.
+  anywhere, inside a character too. A runaway sample repeats a stretch of the stream (one token to a
+  thousand) from its loop onset on, exactly or with a token swapped now and then, so its ids loop as a real
+  model's do.
 - **Continuing** a response (`find_origins`): the response starts after the last assistant header of the
   input ids; its first stream ids are looked up in the stream's 4-gram index, which gives the origin, and
   the sample is a pure function of the prompt and the origin (`lengths.continued_sample` verifies every id
@@ -184,6 +185,9 @@ class Stream:
         # Cyclic: positions before the first character start take the last one of the stream.
         tail = int(np.flatnonzero(self.starts)[-1])
         self._prev = np.where(last < 0, tail - self.size, last)
+        # Tokens that are whole characters (this one and the next start one): a loop's variants swap these.
+        self.whole = self.starts & np.roll(self.starts, -1)
+        self.whole_positions = np.flatnonzero(self.whole)
         self._index: tuple[np.ndarray, np.ndarray] | None = None
 
     def window(self, start: int, count: int) -> np.ndarray:
@@ -252,7 +256,9 @@ class Response:
 
     `segments` are, in order, fixed ids (a tuple) or a stretch of the body (`(body_start, length)`, length
     None for endless); the body is the stream from `origin`, looping from body index `loop[0]` with period
-    `loop[1]` when set. `total` is the number of tokens until it stops (None: it never does)."""
+    `loop[1]` when set, each copy after the first swapping one whole-character token of the loop for another
+    with probability `variants` (which copy swaps which token for which is a function of `loop_key`).
+    `total` is the number of tokens until it stops (None: it never does)."""
 
     register: str
     origin: int
@@ -263,6 +269,8 @@ class Response:
     stops: bool
     loop: tuple[int, int] | None = None
     tool: bool = False
+    variants: float = 0.0
+    loop_key: int = 0
 
     def _body(self, j0: int, count: int) -> np.ndarray:
         s = stream(self.register)
@@ -270,8 +278,28 @@ class Response:
             return s.window(self.origin + j0, count)
         onset, period = self.loop
         j = np.arange(j0, j0 + count)
-        j = np.where(j < onset, j, onset + (j - onset) % period)
-        return s.ids[(self.origin + j) % s.size]
+        looped = j >= onset
+        k = np.where(looped, j - onset, 0)  # index inside the loop's run
+        out = s.ids[(self.origin + np.where(looped, onset + k % period, j)) % s.size]
+        if self.variants <= 0:
+            return out
+        copy = k // period
+        swapped = looped & (copy >= 1)
+        if not swapped.any():
+            return out
+        # Each copy's draw: whether it swaps, which of the loop's tokens, and for which token of the stream.
+        h = _mix(copy[swapped].astype(np.uint64) ^ np.uint64(self.loop_key & _MASK64))
+        slot = (h >> np.uint64(16)) % np.uint64(period)
+        at = np.flatnonzero(swapped)
+        hit = ((h & np.uint64(0xFFFF)) < np.uint64(int(self.variants * 0x10000))) & (
+            slot == (k[at] % period).astype(np.uint64)
+        )
+        # Only a whole-character token is swapped, for another: the text stays whole characters.
+        hit &= s.whole[(self.origin + onset + k[at] % period) % s.size]
+        if hit.any():
+            pick = (h[hit] >> np.uint64(32)) % np.uint64(s.whole_positions.size)
+            out[at[hit]] = s.ids[s.whole_positions[pick.astype(np.int64)]]
+        return out
 
     def ids(self, start: int, count: int) -> list[int]:
         """Ids at response positions [start, start + count)."""
@@ -293,6 +321,17 @@ class Response:
                 break
             pos = seg_end
         return out
+
+
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on uint64s (wrapping arithmetic): a fixed, well-spread hash per value."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 class _BodySeg(tuple):
@@ -331,11 +370,12 @@ def layout(sample: Any, register: str, origin: int, thinking: bool, tool_name: s
     head = (THINK_ID, nl)
     if sample.runaway:
         base = 2 if thinking else 0
-        onset = s.snap_up(origin, max(0, sample.loop_onset - base))
+        # The loop starts after the body's first 4 ids at least: a continuation finds its sample by them.
+        onset = s.snap_up(origin, max(_NGRAM, sample.loop_onset - base))
         period = s.snap_up(origin + onset, max(1, sample.loop_period))
         segs = ((head,) if thinking else ()) + (_body_seg(0, None),)
         return Response(register, origin, thinking, sample.reasoning if thinking else 0, segs, None, False,
-                        (onset, period))
+                        (onset, period), variants=sample.loop_variants, loop_key=sample.key)
     total = sample.total if thinking else max(1, sample.answer)
     if thinking:
         total = max(total, MIN_THINKING_TOTAL)

@@ -78,8 +78,8 @@ def duplicate_key(index: int, max_tokens: int, status: str, pivot: str | None) -
     return int(index), int(max_tokens), pivot == RESAMPLED
 
 
-# The columns "done" is decided from (tracegen.plan), read without the rest by planning and resume.
-PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens")
+# The columns "done" is decided from (tracegen.run.plan), read without the rest by planning and resume.
+PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens", "runaway_score")
 
 
 def pack_token_ids(ids: Sequence[int]) -> str:

@@ -196,8 +196,9 @@ class Snapshots:
             raise self.commits.bad_entry_error(keys, exc) from exc
 
     def plan_frame(self, indices: np.ndarray | Sequence[int], also: Sequence[str] = ()) -> pd.DataFrame:
-        """Only what planning needs (index, status, finish_reason, max_tokens, and the part holding the
-        row, where a truncated row is continued from) for the rows of `indices`, and completion_tokens, with
+        """Only what planning needs (index, status, finish_reason, max_tokens, runaway_score, which keeps a
+        runaway from being continued, and the part holding the row, where a truncated row is continued from)
+        for the rows of `indices`, and completion_tokens, with
         which the gates judge a row generated under a higher cap (`audit.stats.gate_counts`).
 
         A chunk task resumes from this instead of `frame()`: its memory then follows the chunk, not the

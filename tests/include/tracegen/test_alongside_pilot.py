@@ -24,8 +24,8 @@ from engine_support.helpers import (
 from tracegen.generate.chunk import GateClosed, generate_chunk_work
 from tracegen.generate.engine import ChunkInterrupted
 from tracegen.generate.gate_watch import PilotGateWatch
-from tracegen.plan import ChunkWork, pilot_indices
 from tracegen.run import PILOT_REPORT
+from tracegen.run.plan import ChunkWork, pilot_indices
 
 SLOW = dict(sim_length_model="short", log_level="warning", max_running_requests=8)
 

@@ -1,4 +1,4 @@
-"""The Celery settings tracegen's workers run with (tracegen/celery_config.py)."""
+"""The Celery settings tracegen's workers run with (tracegen/common/celery_config.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib
 
 from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
 
-from tracegen.celery_config import CELERY_CONFIG, PRELOADED_MODULES
+from tracegen.common.celery_config import CELERY_CONFIG, PRELOADED_MODULES
 
 
 def test_keeps_every_airflow_default_and_adds_the_preloaded_imports() -> None:

@@ -9,7 +9,7 @@ from engine_support.helpers import make_config, rerun_work, root_of, write_datas
 
 from tracegen.fleet import FleetSpec
 from tracegen.fleet.spec import HostSpec
-from tracegen.plan import ChunkLayout, choose_layout
+from tracegen.run.plan import ChunkLayout, choose_layout
 from tracegen.run.prepare import prepare_run
 from tracegen.run.records import read_run_record
 from tracegen.run.spec import FleetRef

@@ -83,9 +83,9 @@ def test_safe_run_id():
 
 
 def test_the_trigger_forms_cap_fields_are_the_one_cap_rules():
-    """The run's form and the raise's form take their max_tokens bounds from `tracegen.cap_rule`, which
+    """The run's form and the raise's form take their max_tokens bounds from `tracegen.common.cap_rule`, which
     RunConfig checks a value by (one rule for every cap)."""
-    from tracegen.cap_rule import HIGHEST, LOWEST
+    from tracegen.common.cap_rule import HIGHEST, LOWEST
     from tracegen.config import rule_of
     from tracegen.params import raise_cap_params, trigger_params
 

@@ -32,9 +32,9 @@ from tracegen.store.records import OK, GeneratedRow
 # Export A: the CLI with a pause before its second shard (after the first is written and the lock refreshed).
 PAUSED_EXPORT = """
 import pathlib, sys, time
-import tracegen.export as export
+import tracegen.export.writer as writer
 ready, go = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-finish, calls = export._Encoder.finish, []
+finish, calls = writer.Encoder.finish, []
 def paused(encoder):
     calls.append(1)
     if len(calls) == 2:
@@ -45,7 +45,7 @@ def paused(encoder):
                 raise SystemExit("never told to go on")
             time.sleep(0.05)
     return finish(encoder)
-export._Encoder.finish = paused
+writer.Encoder.finish = paused
 from tracegen.cli import main
 sys.exit(main(sys.argv[3:]))
 """

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tracegen import locations
+from tracegen.common import locations
 from tracegen.config import SAMPLE_DATASET, state_dir
 
 
@@ -81,3 +81,29 @@ def test_a_bad_entry_in_the_setting_is_named(monkeypatch, tmp_path):
     monkeypatch.setenv(locations.WRITE_SETTING, f"{tmp_path},relative/dir")
     message = _refused(str(tmp_path / "out"))
     assert "TRACEGEN_WRITE_PREFIXES" in message and "'relative/dir'" in message
+
+
+@pytest.mark.parametrize(("uri", "shown", "host_only"), [
+    ("https://u:p@h.example:8443/hooks/x?token=abc#frag", "https://h.example:8443/hooks/x", "https://h.example:8443"),
+    ("http://user:pa/ss@host/p", "http://host/p", "http://host"),  # a '/' in the password
+    ("http://user:p@ss@host/p", "http://host/p", "http://host"),  # an '@' in the password
+    ("http://token@host", "http://host", "http://host"),
+    ("https://b.s3.example/k?X-Amz-Signature=sig", "https://b.s3.example/k", "https://b.s3.example"),
+    ("s3://bucket/runs/a`b", "s3://bucket/runs/a`b", "s3://bucket"),
+    ("http://[::1]:8080/v1", "http://[::1]:8080/v1", "http://[::1]:8080"),
+    ("http://h:8080/models/@latest", "http://h:8080/models/@latest", "http://h:8080"),
+    ("/data/out?not-a-query", "/data/out?not-a-query", "/data/out?not-a-query"),  # a local path is as it is
+    ("user:pw@host/x?q=1", "host/x", "host"),
+    ("http://h/x\nFAKE LOG LINE", "http://h/x%0AFAKE LOG LINE", "http://h"),
+    ("", "", ""),
+], ids=["userinfo-query-fragment", "slash-in-password", "at-in-password", "token-user", "presigned", "s3",
+        "ipv6", "at-in-path", "local-path", "no-scheme", "newline", "empty"])
+def test_a_shown_location_holds_no_userinfo_query_or_fragment(uri: str, shown: str, host_only: str) -> None:
+    assert locations.shown_location(uri) == shown
+    assert locations.shown_location(uri, with_path=False) == host_only
+
+
+@pytest.mark.parametrize("odd", [None, 42, b"http://u:p@h/", ["x"], "http://", "://@", "http://[::1", "\x00\x7f"])
+def test_showing_an_odd_location_never_raises(odd) -> None:
+    shown = locations.shown_location(odd)
+    assert isinstance(shown, str) and "u:p" not in shown and shown.isprintable()

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracegen.plan import (
+from tracegen.run.plan import (
     Chunk,
     choose_chunk_size,
     chunks,

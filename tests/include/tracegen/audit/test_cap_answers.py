@@ -1,7 +1,7 @@
 """The reviewer's typed cap through the path an answer takes: the HITL task's
 `execute_complete` (what runs when the REST handler or the UI records a response) and the answer parsing
 it calls (`audit.review.decide`). A cap the run cannot act on is refused and the question asked again,
-never a failed run and never a run continuing at it; the refusals are `tracegen.cap_rule`'s, the same
+never a failed run and never a run continuing at it; the refusals are `tracegen.common.cap_rule`'s, the same
 for a reviewer's answer and an operator's raise."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tracegen.audit.review import CURRENT, OTHER, PILOT, RECOMMENDED, STOP, AnswerRefused, CapQuestion, decide
-from tracegen.cap_rule import CapRefused, check_cap
+from tracegen.common.cap_rule import CapRefused, check_cap
 
 CONTEXT = 40_960
 WHEN = dt.datetime(2026, 3, 1, 12, 30, tzinfo=dt.UTC)

@@ -107,6 +107,7 @@ def test_a_referenced_secret_reaches_the_launched_server_and_nothing_else(
     output = tmp_path / "out"
     params = {**default_params(), "dataset_uri": str(dataset), "output_uri": str(output),
               "fleet": str(fleet_file), "max_tokens": 4096, "pilot_size": 8, "chunk_size": 10, "teardown": True}
+    monkeypatch.setenv("TRACEGEN_FLEETS", str(fleet_file))  # the operator lists the fleet the trigger names
     monkeypatch.setattr(steps, "_context", lambda: {"params": params, "run_id": "manual__secrets"})
     caplog.set_level("DEBUG")
 

@@ -23,7 +23,6 @@ from engine_support.helpers import (
     write_dataset,
 )
 
-from tracegen import plan
 from tracegen.audit.stats import gate_counts
 from tracegen.generate.engine import PILOT_CHUNK
 from tracegen.generate.measure import (
@@ -34,6 +33,7 @@ from tracegen.generate.measure import (
     read_measurement,
     worst_case_tokens,
 )
+from tracegen.run import plan
 from tracegen.run.report import audit_and_report
 from tracegen.sglang.client import ClientConfig
 from tracegen.store.current import current_rows

@@ -20,11 +20,10 @@ from engine_support.helpers import (
     write_dataset,
 )
 
-from tracegen import plan
 from tracegen.audit.runaway_rows import TAILS, find_runaways
 from tracegen.export import export_dataset
 from tracegen.generate.resample import resample_runaways
-from tracegen.run import RESAMPLE_CHUNK
+from tracegen.run import RESAMPLE_CHUNK, plan
 from tracegen.run.report import audit_and_report
 from tracegen.sglang.client import ClientConfig
 from tracegen.store.commits import Commits
@@ -123,6 +122,28 @@ def test_the_report_counts_runaways_as_a_floor(tmp_path, generated):
     assert "Runaway rows" in html
 
 
+def test_a_raised_cap_continues_the_truncated_rows_and_never_a_runaway(tmp_path, generated):
+    """The pivot to 512 extends the rows cut at 256 and sends nothing for a runaway: its loop would run to
+    any cap. The plan, the pivot's sources and the tail measurement's rows all leave runaways out, read from
+    the score the ledger keeps."""
+    from tracegen.generate.measure import truncated_rows
+
+    sim, dataset, out, runaways, others = generated
+    frame = root_of(make_config(dataset, out, max_tokens=CAP)).snapshots.frame()
+    raised = make_config(dataset, out, max_tokens=2 * CAP, truncated_policy="extend")
+    todo = set(plan.remaining(frame, range(N_ROWS), raised.max_tokens, "extend").tolist())
+    assert others <= todo and not runaways & todo
+    assert not runaways & set(plan.superseded_rows(frame, sorted(runaways | others), raised.max_tokens)["index"])
+    assert set(truncated_rows(frame)["index"]) == others
+    prepare(raised, "run-512")
+    sent = metric(sim.url, REQS)
+    summary = run_engine(raised, "run-512", endpoints(sim, in_flight=32), tmp_path / "spool512", range(N_ROWS))
+    assert summary.extended == len(others) and metric(sim.url, REQS) - sent == len(others)
+    current = current_rows(root_of(raised).snapshots.frame())
+    kept = current[current["index"].isin(runaways)]
+    assert (kept["max_tokens"] == CAP).all() and len(kept) == len(runaways)
+
+
 def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(tmp_path, generated):
     sim, dataset, out, runaways, _ = generated
     config = make_config(dataset, out, max_tokens=CAP, runaway_policy="resample")
@@ -144,8 +165,13 @@ def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(t
     current = current_rows(frame)
     assert set(current.loc[current["index"].isin(runaways), "chunk"]) == {RESAMPLE_CHUNK}
     assert plan.remaining(frame, range(N_ROWS), CAP, "extend").size == 0
-    # A higher cap later continues the fresh sample, not the row it replaced (both cut at 256).
-    cut_again = set(fresh.loc[fresh["finish_reason"] == "length", "index"])
+    # A higher cap later continues the fresh sample, not the row it replaced (both cut at 256), unless the
+    # fresh sample loops too: a runaway is never continued.
+    cut = fresh["finish_reason"] == "length"
+    looped_again = set(fresh.loc[cut & (fresh["runaway_score"] >= 0.5), "index"])
+    cut_again = set(fresh.loc[cut, "index"]) - looped_again
+    todo = set(plan.remaining(frame, range(N_ROWS), 1024, "extend").tolist())
+    assert cut_again <= todo and not looped_again & todo
     if cut_again:
         sources = plan.superseded_rows(frame, sorted(cut_again), 1024)
         assert set(sources["part"]) <= set(fresh["part"]) and set(sources["index"]) == cut_again

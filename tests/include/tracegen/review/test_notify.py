@@ -174,7 +174,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
      "the connection is malformed: extra 'starttls' must be true or false, got 'yes'"),
     ({"conn_type": "http", "extra": {}}, "the connection is malformed: no host"),
     ({"conn_type": "http", "host": "hooks.example.test", "schema": "services/T0/B0/x"},
-     "the connection is malformed: schema 'services/T0/B0/x' is not http or https"),
+     "the connection is malformed: schema 'services' is not http or https"),
     ({"conn_type": "https", "host": "https://hooks.example.test/x", "extra": {"headers": ["Bearer x"]}},
      "the connection is malformed: extra 'headers' must be an object of header names to string values"),
 ], ids=["missing", "not-a-channel", "smtp-no-host", "smtp-no-to", "email-no-from", "smtp-starttls-not-bool",
@@ -222,3 +222,102 @@ def test_who_may_answer_is_the_operators_setting_and_anyone_when_unset(monkeypat
     assert unset.assigned_users is None and unset.notifiers == []
     monkeypatch.setenv(ASSIGNED_USERS_ENV, "alice, 7:Bob Smith,,")
     assert review_task().assigned_users == [{"id": "alice", "name": "alice"}, {"id": "7", "name": "Bob Smith"}]
+
+
+def _pose_within(task, seconds: float) -> float:
+    """Pose the question in a thread; how long it took, failing when it is still blocked after `seconds`."""
+    import threading
+    import time
+
+    started = time.monotonic()
+    thread = threading.Thread(target=pose, args=(task,), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"posing the question is still blocked after {seconds:g} s"
+    return time.monotonic() - started
+
+
+def test_a_server_trickling_one_byte_every_5_s_is_given_up_at_the_deadline_and_the_question_is_posed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import time
+
+    from fixtures.notify_receivers import trickling_server
+
+    monkeypatch.setenv("TRACEGEN_QUESTION_NOTIFY_DEADLINE_S", "2")
+    with trickling_server("http") as slow_hook, trickling_server("smtp") as slow_mail:
+        monkeypatch.setenv("AIRFLOW_CONN_Q_HOOK", json.dumps(
+            {"conn_type": "http", "host": f"http://127.0.0.1:{slow_hook.port}/hooks/secret-path"}))
+        monkeypatch.setenv("AIRFLOW_CONN_Q_MAIL", json.dumps(
+            {"conn_type": "smtp", "host": "127.0.0.1", "port": slow_mail.port,
+             "extra": {"from": "a@b.test", "to": ["c@d.test"]}}))
+        monkeypatch.setenv(NOTIFY_ENV, "q_hook,q_mail")
+        task = review_task()
+        with caplog.at_level(logging.WARNING):
+            took = _pose_within(task, 30)
+        # Two notifications, one after the other, each given up at its 2 s deadline.
+        assert took < 2 * 2 + 3, took
+        assert task.body and task.options  # the question is posed
+        hook_warning, mail_warning = _warnings(caplog)
+        for warning, where in ((hook_warning, f"webhook http://127.0.0.1:{slow_hook.port}"),
+                               (mail_warning, f"SMTP 127.0.0.1:{slow_mail.port}")):
+            assert f"{where} failed (DeadlinePassed: not done within the notification's deadline of 2 s" in warning
+        # Given up means hung up, not left reading in the background.
+        deadline = time.monotonic() + 12
+        while (slow_hook.closed_by_client, slow_mail.closed_by_client) != (1, 1) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (slow_hook.connections, slow_mail.connections) == (1, 1)
+        assert (slow_hook.closed_by_client, slow_mail.closed_by_client) == (1, 1)
+
+
+def test_a_login_without_tls_is_refused_unless_the_connection_allows_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with notification_receivers() as (mail, _):
+        cleartext = json.loads(mail_connection(mail))
+        del cleartext["extra"]["allow_login_without_tls"]
+        monkeypatch.setenv("AIRFLOW_CONN_Q_MAIL", json.dumps(cleartext))
+        monkeypatch.setenv(NOTIFY_ENV, "q_mail")
+        with caplog.at_level(logging.WARNING):
+            pose(review_task())
+        [warning] = _warnings(caplog)
+        assert ("the connection is malformed: a login without TLS would send the password in the clear: set extra "
+                "'starttls' or 'ssl' to true, or 'allow_login_without_tls' to true") in warning
+        assert mail.messages == []
+        # Without a login there is no password to protect; with the setting, the operator took the risk.
+        del cleartext["login"], cleartext["password"]
+        monkeypatch.setenv("AIRFLOW_CONN_Q_MAIL", json.dumps(cleartext))
+        pose(review_task())
+        assert mail.wait_for(lambda m: True)[2] is None
+        monkeypatch.setenv("AIRFLOW_CONN_Q_MAIL", mail_connection(mail))
+        pose(review_task())
+        mail.wait_for(lambda m: len(mail.messages) == 2)
+        assert mail.messages[1][2] == LOGIN
+
+
+def test_credentials_in_a_webhook_url_or_an_smtp_host_never_reach_the_task_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    closed = _free_port()
+    secrets = ("hookuser", "hookpass", "tok3n-in-query", "frag-secret", "secret-path", "smtpuser", "smtppass")
+    with notification_receivers() as (mail, hook):
+        monkeypatch.setenv("AIRFLOW_CONN_Q_HOOK", json.dumps(
+            {"conn_type": "http",
+             "host": f"http://hookuser:hookpass@127.0.0.1:{hook.port}/secret-path?token=tok3n-in-query#frag-secret"}))
+        monkeypatch.setenv("AIRFLOW_CONN_Q_DEAD", json.dumps(
+            {"conn_type": "http", "host": f"http://hookuser:hookpass@127.0.0.1:{closed}/secret-path?t=tok3n-in-query"}))
+        monkeypatch.setenv("AIRFLOW_CONN_Q_MAIL", json.dumps(
+            {"conn_type": "smtp", "host": "smtpuser:smtppass@127.0.0.1", "port": closed, "login": "smtpuser",
+             "password": "smtppass", "extra": {"from": "a@b.test", "to": ["c@d.test"], "starttls": True}}))
+        monkeypatch.setenv(NOTIFY_ENV, "q_hook,q_dead,q_mail")
+        with caplog.at_level(logging.DEBUG):
+            pose(review_task())
+            hook.wait_for(lambda body: True)
+            hook.status = 500
+            pose(review_task())
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"sent through webhook http://127.0.0.1:{hook.port}" in logged
+    assert f"webhook http://127.0.0.1:{hook.port} failed (ChannelFailed" in logged
+    assert f"webhook http://127.0.0.1:{closed} failed (ConnectError" in logged
+    assert f"SMTP 127.0.0.1:{closed} failed" in logged
+    assert [s for s in secrets if s in logged] == []

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tracegen.http_connection import ConnectionMisconfigured
+from tracegen.common.http_connection import ConnectionMisconfigured
 from tracegen.run.api_answer import (
     API_CONN_ENV,
     AnswerFailed,
@@ -69,3 +69,29 @@ def test_an_api_server_not_reached_is_an_answer_failed_without_a_status() -> Non
     with pytest.raises(AnswerFailed, match=f"the api-server at http://127.0.0.1:{port} .* not reached") as caught:
         answerer.answer("tracegen_generate", "manual__1", "review_cap", "Continue at the cap typed below", {"cap": 9000})
     assert caught.value.status is None
+
+
+def test_an_api_server_url_with_credentials_is_named_without_them() -> None:
+    from fixtures.notify_receivers import WebhookReceiver
+
+    refusing = WebhookReceiver().start()
+    refusing.status = 401
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    try:
+        messages = []
+        for port in (refusing.port, closed):
+            answerer = ApiAnswerer(base_url=f"http://urluser:urlpass@127.0.0.1:{port}/?tok=qs-secret",
+                                   login="raiser", password="the-api-password")
+            with pytest.raises(AnswerFailed) as caught:
+                answerer.answer("tracegen_generate", "manual__1", "review_cap", "Stop the run", {})
+            messages.append(str(caught.value))
+    finally:
+        refusing.stop()
+    assert len(refusing.posts) == 1  # the refusal came from the server, not from a URL that could not be used
+    assert messages[0].startswith(f"the api-server at http://127.0.0.1:{refusing.port}/ (connection "
+                                  "'tracegen_api'): /auth/token refused user 'raiser': HTTP 401"), messages[0]
+    assert messages[1].startswith(f"the api-server at http://127.0.0.1:{closed}/ (connection 'tracegen_api'): "
+                                  "not reached"), messages[1]
+    assert not [s for s in ("urluser", "urlpass", "qs-secret", "the-api-password") if s in "\n".join(messages)]

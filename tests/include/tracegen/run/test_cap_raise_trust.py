@@ -1,5 +1,5 @@
 """Whether a raise Variable is the run's decision, through the task callables that
-read it: a chunk task (`steps._at_raised_cap`), the question task (`steps.ask_about_cap`) and the raise
+read it: a chunk task (`cap_raise.at_current_cap`), the question task (`steps.ask_about_cap`) and the raise
 task itself (`steps.raise_cap`), on a stand-in for the Airflow task API (Variables, XComs, task states:
 what `airflow.sdk` gives a running task). A Variable is taken only when the tracegen_raise_cap run it
 names succeeded and returned exactly it, and its cap passes the one cap rule against the run's cap and
@@ -18,16 +18,19 @@ from engine_support.helpers import make_config, prepare, write_dataset
 
 from tracegen import steps
 from tracegen.audit.review import CAP_FIELD, OTHER, PILOT, CapQuestion, decide
+from tracegen.common import dag_ids
 from tracegen.run.cap_raise import (
     ANSWERING_KEY,
     RAISE_DAG,
     RAISE_TASK,
     CapRaise,
     RaiseFacts,
+    at_current_cap,
     decode,
     encode,
     variable_key,
 )
+from tracegen.tasks.api import TaskApi
 
 CONTEXT = 40_960
 GENERATE_RUN = "manual__2026-11-30T09:00:00+00:00"  # the tracegen_generate run (Airflow's id)
@@ -68,7 +71,7 @@ class Airflow:
     # -- the task instance's API
     def xcom_pull(self, task_ids=None, dag_id=None, key="return_value", include_prior_dates=False, *,
                   map_indexes=None, default=None, run_id=None) -> Any:
-        if dag_id in (None, steps.GENERATE_DAG) and run_id in (None, GENERATE_RUN):
+        if dag_id in (None, dag_ids.GENERATE) and run_id in (None, GENERATE_RUN):
             if task_ids == "prepare_run" and key == "run":
                 return self.spec.to_json()
             if task_ids == "provision_fleet":
@@ -137,11 +140,11 @@ def _what_the_run_does(af: Airflow, spec) -> tuple[int, dict[str, Any] | None]:
     """The cap a chunk task starting now generates at, and the decision the question task takes (None:
     it has nothing to decide, as under gate_mode=warn without a raise)."""
     af.in_generate_task()
-    cap = steps._at_raised_cap(spec).config.max_tokens
+    cap = at_current_cap(TaskApi.current(), spec).config.max_tokens
     try:
         af.pushed = {}
         assert steps.ask_about_cap(spec.to_json(), {}, af.servers) == []  # nothing to generate while asking
-        decided = af.pushed[steps.QUESTION_KEY]["decided"]
+        decided = af.pushed[dag_ids.QUESTION_KEY]["decided"]
     except AirflowSkipException:
         decided = None
     return cap, decided

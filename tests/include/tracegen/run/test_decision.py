@@ -26,9 +26,9 @@ from tracegen.audit.review import (
 )
 from tracegen.config import RunConfig
 from tracegen.generate.gate_watch import continuous_sample
-from tracegen.plan import chunks_with_work, pilot_indices
 from tracegen.run import QUESTION_FILE, RUN_FILE
 from tracegen.run.decision import GATE_REPORT, apply, ask, rows_held
+from tracegen.run.plan import chunks_with_work, pilot_indices
 from tracegen.run.records import read_run_record, stopped_at_gate
 from tracegen.run.report import audit_and_report
 from tracegen.run.spec import RunSpec
@@ -419,7 +419,11 @@ class _AnsweredTI:
 
 
 def test_apply_decision_waits_for_the_chunks_generating_before_the_answer_and_leaves_out_the_rest() -> None:
-    from tracegen import steps
+    from tracegen.run.while_asking import settled_left_to_start
+    from tracegen.tasks.api import TaskApi
+
+    def left(ti) -> set[int]:
+        return settled_left_to_start(TaskApi({"ti": ti, "run_id": ti.run_id}), poll_s=0)
 
     chunks = [{"chunk": c, "start": 100 * c, "stop": 100 * (c + 1), "remaining": 100} for c in range(4)]
     # When it first looks, chunks 0 and 1 generate (maybe at the provisional cap), 2 is queued, 3 not yet
@@ -429,9 +433,9 @@ def test_apply_decision_waits_for_the_chunks_generating_before_the_answer_and_le
                               {0: "success", 1: "running", 2: "running"},
                               {0: "success", 1: "up_for_retry", 2: "running", 3: "running"}])
     # Chunk 1 failed while waited for: its retry reads the answer, so the answer's plan leaves it out too.
-    assert steps._while_asking_left_to_start(ti, poll_s=0) == {1, 2, 3}
+    assert left(ti) == {1, 2, 3}
     assert ti.reads == 3
     ti = _AnsweredTI(chunks, [{0: "running", 1: "running"}, {0: "success", 1: "success", 2: "running"}])
-    assert steps._while_asking_left_to_start(ti, poll_s=0) == {2, 3}
+    assert left(ti) == {2, 3}
     # No question, or nothing generated while asking (while_asking=idle): nothing to wait for.
-    assert steps._while_asking_left_to_start(_AnsweredTI([], [{}]), poll_s=0) == set()
+    assert left(_AnsweredTI([], [{}])) == set()

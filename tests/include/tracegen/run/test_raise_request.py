@@ -9,7 +9,7 @@ import pytest
 from engine_support.helpers import make_config, prepare, write_dataset
 
 from tracegen.audit.review import CAP_FIELD, PILOT, CapQuestion
-from tracegen.http_connection import ConnectionMisconfigured
+from tracegen.common.http_connection import ConnectionMisconfigured
 from tracegen.review.notify import ASSIGNED_USERS_ENV, assigned_users
 from tracegen.run.api_answer import AnswerFailed
 from tracegen.run.cap_raise import CapRaise, RaiseFacts, parse, variable_key

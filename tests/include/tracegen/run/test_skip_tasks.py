@@ -18,7 +18,7 @@ from airflow.sdk.execution_time import task_runner
 from airflow.sdk.execution_time.comms import CommsDecoder, SkipDownstreamTasks, _RequestFrame, _ResponseFrame
 from airflow.sdk.execution_time.supervisor import ActivitySubprocess
 
-from tracegen import dag_ids
+from tracegen.common import dag_ids
 from tracegen.run.skip_tasks import skip_tasks
 
 

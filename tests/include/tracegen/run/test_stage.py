@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
-from tracegen.review_app import gate_stage
+from tracegen.review.read_model import gate_stage
 from tracegen.run import PILOT_REPORT, QUESTION_FILE, RUN_FILE
 from tracegen.run.records import stage_of, stopped_at_gate
 from tracegen.run.stage import ASKING, GOING, STOPPED, run_stage

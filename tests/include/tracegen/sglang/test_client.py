@@ -349,3 +349,45 @@ def test_load_spreads_over_two_servers(sim_server) -> None:
 async def _run_one_server(url: str, n: int, **config: float) -> list[GeneratedRow]:
     async with SGLangClient([ServerEndpoint(url, max_in_flight=8)], ClientConfig(**{**FAST, **config})) as client:
         return await run_rows(client, range(n), concurrency=8)
+
+
+def test_a_server_url_with_credentials_is_shown_without_them(sim_server, caplog) -> None:
+    import logging
+
+    failing = sim_server(sim_error_rate=1.0, sim_error_status=503)
+    keyed = sim_server(api_key="s3cret")
+
+    def with_userinfo(url: str) -> str:
+        return url.replace("http://", "http://gpuuser:gpupass@") + "/"
+
+    async def main() -> tuple[list[GeneratedRow], list[dict], list[str]]:
+        fatal = []
+        retrying = ClientConfig(max_attempts=3, quarantine_after=50, **FAST)
+        async with SGLangClient([ServerEndpoint(with_userinfo(failing.url))], retrying) as client:
+            rows = await run_rows(client, range(2))
+            stats = client.stats()
+        all_down = ClientConfig(max_attempts=5, quarantine_after=2, all_down_fatal_s=0.5, **FAST)
+        async with SGLangClient([ServerEndpoint(with_userinfo(failing.url))], all_down) as client:
+            with pytest.raises(FatalClientError) as caught:
+                await run_rows(client, range(1))
+            fatal.append(str(caught.value))
+        async with SGLangClient([ServerEndpoint(with_userinfo(keyed.url), api_key="wrong")], retrying) as client:
+            with pytest.raises(FatalClientError) as caught:
+                await run_rows(client, range(1))
+            fatal.append(str(caught.value))
+        return rows, stats, fatal
+
+    with caplog.at_level(logging.DEBUG, logger="tracegen"):
+        rows, stats, fatal = asyncio.run(main())
+    with pytest.raises(ValueError) as refused:
+        ServerEndpoint(with_userinfo(failing.url) + "?token=t0ken")
+    assert [r.status for r in rows] == ["failed", "failed"]
+    assert all(f"{failing.url}: HTTP 503" in r.error for r in rows), [r.error for r in rows]
+    assert stats[0]["url"] == failing.url
+    assert fatal[0].startswith("every server has been unusable") and f"{failing.url}: " in fatal[0], fatal[0]
+    assert fatal[1].startswith(f"{keyed.url} answered HTTP 401"), fatal[1]
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"quarantining {failing.url}: ") for m in logged), logged
+    shown = "\n".join([*logged, *fatal, str(refused.value), *(f"{r.server} {r.error}" for r in rows),
+                       repr(stats)])
+    assert "gpuuser" not in shown and "gpupass" not in shown and "t0ken" not in shown

@@ -468,7 +468,9 @@ def test_abort_request_finishes_with_abort_http_200(sim_server):
     run, wait = asyncio.run(scenario())
     assert run.status_code == 200
     meta = run.json()["meta_info"]
-    assert meta["finish_reason"]["type"] == "abort" and "prompt_tokens" not in meta
+    # A running request's abort is SGLang's FINISH_ABORT in the whole meta_info, with what it generated.
+    assert meta["finish_reason"] == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+    assert meta["prompt_tokens"] == 1 and meta["completion_tokens"] == len(run.json()["output_ids"]) > 0
     assert wait.status_code == 200 and wait.json()["choices"][0]["finish_reason"] == "abort"
     assert wait.json()["usage"]["completion_tokens"] == 0
 

@@ -86,7 +86,7 @@ def test_frame_can_compact_on_read(tmp_path: Path) -> None:
 
 
 def test_plan_frame_holds_only_the_asked_rows_and_agrees_with_frame(tmp_path: Path) -> None:
-    from tracegen import plan
+    from tracegen.run import plan
 
     root = OutputRoot(open_storage(str(tmp_path)))
     for chunk in range(4):
@@ -97,8 +97,8 @@ def test_plan_frame_holds_only_the_asked_rows_and_agrees_with_frame(tmp_path: Pa
     root.commits.commit([row(i, cap=8192, chunk=9, run="r2") for i in (0, 5, 120)], "r2", 9, "late")
     wanted = list(range(90, 130)) + [0, 5]
     lean = root.snapshots.plan_frame(wanted)
-    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens", "completion_tokens",
-                                           "part"])
+    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens", "runaway_score",
+                                           "completion_tokens", "part"])
     assert set(lean["index"]) == set(wanted)
     # The part of each row: where a truncated row is continued from.
     assert set(lean.loc[lean["max_tokens"] == 8192, "part"]) == {part_key("r2", 9, "late")}

@@ -14,6 +14,9 @@ compared by its real path (links and `..` resolved, the prefix's too), so no `..
 prefix; an S3 URI by bucket, then key prefix on a `/` boundary (`s3://b/team` holds `s3://b/team/x`, not
 `s3://b/team-b`), and a key with a `.` or `..` segment is refused. URIs are read the way
 `tracegen.store.storage.open_storage` and `tracegen.dataset.source` open them.
+
+`shown_location` is how any location (a storage URI, a server's or a webhook's URL) is written into a log, a
+report, a manifest or the question: without the credentials or tokens a URL can carry.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ READ_SETTING = "TRACEGEN_READ_PREFIXES"
 WRITE_SETTING = "TRACEGEN_WRITE_PREFIXES"
 READ, WRITE = "read", "write"
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # include/tracegen
 SAMPLE_DATA_DIR = _PACKAGE_DIR / "sample_data"
 
 
@@ -62,6 +65,35 @@ class Location:
 
     def __str__(self) -> str:
         return self.path if self.space == "file" else f"{self.space}/{self.path}"
+
+
+def shown_location(uri: str, *, with_path: bool = True) -> str:
+    """`uri` as it may be shown to whoever reads a log, a report, a manifest or the question: without
+    userinfo (`user:password@`), query (a presigned URL's signature, a webhook's `?token=`) or fragment, and
+    control characters escaped so a value cannot forge a log line. `with_path=False` keeps scheme and host
+    only (an incoming webhook's path is its secret). A local path is shown as it is. Never raises: whatever
+    `uri` is, the answer is a string that holds none of those parts."""
+    if not isinstance(uri, str):
+        return f"<{type(uri).__name__}, not a location>"
+    text = uri.strip()
+    if "://" in text:
+        scheme, _, rest = text.partition("://")
+        rest = rest.split("#", 1)[0].split("?", 1)[0]
+        # Up to the first '/' is the authority; its userinfo ends at the last '@' in it.
+        authority, slash, path = rest.partition("/")
+        after_colon = authority.rpartition(":")[2]
+        if "@" not in authority and ":" in authority and not after_colon.isdigit() and "@" in path:
+            # `user:pass/word@host`: a password holding a '/' makes the authority look cut short; what
+            # follows the last '@' is the host and path.
+            authority, slash, path = rest.rpartition("@")[2].partition("/")
+        authority = authority.rpartition("@")[2]
+        text = f"{scheme}://{authority}" + (slash + path if with_path else "")
+    elif not text.startswith("/"):
+        # No scheme and not a path (`user:pw@host/x`, `host:8080?token=`): the same parts dropped.
+        text = text.split("#", 1)[0].split("?", 1)[0]
+        head, slash, tail = text.partition("/")
+        text = head.rpartition("@")[2] + (slash + tail if with_path else "")
+    return "".join(c if c.isprintable() else f"%{ord(c):02X}" for c in text)
 
 
 def location(uri: str) -> Location:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from tracegen.audit.runaway import scored_runaway
 from tracegen.store.records import COMPLETE, INVALID, OK, PLAN_COLUMNS, REJECTED
 
 if TYPE_CHECKING:
@@ -112,9 +113,34 @@ def pilot_sample(n_rows: int, size: int, seed: int) -> list[int]:
 
 def _check_frame(frame: pd.DataFrame) -> None:
     """The frame's shape; cap and policy come from a validated `RunConfig` and are not checked again."""
-    missing = [c for c in PLAN_COLUMNS if c not in frame.columns]
+    missing = [c for c in PLAN_COLUMNS if c not in frame.columns and c != "runaway_score"]
     if missing:
         raise ValueError(f"ledger frame lacks columns {missing}")
+
+
+def scored_runaways(frame: pd.DataFrame) -> np.ndarray:
+    """Per ledger row: a truncated row its stored score judges a runaway (a frame without the column holds
+    none). Such a row is never continued: its loop would run to any cap."""
+    if "runaway_score" not in frame.columns or len(frame) == 0:
+        return np.zeros(len(frame), dtype=bool)
+    return (frame["status"] == OK).to_numpy(bool) & (frame["finish_reason"] == "length").to_numpy(bool) & \
+        scored_runaway(frame["runaway_score"])
+
+
+def runaways(frame: pd.DataFrame) -> np.ndarray:
+    """Per ledger row: a runaway that still stands for its index, one no other ok row of the index at its cap
+    or above replaces (runaway_policy=resample's fresh sample does: that row then decides for the index)."""
+    scored = scored_runaways(frame)
+    if not scored.any():
+        return scored
+    idx, cap = frame["index"].to_numpy(np.int64), frame["max_tokens"].to_numpy(np.int64)
+    alive = (frame["status"] == OK).to_numpy(bool) & ~scored & np.isin(idx, idx[scored])
+    if alive.any():
+        best = pd.Series(cap[alive]).groupby(idx[alive]).max()
+        replaced = np.nan_to_num(best.reindex(idx[scored]).to_numpy(np.float64), nan=-1.0) >= cap[scored]
+        scored = scored.copy()
+        scored[np.flatnonzero(scored)[replaced]] = False
+    return scored
 
 
 def done_rows(frame: pd.DataFrame, max_tokens: int, truncated_policy: str) -> np.ndarray:
@@ -126,7 +152,10 @@ def done_rows(frame: pd.DataFrame, max_tokens: int, truncated_policy: str) -> np
     ok = (status == OK).to_numpy(bool)
     length = (finish == "length").to_numpy(bool)
     complete = ok & (finish.isin(COMPLETE)).to_numpy(bool)
-    truncated_done = ok & length & ((truncated_policy == "keep") | (cap >= max_tokens))
+    # A runaway loops until any cap cuts it: it is done at every cap, never continued or generated again
+    # by a raised one (runaway_policy=resample gives it its one fresh sample, `generate.resample`).
+    runaway = ok & length & runaways(frame)
+    truncated_done = ok & length & ((truncated_policy == "keep") | (cap >= max_tokens) | runaway)
     rejected_done = (status == REJECTED).to_numpy(bool) & (cap <= max_tokens)
     invalid = (status == INVALID).to_numpy(bool)
     return complete | truncated_done | rejected_done | invalid
@@ -198,6 +227,7 @@ def superseded_rows(frame: pd.DataFrame, todo: np.ndarray, max_tokens: int) -> p
                              "part": pd.Series(dtype="str")})
     cap = frame["max_tokens"].to_numpy(np.int64)
     truncated = ((frame["status"] == OK) & (frame["finish_reason"] == "length")).to_numpy(bool) & (cap < max_tokens)
+    truncated &= ~scored_runaways(frame)  # never continued
     rows = frame.loc[truncated & np.isin(frame["index"].to_numpy(np.int64), todo), columns]
     segment = rows["part"].astype(str).str.rsplit("/", n=1).str[-1].str.split("-", n=1).str[-1]
     rows = (rows.assign(_segment=segment).sort_values(["index", "max_tokens", "_segment"], kind="stable")

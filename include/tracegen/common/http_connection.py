@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
+from tracegen.common.locations import shown_location
+
 HTTP_TYPES = ("http", "https")
 
 
@@ -51,9 +53,10 @@ def http_url(conn: Any) -> str:
     else:
         scheme = conn.schema or conn.conn_type
         if scheme not in HTTP_TYPES:
+            # Shown up to its first '/' only: a URL's path put here is a webhook's secret.
             raise ConnectionMisconfigured(
-                f"schema {scheme!r} is not http or https (a connection given as a URI puts the URL's path "
-                "in schema: give the whole URL as host instead)")
+                f"schema {shown_location(scheme, with_path=False)!r} is not http or https (a connection given "
+                "as a URI puts the URL's path in schema: give the whole URL as host instead)")
         path = extra.get("path", "")
         if not isinstance(path, str):
             raise ConnectionMisconfigured(f"extra 'path' must be a string, got {path!r}")

@@ -11,7 +11,7 @@ every task process, 0.8 s.
 Only third-party libraries are preloaded: they change only with a reinstall, which restarts the workers
 anyway. `tracegen` itself is not, so a task always runs the include/ code on disk, as a DAG file would.
 
-Select it with `AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS=tracegen.celery_config.CELERY_CONFIG` on the
+Select it with `AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS=tracegen.common.celery_config.CELERY_CONFIG` on the
 workers (docker-compose.yaml and tests/e2e/airflow_cluster.py do).
 """
 
