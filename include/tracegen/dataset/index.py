@@ -19,6 +19,14 @@ offset, plus `n_rows` and a sha256 fingerprint of the file's bytes computed in t
 Blank lines are not rows; a row's index is its position among the non-blank lines (or Parquet
 rows), which is stable because the fingerprint pins the bytes.
 
+Each block's bytes are hashed too (`block_hashes`, 8 bytes of sha256 a block; for Parquet also the footer,
+`footer_hash`): a chunk hashes the bytes it reads and refuses a block that is not what was indexed, whatever
+the file's size and modification time say (`dataset.blocks`). An index stored before blocks were hashed has
+none; the blocks are hashed again from the file when it is loaded, checked against its fingerprint
+(`dataset.blocks.with_block_hashes`), and a run's first task stores the index again with them.
+
+The pass also reads every row's id and refuses a dataset where two rows share one (`dataset.row_ids`).
+
 Reading rows with an index, from a file checked to be the one indexed, is `dataset.blocks`.
 """
 
@@ -40,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from tracegen.common.locations import shown_location
+from tracegen.dataset.row_ids import RowIds
 from tracegen.dataset.scan import SCAN_BLOCK, fingerprint_source, gunzip_stream, is_row, scan, split_rows
 from tracegen.dataset.source import (
     ByteSource,
@@ -79,6 +88,27 @@ def _unpack(text: str) -> np.ndarray:
     return np.cumsum(np.frombuffer(raw, dtype="<i8")).astype(np.int64)
 
 
+def block_digest(data: bytes | memoryview) -> int:
+    """A block's hash: the first 8 bytes of its sha256, as an unsigned integer (an index holds one per block,
+    and every chunk task loads the index: 8 bytes keep it small; an edit is not an adversary searching for a
+    collision). sha256: hardware-accelerated where blake2b is not, so the index pass pays least for it."""
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
+
+
+def _pack_hashes(values: np.ndarray) -> str:
+    return base64.b64encode(values.astype("<u8").tobytes()).decode("ascii")
+
+
+def _unpack_hashes(text: str) -> np.ndarray:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise DatasetError(f"dataset index: corrupt block hashes ({exc})") from None
+    if len(raw) % 8:
+        raise DatasetError("dataset index: corrupt block hashes (not 8 bytes a block)")
+    return np.frombuffer(raw, dtype="<u8").astype(np.uint64)
+
+
 @dataclass
 class DatasetIndex:
     """What a chunk task needs to read rows [start, stop) of a dataset without scanning it."""
@@ -97,6 +127,11 @@ class DatasetIndex:
     # source_uri's version when it was indexed: "mtime_ns:<n>" (local) or "etag:<etag>" (S3); None for an
     # index written before versions were recorded (then a read re-hashes the file once per process).
     source_version: str | None = None
+    # block_digest of each block's bytes in data_uri (its span, `block_span`); None in an index stored before
+    # blocks were hashed.
+    block_hashes: np.ndarray | None = None
+    # Parquet: block_digest of the footer (the metadata that says where each row group's pages are).
+    footer_hash: int | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -112,6 +147,10 @@ class DatasetIndex:
                 raise DatasetError("dataset index: block_rows and block_offsets differ in length")
         if self.format != "parquet" and self.block_offsets is None:
             raise DatasetError(f"dataset index: format {self.format} needs block_offsets")
+        if self.block_hashes is not None:
+            self.block_hashes = np.asarray(self.block_hashes, dtype=np.uint64)
+            if len(self.block_hashes) != len(self.block_rows) or self.block_offsets is None:
+                raise DatasetError("dataset index: block_hashes need one hash and one offset per block")
         if len(self.block_rows) and (np.any(np.diff(self.block_rows) < 0) or self.block_rows[0] != 0):
             raise DatasetError("dataset index: block_rows must start at 0 and never decrease")
 
@@ -128,6 +167,10 @@ class DatasetIndex:
         lo = int(np.searchsorted(self.block_rows, start, side="right")) - 1
         hi = int(np.searchsorted(self.block_rows, stop - 1, side="right"))
         return lo, hi
+
+    def block_row_range(self, b: int) -> tuple[int, int]:
+        """Rows [first, stop) of block `b`."""
+        return int(self.block_rows[b]), int(self.block_rows[b + 1]) if b + 1 < self.n_blocks else self.n_rows
 
     def block_span(self, lo: int, hi: int) -> tuple[int, int]:
         """Byte range [begin, end) of blocks [lo, hi) in data_uri (JSONL and gzip)."""
@@ -152,6 +195,8 @@ class DatasetIndex:
             "block_offsets": None if self.block_offsets is None else _pack(self.block_offsets),
             "notes": self.notes,
             "source_version": self.source_version,
+            "block_hashes": None if self.block_hashes is None else _pack_hashes(self.block_hashes),
+            "footer_hash": self.footer_hash,
         }
 
     def to_bytes(self) -> bytes:
@@ -175,6 +220,8 @@ class DatasetIndex:
                 stride=int(data["stride"]),
                 notes=list(data.get("notes", [])),
                 source_version=data.get("source_version"),
+                block_hashes=None if data.get("block_hashes") is None else _unpack_hashes(data["block_hashes"]),
+                footer_hash=data.get("footer_hash"),
             )
         except KeyError as exc:
             raise DatasetError(f"dataset index: missing field {exc.args[0]!r}") from None
@@ -258,6 +305,76 @@ def write_multimember_gzip(lines: Iterable[bytes], out: io.BufferedIOBase, rows_
     return offsets
 
 
+# ---------------------------------------------------------------- block hashes
+
+
+def parquet_footer_span(src: ByteSource) -> tuple[int, int]:
+    """Byte range [begin, end) of a Parquet file's footer: its metadata, length and closing magic."""
+    size = src.size()
+    tail = src.read(size - 8, 8) if size >= 12 else b""
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        raise DatasetError(f"dataset {src.uri}: not a Parquet file (no footer)")
+    length = int.from_bytes(tail[:4], "little")
+    if length + 12 > size:
+        raise DatasetError(f"dataset {src.uri}: Parquet footer of {length} bytes in a file of {size}")
+    return size - 8 - length, size
+
+
+def hash_blocks(index: DatasetIndex, src: ByteSource) -> str:
+    """Set `index.block_hashes` (and a Parquet footer's hash) from the bytes of `src`, its data_uri, read
+    once in order. Returns the fingerprint of those bytes: when `src` is the indexed file itself, the caller
+    compares it with the index's, so the hashes are known to describe the bytes the index describes."""
+    size = src.size()
+    if size != index.data_size:
+        raise DatasetError(f"dataset {index.data_uri}: size {size} differs from the indexed {index.data_size}; "
+                           "index it again")
+    if index.block_offsets is None:
+        raise DatasetError(f"dataset index of {index.source_uri}: no block offsets to hash blocks by; index it again")
+    starts = index.block_offsets
+    ends = np.append(starts[1:], size)
+    n = index.n_blocks
+    hashes = np.zeros(n, dtype=np.uint64)
+    whole = hashlib.sha256()
+    hasher = hashlib.sha256()
+    b = pos = 0
+    for piece in scan(src, whole):
+        view = memoryview(piece)
+        end = pos + len(piece)
+        # Blocks are contiguous from the first one's start to the end of the file: a piece feeds the current
+        # block, ends it when it reaches its end, and goes on with the next.
+        while b < n:
+            lo, hi = max(pos, int(starts[b])), min(end, int(ends[b]))
+            if hi > lo:
+                hasher.update(view[lo - pos : hi - pos])
+            if ends[b] > end:
+                break
+            hashes[b] = int.from_bytes(hasher.digest()[:8], "little")
+            hasher = hashlib.sha256()
+            b += 1
+        pos = end
+    for rest in range(b, n):  # blocks of no bytes at the end
+        hashes[rest] = int.from_bytes(hasher.digest()[:8], "little")
+    index.block_hashes = hashes
+    if index.format == "parquet":
+        begin, end = parquet_footer_span(src)
+        index.footer_hash = block_digest(src.read(begin, end - begin))
+    return "sha256:" + whole.hexdigest()
+
+
+def row_group_starts(meta: Any) -> np.ndarray:
+    """Where each row group's first page starts: its blocks' offsets (a dictionary page comes first)."""
+    starts = []
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        first = []
+        for c in range(group.num_columns):
+            column = group.column(c)
+            dictionary = column.dictionary_page_offset if column.has_dictionary_page else None
+            first.append(dictionary if dictionary else column.data_page_offset)
+        starts.append(min(first) if first else 4)
+    return np.asarray(starts, dtype=np.int64)
+
+
 # ---------------------------------------------------------------- the index pass
 
 
@@ -291,12 +408,19 @@ def build_index(
     src = source or open_source(uri, aws_conn_id)
     before = source_identity(src)
     fmt = sniff_format(src)
+    ids = RowIds(uri)
     if fmt == "jsonl":
-        index = _index_jsonl(uri, src, stride)
+        index = _index_jsonl(uri, src, stride, ids)
     elif fmt == "jsonl.gz":
-        index = _index_gzip(uri, src, stride, max_block_rows, cache_uri, aws_conn_id)
+        index = _index_gzip(uri, src, stride, max_block_rows, cache_uri, aws_conn_id, ids)
     else:
-        index = _index_parquet(uri, src, max_block_rows, cache_uri, aws_conn_id)
+        index = _index_parquet(uri, src, max_block_rows, cache_uri, aws_conn_id, ids)
+    if ids.rows != index.n_rows:
+        raise DatasetError(f"dataset {uri}: {ids.rows} ids read for {index.n_rows} rows; index it again")
+    ids.check()
+    hashed = hash_blocks(index, src if index.data_uri == uri else open_source(index.data_uri, aws_conn_id))
+    if index.data_uri == uri and hashed != index.fingerprint:
+        raise DatasetError(f"dataset {uri}: the file changed while it was being indexed; index it again")
     # The version recorded must be that of the bytes hashed: a file written to during the pass has neither.
     if source_identity(src) != before:
         raise DatasetError(f"dataset {uri}: the file changed while it was being indexed; index it again")
@@ -309,7 +433,7 @@ def build_index(
     return index
 
 
-def _index_jsonl(uri: str, src: ByteSource, stride: int) -> DatasetIndex:
+def _index_jsonl(uri: str, src: ByteSource, stride: int, ids: RowIds) -> DatasetIndex:
     hasher = hashlib.sha256()
     raw = SourceFile(src, on_read=lambda _pos, data: hasher.update(data))
     size = raw.size()
@@ -319,6 +443,7 @@ def _index_jsonl(uri: str, src: ByteSource, stride: int) -> DatasetIndex:
         if is_row(line):
             if row % stride == 0:
                 offsets.append(pos)
+            ids.add_line(line)
             row += 1
         pos += len(line)
     if pos != size:
@@ -335,12 +460,14 @@ class _NeedsCopy(Exception):
 
 
 def _index_gzip(
-    uri: str, src: ByteSource, stride: int, max_block_rows: int, cache_uri: str | None, aws_conn_id: str
+    uri: str, src: ByteSource, stride: int, max_block_rows: int, cache_uri: str | None, aws_conn_id: str,
+    ids: RowIds,
 ) -> DatasetIndex:
     try:
-        return _index_gzip_in_place(uri, src, max_block_rows)
+        return _index_gzip_in_place(uri, src, max_block_rows, ids)
     except _NeedsCopy as why:
         reason = str(why)
+        ids.clear()  # the copy's pass reads every row again
     cache = cache_uri or default_cache_dir()
     log.warning(
         "dataset %s is not seekable as it is (%s): writing a seekable multi-member copy (%d rows per member) "
@@ -358,6 +485,7 @@ def _index_gzip(
         nonlocal n_rows
         for line in rows:
             n_rows += 1
+            ids.add_line(line)
             yield line
 
     try:
@@ -383,7 +511,7 @@ def _index_gzip(
     )
 
 
-def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> DatasetIndex:
+def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int, ids: RowIds) -> DatasetIndex:
     hasher = hashlib.sha256()
     offsets = [0]
     first_rows = [0]
@@ -392,6 +520,7 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
     def member_end(end: int) -> None:
         # A member must end on a line boundary, or be the last one: else a row spans two members.
         if is_row(state["carry"]):
+            ids.add_line(state["carry"])
             state["row"] += 1
             state["dangling"] = True
         state["carry"] = b""
@@ -404,7 +533,11 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
             raise _NeedsCopy("a row spans two gzip members")
         lines = (state["carry"] + out).split(b"\n")
         state["carry"] = lines.pop()
-        n = sum(1 for line in lines if is_row(line))
+        n = 0
+        for line in lines:
+            if is_row(line):
+                ids.add_line(line)
+                n += 1
         state["row"] += n
         state["member_rows"] += n
         if state["member_rows"] > max_block_rows:
@@ -412,6 +545,7 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
                 "single gzip stream" if len(offsets) == 1 else f"a gzip member holds > {max_block_rows} rows"
             )
     if is_row(state["carry"]):  # stream without a final member end is caught as truncation above
+        ids.add_line(state["carry"])
         state["row"] += 1
     size = src.size()
     # The last recorded offset is the end of the file, not a block start.
@@ -427,7 +561,7 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int) -> Data
 
 
 def _index_parquet(
-    uri: str, src: ByteSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str
+    uri: str, src: ByteSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str, ids: RowIds
 ) -> DatasetIndex:
     import pyarrow.parquet as pq
 
@@ -440,12 +574,21 @@ def _index_parquet(
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     if "messages" not in pf.schema_arrow.names:
         log.warning("dataset %s has no 'messages' column: every row will be reported invalid", shown_location(uri))
+    # The id column alone, a row group at a time: every row's id, without its prompt.
+    has_ids = "id" in pf.schema_arrow.names
+    for g in range(meta.num_row_groups):
+        if has_ids:
+            for value in pf.read_row_group(g, columns=["id"]).column("id").to_pylist():
+                ids.add(value)
+        else:
+            for _ in range(sizes[g]):
+                ids.add(None)
     if not sizes or max(sizes) <= max_block_rows:
         return DatasetIndex(
             source_uri=uri, data_uri=uri, format="parquet", n_rows=meta.num_rows, fingerprint=fingerprint,
             source_size=src.size(), data_size=src.size(),
             block_rows=np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64) if sizes else np.zeros(0),
-            stride=max_block_rows,
+            block_offsets=row_group_starts(meta), stride=max_block_rows,
         )
     group_rows = min(PARQUET_COPY_ROW_GROUP, max_block_rows)
     cache = cache_uri or default_cache_dir()
@@ -469,6 +612,7 @@ def _index_parquet(
             writer.close()
         copy_meta = pq.ParquetFile(tmp).metadata
         new_sizes = [copy_meta.row_group(i).num_rows for i in range(copy_meta.num_row_groups)]
+        copy_starts = row_group_starts(copy_meta)
         data_size = os.path.getsize(tmp)
         data_uri = cache.rstrip("/") + f"/{fingerprint[7:39]}.seekable.parquet"
         _publish(tmp, data_uri, aws_conn_id)
@@ -479,5 +623,5 @@ def _index_parquet(
         source_uri=uri, data_uri=data_uri, format="parquet", n_rows=meta.num_rows, fingerprint=fingerprint,
         source_size=src.size(), data_size=data_size,
         block_rows=np.concatenate([[0], np.cumsum(new_sizes[:-1])]).astype(np.int64),
-        stride=group_rows, notes=[f"seekable copy of {uri}: row groups up to {max(sizes)} rows"],
+        block_offsets=copy_starts, stride=group_rows, notes=[f"seekable copy of {uri}: row groups up to {max(sizes)} rows"],
     )

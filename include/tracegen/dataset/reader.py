@@ -10,12 +10,15 @@ among a million must not kill a chunk, and the run decides whether to fail namin
 record it `invalid`. That holds for ANY exception raised while a row is parsed and checked (a line of
 200 KB of `[` makes `json.loads` raise RecursionError, not ValueError), and for a row nested deeper than
 `MAX_ROW_DEPTH` (one that parses here could still fail to serialise on its way to a server, further down
-the stack, where no row is named). A missing or unreadable file is an exception (`DatasetError`) naming the URI.
+the stack, where no row is named), and for text that is not valid Unicode (a lone UTF-16 surrogate such as
+`"\\ud800"` is valid JSON, but no UTF-8 writer can store it: the row's spool line, part and export would all
+fail, after the GPU time was spent). A missing or unreadable file is an exception (`DatasetError`) naming the URI.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +60,12 @@ MAX_ROW_DEPTH = 128
 # An unexpected exception's message is quoted in the row's reason up to this many characters: enough to act
 # on, never the row itself.
 _REASON_CHARS = 200
+# A code point JSON can escape but UTF-8 cannot encode: a surrogate left alone (json.loads joins a valid pair
+# into one character, so any surrogate left in a parsed string is lone).
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# Where one can come from in a row's bytes: a `\\uD800`-`\\uDFFF` escape, or surrogate code points encoded as
+# UTF-8 (CESU), which json.loads decodes with `surrogatepass`. Rows with neither skip the walk below.
+_MAY_HOLD_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content"})
 
 
@@ -170,6 +179,25 @@ def _too_deep(obj: Any, limit: int = MAX_ROW_DEPTH) -> bool:
     return False
 
 
+def _unencodable_text(obj: Any) -> str | None:
+    """Where `obj` holds a string (a value or a key) with a lone surrogate, as a path (`messages[1].content`);
+    None when every string can be written as UTF-8."""
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if _LONE_SURROGATE.search(value):
+                return path or "the row"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and _LONE_SURROGATE.search(key):
+                    return f"a key of {path}" if path else "a key of the row"
+                stack.append((item, f"{path}.{key}" if path else str(key)))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
+    return None
+
+
 def _nested_too_deeply() -> str:
     return f"row is nested too deeply (more than {MAX_ROW_DEPTH} levels of objects and arrays)"
 
@@ -208,6 +236,11 @@ def _parse_row(index: int, item: bytes | str | dict[str, Any], columnar: bool) -
         obj = _columnar(obj)
     if _too_deep(obj):
         return InvalidRow(index, _nested_too_deeply())
+    if not (isinstance(item, bytes) and not _MAY_HOLD_SURROGATE.search(item)):
+        where = _unencodable_text(obj)
+        if where is not None:
+            return InvalidRow(index, f"{where} holds a lone UTF-16 surrogate (such as \\ud800): it is not valid "
+                                     "Unicode, and no UTF-8 file (spool, part, export) can hold it")
     if "messages" not in obj or obj["messages"] is None:
         return InvalidRow(index, "missing 'messages'")
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}

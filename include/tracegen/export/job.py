@@ -103,9 +103,10 @@ def export_dataset(
     record = latest_run(root, aws_conn_id)
     if record is None:
         raise ExportError(f"{output_uri}: no run has been planned here; nothing to export")
-    index = load_index(root)
+    index = load_index(root, aws_conn_id)
     # Before the destination is touched: an edited dataset would pair these completions with other prompts.
-    check_unchanged(index, aws_conn_id)
+    # An export reads about every row anyway, so the whole file is hashed: its size and version cannot vouch.
+    check_unchanged(index, aws_conn_id, rehash=True)
     dest = open_storage(dest_uri, aws_conn_id=aws_conn_id)
     lock = DestinationLock.of(dest)
     lock.acquire()

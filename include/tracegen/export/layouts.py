@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tracegen.dataset.row_ids import row_id as dataset_row_id
 from tracegen.dataset.template_input import served_roles, template_messages, template_tools
 from tracegen.store.records import EXTENDED, GeneratedRow, unpack_token_ids
 
@@ -86,8 +87,9 @@ def messages_row(prompt: Any, row: GeneratedRow, with_token_ids: bool) -> Shaped
 
 
 def row_id(prompt: Any, row: GeneratedRow) -> str:
-    """The dataset row's own id, or its index when it has none (both trainers tolerate an `id` column)."""
-    return str(prompt.id) if prompt.id is not None else f"index-{row.index}"
+    """The dataset row's own id, or its index when it has none (both trainers tolerate an `id` column); unique
+    in the dataset, which indexing checks (`dataset.row_ids`)."""
+    return dataset_row_id(prompt.id, row.index)
 
 
 def tokens_row(prompt: Any, row: GeneratedRow) -> Shaped | None:

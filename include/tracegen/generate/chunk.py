@@ -97,7 +97,7 @@ def run_chunk(
     `while_asking`: the rows are generated while the gate's question waits, and marked so in the ledger.
     `attempt`: the task and try running the chunk, for its claim (`store.claims`: the newest attempt commits)."""
     config = spec.config
-    index = load_index(root)
+    index = load_index(root, config.aws_conn_id)
 
     def run(servers: Sequence[ServerEndpoint]) -> ChunkSummary:
         engine = ChunkEngine(

@@ -53,6 +53,7 @@ from tracegen.sglang.client import (
     SGLangClient,
 )
 from tracegen.store.claims import Attempt, ChunkClaim, ChunkSuperseded
+from tracegen.store.entries import part_key
 from tracegen.store.lease import LeaseLost, RootLease, holding_root, lease_ttl_s
 from tracegen.store.records import (
     EXTENDED,
@@ -78,6 +79,15 @@ PILOT_CHUNK = 99_999
 
 class InvalidRowError(ValueError):
     """A malformed dataset row under `invalid_rows=fail`; the message names the row and the reason."""
+
+
+class RowNotSpooled(RuntimeError):
+    """A finished row could not be written to the spool (a full disk, an I/O error): the chunk stopped
+    sending, committed what the spool holds, and fails naming the row, so a retry generates it again."""
+
+
+class RowsUnaccounted(RuntimeError):
+    """A chunk ended with indices of its scope neither committed nor recorded: it must not report success."""
 
 
 class ChunkInterrupted(RuntimeError):
@@ -218,6 +228,10 @@ class ChunkEngine:
         self._commit_lock = asyncio.Lock()
         self.spool: Spool | None = None
         self._generating = False
+        # The first row the spool refused, and how many it refused: the chunk fails naming it.
+        self._not_spooled: tuple[int, BaseException] | None = None
+        self._not_spooled_count = 0
+        self._sealed: set[str] = set()  # segments this attempt sealed: where its rows are committed
         self._known_long = np.empty(0, dtype=np.int64)  # rows of this chunk truncated under a lower cap
         self._superseded: dict[int, Superseded] = {}  # their committed truncated rows
 
@@ -260,6 +274,8 @@ class ChunkEngine:
             )
             if todo.size:
                 await self._generate(todo)
+            if self._not_spooled is None and not self.summary.interrupted:
+                await asyncio.to_thread(self._check_accounted, todo)
         finally:
             self.spool.close()
             await asyncio.to_thread(holding.close)
@@ -267,6 +283,15 @@ class ChunkEngine:
                 with contextlib.suppress(ValueError, RuntimeError):
                     loop.remove_signal_handler(signal.SIGTERM)
             self.summary.elapsed_s = round(time.monotonic() - started, 3)
+        if self._not_spooled is not None:
+            index, exc = self._not_spooled
+            others = self._not_spooled_count - 1
+            raise RowNotSpooled(
+                f"{self.label}: row {index} could not be written to the spool ({type(exc).__name__}: {exc})"
+                + (f", and {others} more rows after it" if others else "")
+                + f"; the {self.summary.committed_rows} rows spooled before were committed and a retry generates "
+                "the rest"
+            ) from exc
         if self.summary.interrupted:
             raise ChunkInterrupted(
                 f"{self.label} stopped early ({self.summary.interrupted}) after committing "
@@ -316,6 +341,23 @@ class ChunkEngine:
         if wait_s is None:  # a stale lease of a writer that died expires within one TTL
             wait_s = 2 * lease_ttl_s()
         return holding_root(self.root.storage, self.writer, f"{self.writer}, {self.label}", wait_s=wait_s)
+
+    def _check_accounted(self, todo: np.ndarray) -> None:
+        """Every index this attempt set out to generate has a row in a part it committed (ok, failed,
+        rejected or invalid alike), counted in the ledger itself: a row lost between the server and the
+        commit, by any path, fails the chunk instead of leaving a hole a success would hide."""
+        if not todo.size:
+            return
+        mine = [part_key(self.run_id, self.chunk, segment) for segment in self._sealed]
+        frame = self.root.snapshots.plan_frame(todo)
+        recorded = frame.loc[frame["part"].isin(mine), "index"].to_numpy(dtype=np.int64)
+        missing = np.setdiff1d(todo, recorded)
+        if missing.size:
+            shown = ", ".join(str(i) for i in missing[:10].tolist()) + (", ..." if missing.size > 10 else "")
+            raise RowsUnaccounted(
+                f"{self.label}: {missing.size} of the {todo.size} rows it generated are neither committed nor "
+                f"recorded in the ledger (rows {shown}); the chunk fails so that a retry generates them"
+            )
 
     def _remaining(self, indices: np.ndarray) -> np.ndarray:
         # Only this chunk's rows and the columns "done" needs: memory follows the chunk, not the dataset.
@@ -449,7 +491,17 @@ class ChunkEngine:
             # Judged once, here, while its ids are in memory: the reports and the export read the score from
             # the ledger instead of reading every truncated row's part again (`audit.runaway_rows`).
             row.runaway_score = score_of(row)
-        self.spool.append(row)  # fsynced: from here a SIGKILL cannot lose this row
+        try:
+            self.spool.append(row)  # fsynced: from here a SIGKILL cannot lose this row
+        except Exception as exc:  # noqa: BLE001 - any failure here would lose the row: the chunk must fail
+            # Called from a done-callback too, where a raise is only logged by the loop: recorded, it stops
+            # the sending, and `arun` raises it once what the spool holds is committed.
+            self._not_spooled_count += 1
+            if self._not_spooled is None:
+                self._not_spooled = (row.index, exc)
+                log.error("%s: row %d could not be written to the spool: %r", self.label, row.index, exc)
+                self.request_stop(f"row {row.index} could not be written to the spool")
+            return
         self._pending_rows += 1
         progress.add(row)
 
@@ -491,7 +543,9 @@ class ChunkEngine:
             self._segment_started = time.monotonic()
             # Seal here on the loop thread (appends happen here too); commit in a worker thread because
             # storage calls block (S3 PUTs with retries) and the loop must keep the servers fed meanwhile.
-            self.spool.seal()
+            sealed = self.spool.seal()
+            if sealed is not None:
+                self._sealed.add(sealed.id)
             commit = asyncio.ensure_future(
                 asyncio.to_thread(recover, self.spool, self.root.commits, self._count_commit, fence=self._fence))
             try:

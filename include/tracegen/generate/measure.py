@@ -297,7 +297,8 @@ def measure_tail(
         engine = ChunkEngine(
             config=measured, run_id=spec.run_id, chunk=MEASURE_CHUNK,
             label=f"tail measurement ({len(m.indices):,} rows to {m.cap:,})", root=root,
-            dataset=load_index(root), servers=servers, model=spec.fleet.model, spool_dir=spool_dir,
+            dataset=load_index(root, config.aws_conn_id), servers=servers, model=spec.fleet.model,
+            spool_dir=spool_dir,
             **(engine_options or {}),
         )
         engine.run(np.asarray(m.indices, dtype=np.int64))

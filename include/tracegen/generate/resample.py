@@ -111,7 +111,7 @@ def resample_runaways(
         for cap, group in sorted(by_cap.items()):
             engine = _Resampler(group, config=replace(config, max_tokens=cap), run_id=spec.run_id,
                                 chunk=RESAMPLE_CHUNK, label=f"resampling {len(group):,} runaway rows at {cap:,}",
-                                root=root, dataset=load_index(root), servers=servers, model=spec.fleet.model,
+                                root=root, dataset=load_index(root, config.aws_conn_id), servers=servers, model=spec.fleet.model,
                                 spool_dir=spool_dir, **(engine_options or {}))
             summaries.append(engine.run(np.asarray(sorted(group), dtype=np.int64)))
         return summaries

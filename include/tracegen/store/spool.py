@@ -116,6 +116,8 @@ class Spool:
         self._fd: int | None = None
         self._seg_id: str | None = None
         self._rows: list[GeneratedRow] = []
+        self._size = 0  # bytes of whole rows in the current segment
+        self._broken: OSError | None = None
         self._opened_at = 0.0
 
     # ---- writing -------------------------------------------------------------------------------
@@ -130,6 +132,10 @@ class Spool:
                 f"row {row.index} says run {row.run_id!r} chunk {row.chunk}; this spool is run "
                 f"{self.run_id!r} chunk {self.chunk}"
             )
+        if self._broken is not None:
+            raise OSError(f"spool {self.dir} cannot be appended to since an earlier write failed and could not be "
+                          f"undone ({self._broken})")
+        # Encoded before anything is written: a row that cannot be encoded leaves the segment as it was.
         line = (json.dumps(row.to_json(), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
         if self._fd is None:
             self._seg_id = new_segment_id()
@@ -137,12 +143,27 @@ class Spool:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
             fsync_dir(self.dir)
             self._opened_at = time.monotonic()
-        view = memoryview(line)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        os.fsync(self._fd)
+        try:
+            view = memoryview(line)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            os.fsync(self._fd)
+        except OSError:
+            self._undo_write()
+            raise
+        self._size += len(line)
         self._rows.append(row)
+
+    def _undo_write(self) -> None:
+        """Cut the segment back to its last whole row after a failed write (a full disk, an I/O error), so the
+        rows appended after it are not glued to a torn line; when even that fails, refuse further appends
+        (the torn line is then the last one, which `pending()` drops)."""
+        try:
+            os.ftruncate(self._fd, self._size)
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._broken = exc
 
     @property
     def current_rows(self) -> int:
@@ -166,7 +187,7 @@ class Spool:
         os.replace(src, dst)
         fsync_dir(self.dir)
         seg = Segment(self._seg_id, dst, self._rows, sealed=True)
-        self._fd, self._seg_id, self._rows = None, None, []
+        self._fd, self._seg_id, self._rows, self._size = None, None, [], 0
         return seg
 
     def discard(self, segment: Segment) -> None:

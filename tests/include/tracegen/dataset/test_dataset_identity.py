@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from engine_support.helpers import ROOT, endpoints, make_config, prepare, root_of, write_dataset
 
-from tracegen.dataset.blocks import DatasetChangedError
+from tracegen.dataset.blocks import DatasetBlockChangedError, DatasetChangedError
 from tracegen.generate.chunk import run_chunk
 from tracegen.run.records import latest_run
 from tracegen.store.storage import open_storage
@@ -149,3 +149,113 @@ def test_records_without_a_version_still_read_and_check(tmp_path, sim_server):
     with pytest.raises(DatasetChangedError):
         _generate(config, "run-old", sim, tmp_path / "spool", range(N_ROWS))
     assert Path(tmp_path / "out" / "dataset" / "index.json").exists()
+
+
+def _member(text: bytes, size: int | None = None) -> bytes:
+    """One gzip member of `text`, `size` bytes long (its header's file name pads it; 64 bytes of name without)."""
+    import gzip
+    import io
+
+    name = 64 if size is None else size - len(gzip.compress(text, compresslevel=9, mtime=0)) - 1
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="x" * name, mode="wb", fileobj=buf, mtime=0, compresslevel=9) as gz:
+        gz.write(text)
+    assert size is None or len(buf.getvalue()) == size
+    return buf.getvalue()
+
+
+def _edit_keeping_size_and_mtime(path: Path, old: bytes, new: bytes) -> None:
+    """The edit that size and mtime cannot see: same length, and the modification time put back."""
+    st = path.stat()
+    data = path.read_bytes()
+    assert len(old) == len(new) and data.count(old) == 1
+    path.write_bytes(data.replace(old, new))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet"])
+def test_an_edit_that_keeps_size_and_mtime_is_refused_by_the_block_it_touched(tmp_path, sim_server, fmt):
+    """A chunk hashes the blocks it reads: the edited one is refused, naming it and the dataset, and nothing
+    is committed; a chunk whose blocks are untouched still reads them."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tracegen.dataset.index import build_index
+    from tracegen.dataset.reader import read_rows
+
+    sim = sim_server(max_running_requests=8)
+    n_rows = 80  # three blocks of 32 rows (JSONL), or row groups of 32 rows (Parquet)
+    plain = write_dataset(tmp_path / "prompts.jsonl", n_rows)
+    if fmt == "jsonl":
+        dataset = plain
+    elif fmt == "jsonl.gz":  # members of 32 rows, read in place
+        dataset = tmp_path / "prompts.jsonl.gz"
+        lines = plain.read_bytes().splitlines(keepends=True)
+        dataset.write_bytes(b"".join(_member(b"".join(lines[k : k + 32])) for k in range(0, n_rows, 32)))
+    else:
+        dataset = tmp_path / "prompts.parquet"
+        rows = [json.loads(line) for line in plain.read_text().splitlines()]
+        table = pa.table({"id": [r["id"] for r in rows], "category": [r["category"] for r in rows],
+                          "messages": [json.dumps(r["messages"]) for r in rows]})
+        pq.write_table(table, dataset, row_group_size=32, compression="none", use_dictionary=False)
+    config = make_config(dataset, tmp_path / "out", part_rows=4)
+    spec = prepare(config, "run-1")
+    _generate(config, "run-1", sim, tmp_path / "spool", range(4))
+    before = _committed(config)
+
+    # Row 40 lies in block 1 (rows 32-63).
+    if fmt == "jsonl.gz":
+        # Block 1's member recompressed from edited text, to its old size (its header's file name pads it).
+        members = dataset.read_bytes()
+        begin, end = build_index(str(dataset)).block_span(1, 2)
+        text = gzip.decompress(members[begin:end]).replace(b"Task 40: explain", b"Task 40: EXPLAIN")
+        st = dataset.stat()
+        dataset.write_bytes(members[:begin] + _member(text, end - begin) + members[end:])
+        os.utime(dataset, ns=(st.st_atime_ns, st.st_mtime_ns))
+    else:
+        _edit_keeping_size_and_mtime(dataset, b"Task 40: explain", b"Task 40: EXPLAIN")
+
+    what = "row group 1" if fmt == "parquet" else "block 1"
+    with pytest.raises(DatasetBlockChangedError) as info:
+        _generate(config, "run-1", sim, tmp_path / "spool", range(n_rows))
+    message = str(info.value)
+    assert f"dataset {dataset}: {what} (rows 32-63," in message and spec.dataset.fingerprint in message
+    assert _committed(config) == before, "a refused chunk commits nothing"
+    # Rows of the blocks nobody touched are still the ones indexed.
+    from tracegen.dataset.stored import load_index
+
+    index = load_index(root_of(config))
+    assert len(list(read_rows(index, 64, n_rows))) == n_rows - 64
+    # A new run is refused too: its first task hashes the file, whatever its size and mtime say.
+    with pytest.raises(DatasetChangedError, match="changed since it was indexed"):
+        prepare(config, "run-2")
+
+
+def test_an_index_stored_before_blocks_were_hashed_still_checks_every_block(tmp_path, sim_server):
+    """Such an index is read back with its blocks hashed from the file (checked against its fingerprint), so a
+    chunk still refuses a block edited behind size and mtime; the next run's first task stores the hashes."""
+    from tracegen.dataset.stored import DATASET_INDEX_KEY
+
+    sim = sim_server(max_running_requests=8)
+    dataset = write_dataset(tmp_path / "prompts.jsonl", 80)
+    config = make_config(dataset, tmp_path / "out", part_rows=4)
+    spec = prepare(config, "run-old")
+    root = root_of(config)
+    old = json.loads(root.storage.get(DATASET_INDEX_KEY))
+    del old["block_hashes"], old["footer_hash"]
+    root.storage.put(DATASET_INDEX_KEY, json.dumps(old).encode())
+    _generate(config, "run-old", sim, tmp_path / "spool", range(4))
+    assert "block_hashes" not in json.loads(root.storage.get(DATASET_INDEX_KEY)), "a chunk task writes no index"
+
+    prepare(config, "run-new")
+    assert json.loads(root.storage.get(DATASET_INDEX_KEY))["block_hashes"]
+    root.storage.put(DATASET_INDEX_KEY, json.dumps(old).encode())
+    before = _committed(config)
+    _edit_keeping_size_and_mtime(dataset, b"Task 70: explain", b"Task 70: EXPLAIN")
+    with pytest.raises(DatasetChangedError, match=rf"dataset {dataset} changed since it was indexed") as info:
+        _generate(config, "run-new", sim, tmp_path / "spool", range(80))
+    assert spec.dataset.fingerprint in str(info.value)
+    assert _committed(config) == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -182,6 +183,27 @@ def test_one_live_holder_per_spool(env) -> None:
         Spool(out, RUN, 1, spool_dir).close()  # another chunk is another spool
         Spool(out + "-other", RUN, 0, spool_dir).close()  # another output root too
     Spool(out, RUN, 0, spool_dir).close()
+
+
+def test_a_failed_write_leaves_the_segment_whole(env, monkeypatch) -> None:
+    """A full disk mid-line: the spool cuts the torn line back, so the rows appended after it are not glued
+    to it and lost with it."""
+    spool_dir, out, root = env
+    real_write = os.write
+
+    def torn(fd, data):
+        real_write(fd, bytes(data[:7]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with Spool(out, RUN, 0, spool_dir) as spool:
+        spool.append(row(0))
+        monkeypatch.setattr(os, "write", torn)
+        with pytest.raises(OSError, match="No space left"):
+            spool.append(row(1))
+        monkeypatch.setattr(os, "write", real_write)
+        spool.append(row(2))
+        assert flush(spool, root.commits) == 2
+    assert_exactly_once(root, [0, 2])
 
 
 def test_append_rejects_rows_of_another_chunk(env) -> None:
