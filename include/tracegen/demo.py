@@ -70,11 +70,18 @@ def _wait_for_question(env: dict[str, str], run: subprocess.Popen) -> dict | Non
 
 def _choose(question: dict) -> tuple[str, int | None, str]:
     """The demo reviewer's answer (option, cap typed or None, why): the smallest cap in the table whose
-    whole interval meets the threshold. That is the recommended cap when its interval does; otherwise a
-    bigger one, typed in the form's field."""
+    whole interval meets the threshold, less the rows that loop (no cap finishes them, so no cap is judged
+    on them). That is the recommended cap when its interval does; otherwise a bigger one, typed in the
+    form's field."""
     threshold = question["verdict"]["threshold"]
+
+    def high(row: dict) -> float:
+        excluding = row.get("truncation_excluding_runaways")
+        floor = row["truncation"] - excluding if excluding is not None else 0.0
+        return row["truncation_high"] - floor
+
     safe = [r["cap"] for r in question["cap_rows"]
-            if r["truncation_high"] <= threshold and r["cap"] > question["current_cap"] and r["cap"] <= question["max_cap"]]
+            if high(r) <= threshold and r["cap"] > question["current_cap"] and r["cap"] <= question["max_cap"]]
     options = {o["kind"]: o["label"] for o in question["options"]}
     rec = question["recommended_cap"]
     if not safe:

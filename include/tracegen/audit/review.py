@@ -32,7 +32,7 @@ TRIGGERS = (PILOT, DRIFT, RAISE)
 CAP_FIELD = "cap"  # the form field of the `OTHER` option
 STOP_LABEL = "Stop the run"
 CAP_TABLE_KEYS = ("cap", "truncation", "truncation_low", "truncation_high", "expected_tokens_per_row",
-                  "eta_hours", "gpu_hours", "basis", "clipped_to_context")
+                  "eta_hours", "gpu_hours", "basis", "clipped_to_context", "truncation_excluding_runaways")
 _VERDICT_KEYS = ("verdict", "reason", "action", "truncated", "total", "rate", "ci_low", "ci_high", "threshold",
                  "confidence")
 
