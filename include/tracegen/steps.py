@@ -16,14 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from tracegen.common import dag_ids
 from tracegen.tasks.chunks import CHUNK_LABEL_TEMPLATE, CHUNK_TASK_DOC
 
 __all__ = ["CHUNK_LABEL_TEMPLATE", "CHUNK_TASK_DOC"]
 
 log = logging.getLogger(__name__)
-
-DECIDED_RUN_KEY = dag_ids.DECIDED_RUN_KEY
 
 
 def _context() -> dict[str, Any]:
