@@ -103,17 +103,6 @@ def _how(row: GeneratedRow) -> str:
     return "regenerated" if pivot in (REGENERATED, FALLBACK_REGENERATED) else str(pivot)
 
 
-def _how(row: GeneratedRow) -> str:
-    pivot = row.pivot
-    if pivot is None:
-        return "first_generation"
-    if pivot == EXTENDED:
-        return "measured" if row.chunk == MEASURE_CHUNK else "extended"
-    if pivot == RESAMPLED:
-        return "resampled"
-    return "regenerated" if pivot in (REGENERATED, FALLBACK_REGENERATED) else str(pivot)
-
-
 def write_rows(job: Any, best: pd.DataFrame, export_id: str) -> tuple[list[dict[str, Any]], Figures]:
     """The chosen rows written under this export's names: shards of the messages layout, or a trainer
     layout's one file, streamed. Returns (the files written, as the manifest lists them; what they hold).

@@ -76,9 +76,7 @@ def test_a_streamed_generate_is_the_unstreamed_one(sim_server, flags):
 def test_a_verdict_aborts_the_request_and_frees_its_slot_at_once(sim_server):
     sim = sim_server(sim_time_scale=10, sim_length_model="fixed:100000", context_length=200000,
                      max_running_requests=1, enable_metrics=True, incremental_streaming_output=True, stream_interval=5)
-    started = time.monotonic()
     out = _generate(sim.url, watch=lambda: After(40), max_new_tokens=90000)
-    took = time.monotonic() - started
     g = out.value
     assert g is not None and g.finish_reason == STOPPED and g.stopped == {"after": len(g.output_ids)}
     assert 40 <= len(g.output_ids) < 40 + 5 and g.completion_tokens == len(g.output_ids) and g.prompt_tokens > 0
@@ -92,7 +90,6 @@ def test_a_verdict_aborts_the_request_and_frees_its_slot_at_once(sim_server):
     short = httpx.post(sim.url + "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 20}},
                        timeout=30).json()
     assert short["meta_info"]["finish_reason"]["type"] == "length"
-    assert took < 30
 
 
 def test_a_refused_stream_is_rejected_and_a_broken_one_fails_after_its_attempts(sim_server):
