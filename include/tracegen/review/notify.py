@@ -258,7 +258,8 @@ class EmailChannel:
         mail["To"] = ", ".join(self.recipients)
         mail.set_content(message.text)
         smtp_class = smtplib.SMTP_SSL if self.ssl else smtplib.SMTP
-        smtp = smtp_class(timeout=min(SEND_TIMEOUT_S, deadline_s))  # not connected yet: the timer can reach it
+        # The per-read timeout never races the deadline: below SEND_TIMEOUT_S the deadline alone gives up.
+        smtp = smtp_class(timeout=SEND_TIMEOUT_S)  # not connected yet: the timer can reach it
         passed = threading.Event()
 
         def give_up() -> None:
@@ -322,7 +323,7 @@ class WebhookChannel:
     async def _post(self, message: QuestionMessage, deadline_s: float) -> Any:
         import httpx
 
-        async with httpx.AsyncClient(timeout=min(SEND_TIMEOUT_S, deadline_s), follow_redirects=False) as client:
+        async with httpx.AsyncClient(timeout=SEND_TIMEOUT_S, follow_redirects=False) as client:
             try:
                 return await asyncio.wait_for(
                     client.post(self.url, content=json.dumps(message.webhook_body()),
