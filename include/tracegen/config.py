@@ -282,6 +282,22 @@ class RunConfig:
                                      description="Sampling temperature sent with every request."), 0.6)
     top_p: float = _rule(Float(0.0, 1.0, low_open=True, title="Top-p",
                                description="Nucleus sampling probability mass."), 0.95)
+    # Every sampling param SGLang's chat route would otherwise take from the model's generation_config.json
+    # (temperature, top_p, top_k, min_p, repetition_penalty) is sent with every request, on both routes:
+    # its /generate route fills a missing one from its own defaults (top_k off), so a value left to the
+    # server would sample a continuation, or a streamed first generation, differently.
+    top_k: int = _rule(Int(1, 1_000_000, zero_ok=True, title="Top-k",
+                           description="Tokens sampled from at each step; 0: every token (no top-k). The "
+                           "default is Qwen3's recommendation for thinking."), 20)
+    min_p: float = _rule(Float(0.0, 1.0, title="Min-p",
+                               description="Least probability of a sampled token, relative to the most likely."),
+                         0.0)
+    repetition_penalty: float = _rule(Float(0.0, 2.0, low_open=True, title="Repetition penalty",
+                                            description="Above 1 discourages tokens already in the prompt or "
+                                            "the output; 1: none."), 1.0)
+    # True: where the servers stream incrementally, every generation is streamed and stopped once it loops
+    # (tracegen.audit.loop_stop), committed as a runaway; False: every request runs to its end.
+    stop_loops: bool = _rule(Flag(), True)
     chunk_size: int = _rule(Int(
         10, 1_000_000, zero_ok=True, title="Chunk size",
         description="Rows per mapped generation task (at least 10); 0 chooses it: four batches of the whole "

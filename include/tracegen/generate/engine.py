@@ -205,7 +205,7 @@ class ChunkEngine:
             request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
             autotune=config.autotune_in_flight,  # autotune hook: per-server limits follow the servers
         )
-        self.sampling = Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p)
+        self.sampling = Sampling.of_config(config)
         self.progress_interval_s = progress_interval_s
         # Polled from a thread while generating (it may read storage) with (truncated, ok) rows so far; a
         # reason it returns stops the chunk.
@@ -457,15 +457,17 @@ class ChunkEngine:
     async def _complete(self, client: SGLangClient, row: PromptRow | Extension) -> GeneratedRow:
         if isinstance(row, Extension):
             result = await extend_row(client, row, sampling=self.sampling, model=self.model,
-                                      run_id=self.run_id, chunk=self.chunk)
+                                      run_id=self.run_id, chunk=self.chunk, stop_loops=self.config.stop_loops)
             result.id = row.prompt.id if row.prompt is not None else row.source.id
             return result
         request = ChatRequest(row.index, row.messages, model=self.model, sampling=self.sampling, tools=row.tools)
-        result = await complete_row(client, request, run_id=self.run_id, chunk=self.chunk, category=row.category)
+        result = await complete_row(client, request, run_id=self.run_id, chunk=self.chunk, category=row.category,
+                                    stop_loops=self.config.stop_loops)
         result.id = row.id
         superseded = self._superseded.get(row.index)
         if superseded is not None and result.status == OK:
-            result.provenance = regenerated_provenance(superseded, self.config.truncated_policy)
+            result.provenance = {**(result.provenance or {}),
+                                 **regenerated_provenance(superseded, self.config.truncated_policy)}
         return result
 
     def _on_done(self, task: asyncio.Task[GeneratedRow], progress: Progress) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
@@ -33,10 +33,10 @@ import pandas as pd
 from tracegen.audit.loop_stop import LoopWatch
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
 from tracegen.generate.rows import complete_row
+from tracegen.generate.watched import StepFailed, loop_stopped, split_output, step_value, streams_watched
 from tracegen.run.records import read_run_record
 from tracegen.run.spec import RunSpecError
 from tracegen.sglang.client import ChatRequest, Outcome, Sampling, SGLangClient
-from tracegen.sglang.stream import STOPPED
 from tracegen.sglang.wire import Generated, ServerParsers
 from tracegen.store.entries import LedgerError
 from tracegen.store.records import (
@@ -90,28 +90,27 @@ def superseded_map(frame: pd.DataFrame) -> dict[int, Superseded]:
 class Extension:
     """A truncated row to continue; `prompt` is its dataset row when continuing needs it (the row has no
     token ids and is generated again, or the server parses tool calls, which needs the row's tools).
-    `temperature` and `top_p` are those the row was sampled with: its continuation uses them too."""
+    `sampling` is the one the row was sampled with (its run's): its continuation samples the same way."""
 
     source: GeneratedRow
     superseded: Superseded
     prompt: PromptRow | None
-    temperature: float
-    top_p: float
+    sampling: Sampling
 
 
-def _source_sampling(root: OutputRoot, run_id: str, current: Sampling) -> tuple[float, float]:
-    """(temperature, top_p) of the run that generated a row, from its record; this run's when it has none."""
+def _source_sampling(root: OutputRoot, run_id: str, current: Sampling) -> Sampling:
+    """The sampling of the run that generated a row, from its record; this run's when it has none."""
     try:
         config = read_run_record(root, run_id).config
     except (StorageKeyError, RunSpecError) as exc:
         log.warning("run %s has no readable record (%s): its truncated rows are continued with this run's "
-                    "temperature %g and top_p %g", run_id, exc, current.temperature, current.top_p)
-        return current.temperature, current.top_p
-    if (config.temperature, config.top_p) != (current.temperature, current.top_p):
-        log.warning("rows of run %s were sampled at temperature %g, top_p %g: they are continued with those "
-                    "(a continuation finishes the same sample), not this run's %g, %g", run_id,
-                    config.temperature, config.top_p, current.temperature, current.top_p)
-    return config.temperature, config.top_p
+                    "sampling %s", run_id, exc, current.params())
+        return current
+    source = Sampling.of_config(config, current.max_tokens)
+    if source.params() != current.params():
+        log.warning("rows of run %s were sampled with %s: they are continued with those (a continuation "
+                    "finishes the same sample), not this run's %s", run_id, source.params(), current.params())
+    return source
 
 
 def extension_jobs(
@@ -125,7 +124,7 @@ def extension_jobs(
 ) -> Iterator[Extension | InvalidRow]:
     """The truncated rows of `superseded`, read from their parts one part at a time (memory holds one
     part, not every truncated row of the chunk), in part then index order. `sampling`: this run's."""
-    params: dict[str, tuple[float, float]] = {}
+    params: dict[str, Sampling] = {}
     by_part: dict[str, dict[int, Superseded]] = {}
     for item in superseded.values():
         by_part.setdefault(item.part, {})[item.index] = item
@@ -155,7 +154,7 @@ def extension_jobs(
             source = rows[index]
             if source.run_id not in params:
                 params[source.run_id] = _source_sampling(root, source.run_id, sampling)
-            yield Extension(source, wanted[index], prompt, *params[source.run_id])
+            yield Extension(source, wanted[index], prompt, params[source.run_id])
 
 
 def not_extendable(row: GeneratedRow) -> str | None:
@@ -200,52 +199,40 @@ async def extend_row(
     model: str,
     run_id: str,
     chunk: int,
+    stop_loops: bool = True,
 ) -> GeneratedRow:
     """The row that continues `job.source` up to `sampling.max_tokens` (a failed or rejected row when a
-    request fails), or, for a source without token ids, the row generated again in its place."""
+    request fails), or, for a source without token ids, the row generated again in its place. `stop_loops`:
+    the run's (`RunConfig.stop_loops`)."""
     source = job.source
     started = time.monotonic()
     reason = not_extendable(source)
     if reason is not None:
         return await _generate_again(client, job, reason, sampling=sampling, model=model, run_id=run_id,
-                                     chunk=chunk)
+                                     chunk=chunk, stop_loops=stop_loops)
     prompt_ids = unpack_token_ids(source.prompt_token_ids)
     response_ids = unpack_token_ids(source.response_token_ids)
     where = f"continuing the row cut at {len(response_ids):,} tokens ({job.superseded.part})"
     rows = _Rows(job, sampling.max_tokens, run_id, chunk, where)
     try:
         return await _continue(client, job, rows, prompt_ids, response_ids, sampling=sampling,
-                               started=started)
-    except _StepFailed as failed:
+                               started=started, stop_loops=stop_loops)
+    except StepFailed as failed:
         return rows.not_ok(failed.outcome, failed.step)
 
 
 async def _generate_again(client: SGLangClient, job: Extension, reason: str, *, sampling: Sampling,
-                          model: str, run_id: str, chunk: int) -> GeneratedRow:
+                          model: str, run_id: str, chunk: int, stop_loops: bool) -> GeneratedRow:
     """A source without usable token ids: its row generated again under the new cap, provenance saying why."""
     source = job.source
     assert job.prompt is not None  # extension_jobs reads the dataset row of every such row
     log.debug("row %d: %s: generating it again under %d", source.index, reason, sampling.max_tokens)
     request = ChatRequest(source.index, job.prompt.messages, model=model, sampling=sampling, tools=job.prompt.tools)
-    row = await complete_row(client, request, run_id=run_id, chunk=chunk, category=source.category)
+    row = await complete_row(client, request, run_id=run_id, chunk=chunk, category=source.category,
+                             stop_loops=stop_loops)
     if row.status == OK:
-        row.provenance = regenerated_provenance(job.superseded, "extend", reason)
+        row.provenance = {**(row.provenance or {}), **regenerated_provenance(job.superseded, "extend", reason)}
     return row
-
-
-class _StepFailed(Exception):
-    """A request of the continuation that gave no answer: the row left says which step and why."""
-
-    def __init__(self, outcome: Outcome[Any], step: str) -> None:
-        super().__init__(step)
-        self.outcome = outcome
-        self.step = step
-
-
-def _value(outcome: Outcome[Any], step: str) -> Any:
-    if outcome.value is None:
-        raise _StepFailed(outcome, step)
-    return outcome.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,21 +260,23 @@ class _Rows:
 
 
 async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_ids: list[int],
-                    response_ids: list[int], *, sampling: Sampling, started: float) -> GeneratedRow:
+                    response_ids: list[int], *, sampling: Sampling, started: float,
+                    stop_loops: bool) -> GeneratedRow:
     """The continuation's requests in order: the server's parsers, /generate, the whole text decoded and
-    split as the chat route splits it. A request that gives no answer raises `_StepFailed`."""
+    split as the chat route splits it. A request that gives no answer raises `StepFailed`."""
     source, cap = job.source, rows.cap
-    parsers: ServerParsers = _value(await client.server_parsers(), "/server_info")
-    same = Sampling(max_tokens=cap, temperature=job.temperature, top_p=job.top_p, seed=sampling.seed)
+    parsers: ServerParsers = step_value(await client.server_parsers(), "/server_info")
+    same = replace(job.sampling, max_tokens=cap, seed=sampling.seed)
     # A row cut inside its thinking continues its thinking: the server is told so, to count those tokens.
     # Streamed and watched where the servers stream incrementally: a continuation that loops is stopped at
     # once instead of running to the cap (the watch starts with the ids before it, so an old loop shows too).
-    watch = (lambda: LoopWatch(response_ids)) if parsers.incremental_stream else None
+    watch = (lambda: LoopWatch(response_ids)) if streams_watched(parsers, stop_loops) else None
     generated = await client.generate(prompt_ids + response_ids, max_new_tokens=cap - len(response_ids),
                                       sampling=same, require_reasoning=source.cut_in_reasoning, watch=watch)
-    new = _value(generated, "/generate")
+    new = step_value(generated, "/generate")
     whole, text_from = await _whole_text(client, source, response_ids, new, generated.server)
-    reasoning, content, tool_calls, finish = await _split(client, parsers, job, whole, new.finish_reason)
+    tools = job.prompt.tools if job.prompt is not None else None
+    reasoning, content, tool_calls, finish = await split_output(client, parsers, whole, new.finish_reason, tools)
     total = len(response_ids) + new.completion_tokens
     stopped = loop_stopped(new, before=len(response_ids))
     return rows.row(
@@ -312,22 +301,11 @@ async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_id
             "tokens_before": len(response_ids),
             "tokens_after": total,
             "new_tokens": new.completion_tokens,
-            "sampling": {"temperature": job.temperature, "top_p": job.top_p},
+            "sampling": job.sampling.params(),
             "text": text_from,
             **({"stopped": stopped} if stopped else {}),
         },
     )
-
-
-def loop_stopped(generated: Generated, *, before: int = 0) -> dict[str, Any] | None:
-    """What a request the client stopped in a loop says of it, as its row's provenance keeps it (None: it
-    was not stopped): the response token it was stopped at, where the loop began, its period and score.
-    `before`: response tokens the row had before this request."""
-    verdict = generated.stopped
-    if generated.finish_reason != STOPPED or verdict is None:
-        return None
-    return {"at_token": before + generated.completion_tokens, "onset": before + verdict.onset,
-            "period": verdict.period, "score": round(verdict.score, 4)}
 
 
 async def _whole_text(client: SGLangClient, source: GeneratedRow, response_ids: list[int], new: Generated,
@@ -339,27 +317,6 @@ async def _whole_text(client: SGLangClient, source: GeneratedRow, response_ids: 
         if decoded.value is not None:
             return decoded.value, DECODED
         if decoded.rejected is None:  # the route exists and kept failing: try the row again later
-            raise _StepFailed(decoded, "/detokenize")
+            raise StepFailed(decoded, "/detokenize")
     log.debug("row %d: text joined at the seam (no /detokenize on %s)", source.index, server)
     return raw_text(source) + new.text, JOINED
-
-
-async def _split(client: SGLangClient, parsers: ServerParsers, job: Extension, whole: str,
-                 finish: str) -> tuple[str, str, Any, str]:
-    """(reasoning, content, tool calls, finish reason) of the whole text, by the server's own parsers."""
-    reasoning, content = "", whole
-    if parsers.reasoning:
-        # A failure here loses the new tokens, paid for: rare (the parser runs on the server's CPU), and a
-        # later run continues the committed truncated row again.
-        reasoning, content = _value(await client.separate_reasoning(whole, parsers.reasoning),
-                                    "/separate_reasoning")
-    tool_calls = None
-    tools = job.prompt.tools if job.prompt is not None else None
-    if parsers.tool_call and tools:
-        parsed = await client.parse_function_call(content, tools, parsers.tool_call)
-        calls = _value(parsed, "/parse_function_call")
-        if calls[1]:
-            content, tool_calls = calls
-            # As the chat route does: a parsed call turns a natural stop into `tool_calls`, never a cut.
-            finish = "tool_calls" if finish == "stop" else finish
-    return reasoning, content, tool_calls, finish

@@ -5,12 +5,14 @@ none (`rejected`: the server refused the request for good; `failed`: the retries
 where that meets the ledger's format: the row's status, its run, chunk and category (which the client never
 sees) and its token ids packed for the part (`pack_token_ids`). The chunk engine, and through it the tail
 measurement and the resample, record every first generation here, and so does the pivot's generation again
-of a row that cannot be extended (`tracegen.generate.extend`).
+of a row that cannot be extended (`tracegen.generate.extend`). Where the run stops loops and the servers
+stream incrementally, `complete_row` generates the row streamed instead (`tracegen.generate.watched`).
 """
 
 from __future__ import annotations
 
 from tracegen.sglang.client import ChatRequest, Completion, Outcome, SGLangClient
+from tracegen.generate.watched import streams_watched, watched_row
 from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow, pack_token_ids
 
 
@@ -53,6 +55,13 @@ def chat_row(out: Outcome[Completion], request: ChatRequest, *, run_id: str, chu
 
 
 async def complete_row(client: SGLangClient, request: ChatRequest, *, run_id: str, chunk: int,
-                       category: str | None = None) -> GeneratedRow:
-    """`request` sent through `client`, its answer recorded as the row of `run_id`'s chunk `chunk`."""
+                       category: str | None = None, stop_loops: bool = True) -> GeneratedRow:
+    """`request` sent through `client`, its answer recorded as the row of `run_id`'s chunk `chunk`: streamed
+    through `/generate` and stopped once it loops where `stop_loops` (the run's) and the servers allow it
+    (`tracegen.generate.watched`), else asked of the chat route whole."""
+    if stop_loops:
+        parsers = await client.server_parsers()
+        if parsers.value is not None and streams_watched(parsers.value, stop_loops):
+            return await watched_row(client, request, parsers.value, run_id=run_id, chunk=chunk,
+                                     category=category)
     return chat_row(await client.complete(request), request, run_id=run_id, chunk=chunk, category=category)

@@ -49,6 +49,7 @@ from tracegen.sglang.wire import (
     PATH,
     SEPARATE_REASONING_PATH,
     SERVER_INFO_PATH,
+    TOKENIZE_PATH,
     ChatRequest,
     Completion,
     Generated,
@@ -59,6 +60,7 @@ from tracegen.sglang.wire import (
     build_generate_body,
     build_parse_function_call_body,
     build_separate_reasoning_body,
+    build_tokenize_body,
     error_message,
     parse_completion,
     parse_detokenize,
@@ -66,6 +68,7 @@ from tracegen.sglang.wire import (
     parse_generate,
     parse_separate_reasoning,
     parse_server_parsers,
+    parse_tokenize,
 )
 
 __all__ = ["ChatRequest", "ClientConfig", "Completion", "FatalClientError", "Outcome", "Sampling", "SGLangClient",
@@ -232,8 +235,7 @@ class SGLangClient:
         had generated, finish `stream.STOPPED`, the verdict in `Generated.stopped`."""
 
         def body(rid: str | None) -> bytes:
-            return build_generate_body(input_ids, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
-                                       top_p=sampling.top_p, seed=sampling.seed,
+            return build_generate_body(input_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                        require_reasoning=require_reasoning, rid=rid)
 
         if watch is None:
@@ -254,6 +256,12 @@ class SGLangClient:
         body = build_parse_function_call_body(text, tools, parser)
         return await self._call("POST", PARSE_FUNCTION_CALL_PATH, body,
                                 lambda raw: parse_function_calls(raw, _call_id), generation=False)
+
+    async def tokenize(self, request: ChatRequest) -> Outcome[list[int]]:
+        """The prompt ids the chat route would generate `request` from (SGLang's `/v1/tokenize` of its
+        messages and tools)."""
+        body = build_tokenize_body(request.messages, request.tools, request.model)
+        return await self._call("POST", TOKENIZE_PATH, body, parse_tokenize, generation=False)
 
     async def detokenize(self, ids: list[int]) -> Outcome[str]:
         """The server's decoding of `ids` (SGLang's `/detokenize`). A server without the route answers it

@@ -21,7 +21,22 @@ class Sampling:
     max_tokens: int
     temperature: float = 0.6
     top_p: float = 0.95
+    top_k: int = 20  # 0: no top-k (SGLang's -1)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The sampling params both routes take under these names, every one explicit (see RunConfig.top_k)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k or -1,
+                "min_p": self.min_p, "repetition_penalty": self.repetition_penalty}
+
+    @classmethod
+    def of_config(cls, config: Any, max_tokens: int | None = None) -> Sampling:
+        """A run's sampling (`RunConfig` or anything with its fields), under its cap unless told another."""
+        return cls(max_tokens=config.max_tokens if max_tokens is None else max_tokens,
+                   temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
+                   repetition_penalty=config.repetition_penalty)
 
 
 @dataclass(frozen=True, slots=True)

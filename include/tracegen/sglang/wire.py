@@ -29,6 +29,7 @@ SEPARATE_REASONING_PATH = "/separate_reasoning"
 PARSE_FUNCTION_CALL_PATH = "/parse_function_call"
 SERVER_INFO_PATH = "/server_info"
 DETOKENIZE_PATH = "/detokenize"
+TOKENIZE_PATH = "/v1/tokenize"
 ABORT_PATH = "/abort_request"  # SGLang's: {"rid"} aborts that request (and those whose rid it prefixes)
 # The finish reasons of a completion, as SGLang reports them: it ended by itself, or at the cap ("length").
 FINISH_REASONS = ("stop", "tool_calls", "length")
@@ -112,8 +113,7 @@ def build_body(request: ChatRequest, *, return_token_ids: bool = False) -> bytes
         "model": request.model,
         "messages": request.messages,
         "max_tokens": sampling.max_tokens,
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
+        **sampling.params(),
         "stream": False,
     }
     if sampling.seed is not None:
@@ -138,25 +138,32 @@ def build_generate_body(
     input_ids: list[int],
     *,
     max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int | None,
+    sampling: Sampling,
     require_reasoning: bool = False,
     rid: str | None = None,
 ) -> bytes:
     """`/generate` continuing `input_ids` (prompt ids + the response so far) by up to `max_new_tokens`,
-    with the sampling params of the chat request that produced the response. `require_reasoning`: the
-    response so far ends inside its thinking, so the server counts the new tokens up to the end of the
-    thinking as reasoning tokens (it counts only thinking a response opens itself otherwise). `rid`: the
-    request streams its output, under this id (what `/abort_request` names)."""
-    params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p}
-    if seed is not None:
-        params["sampling_seed"] = seed
+    with `sampling` (the run's that produced the response). `require_reasoning`: the response so far ends
+    inside its thinking, so the server counts the new tokens up to the end of the thinking as reasoning
+    tokens (it counts only thinking a response opens itself otherwise). `rid`: the request streams its
+    output, under this id (what `/abort_request` names)."""
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens, **sampling.params()}
+    if sampling.seed is not None:
+        params["sampling_seed"] = sampling.seed
     body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params, "stream": rid is not None}
     if rid is not None:
         body["rid"] = rid
     if require_reasoning:
         body["require_reasoning"] = True
+    return _encode(body)
+
+
+def build_tokenize_body(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str) -> bytes:
+    """`/v1/tokenize` of a chat request's messages and tools: the prompt ids the chat route would generate
+    from (SGLang renders them with the same template and the same processing)."""
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if tools:
+        body["tools"] = tools
     return _encode(body)
 
 
@@ -176,6 +183,15 @@ def parse_detokenize(raw: bytes) -> str:
     if not isinstance(text, str):
         raise MalformedResponse(f"detokenize must answer a text string, got {data!r:.160}")
     return text
+
+
+def parse_tokenize(raw: bytes) -> list[int]:
+    """The prompt ids of a /v1/tokenize body of one chat request (`tokens`, as many as its `count`)."""
+    data = _object(raw)
+    ids = token_ids(data, "tokens", "tokenize: ")
+    if not ids or data.get("count") != len(ids):
+        raise MalformedResponse(f"tokenize must answer a non-empty 'tokens' list and its 'count', got {data!r:.160}")
+    return ids
 
 
 def build_parse_function_call_body(text: str, tools: list[dict[str, Any]], parser: str) -> bytes:

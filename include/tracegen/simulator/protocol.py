@@ -87,6 +87,16 @@ def _number(body: Mapping[str, Any], key: str, low: float, high: float, where: s
     return float(value)
 
 
+def _check_sampling(body: Mapping[str, Any], where: str = "") -> None:
+    """SGLang's `SamplingParams.verify` of top_k, min_p and repetition_penalty (both routes reach it)."""
+    top_k = body.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or (top_k < 1 and top_k != -1)):
+        raise BadRequest(f"{where}top_k must be -1 (disable) or at least 1, got {json.dumps(top_k)[:80]}.")
+    _number(body, "min_p", 0.0, 1.0, where)
+    if _number(body, "repetition_penalty", 0.0, 2.0, where) == 0.0:
+        raise BadRequest(f"{where}repetition_penalty must be in (0, 2] (1.0 = no penalty), got 0.")
+
+
 def _bool(body: Mapping[str, Any], key: str, default: bool, where: str = "") -> bool:
     value = body.get(key, default)
     if value is None:
@@ -174,6 +184,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         max_tokens = _int(body, "max_tokens", 1)
     _number(body, "temperature", 0.0, 100.0)
     _number(body, "top_p", 0.0, 1.0)
+    _check_sampling(body)
     seed = _seed(body, "seed")
     _int(body, "n", 1)
     if body.get("n", 1) != 1:
@@ -302,6 +313,7 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
     max_new = _int(sp, "max_new_tokens", 0, where)
     _number(sp, "temperature", 0.0, 100.0, where)
     _number(sp, "top_p", 0.0, 1.0, where)
+    _check_sampling(sp, where)
     interval = sp.get("stream_interval")
     if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int)):
         raise BadRequest(f"sampling_params.stream_interval must be an integer, got {json.dumps(interval)[:80]}")

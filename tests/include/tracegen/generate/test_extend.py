@@ -134,15 +134,17 @@ SUPERSEDED = Superseded(7, 4, "parts/r4/c00000-a.jsonl.gz")
 def test_a_row_cut_in_its_thinking_continues_it_and_splits_like_the_chat_route() -> None:
     server = Scripted()
     prompt = PromptRow(7, [{"role": "user", "content": "fix it"}], tools=TOOLS, id="p7")
-    # The row was sampled at 0.7 / 0.9 by its run; this run samples at 0.6 / 0.95.
-    row = extend(server, Extension(truncated(), SUPERSEDED, prompt, 0.7, 0.9))
+    # The row was sampled at 0.7 / 0.9 / top-k 5 / min-p 0.1 by its run; this run samples at its defaults.
+    sampled = Sampling(4, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1)
+    row = extend(server, Extension(truncated(), SUPERSEDED, prompt, sampled))
 
     generate = [body for path, body in server.seen if path == "/generate"]
     assert len(generate) == 2  # the abort was tried again, like any transient failure
     # Its exact ids, the budget left under the new cap, and the sampling params it was drawn with.
     # Cut inside its thinking: the server counts the continuation's thinking as such.
     assert generate[-1] == {"input_ids": [1, 2, 3, 10, 11, 12, 13], "stream": False, "require_reasoning": True,
-                            "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9}}
+                            "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9,
+                                                "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.0}}
     # The whole text is the server's decoding of all the ids; then its own split of it.
     assert [p for p, _ in server.seen if p != "/generate"] == [
         "/server_info", "/detokenize", "/separate_reasoning", "/parse_function_call"]
@@ -159,7 +161,8 @@ def test_a_row_cut_in_its_thinking_continues_it_and_splits_like_the_chat_route()
     assert row.prompt_token_ids == truncated().prompt_token_ids
     assert row.provenance == {"action": EXTENDED, "policy": "extend", "supersedes": SUPERSEDED.ref(),
                               "tokens_before": 4, "tokens_after": 7, "new_tokens": 3,
-                              "sampling": {"temperature": 0.7, "top_p": 0.9}, "text": "decoded"}
+                              "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
+                                           "repetition_penalty": 1.0}, "text": "decoded"}
     assert (row.pivot, row.prefix_tokens, row.new_tokens) == (EXTENDED, 4, 3)
     assert row.ledger_values()["pivot"] == EXTENDED and row.ledger_values()["prefix_tokens"] == 4
 
@@ -168,7 +171,7 @@ def test_without_parsers_the_text_stays_whole_as_the_chat_route_leaves_it() -> N
     server = Scripted(tool_parser=None, reasoning_parser=None)
     # A server without a reasoning parser left the thinking inline in content.
     source = truncated(content="<think>\nthinking so far", reasoning_content=None)
-    row = extend(server, Extension(source, SUPERSEDED, None, 0.6, 0.95))
+    row = extend(server, Extension(source, SUPERSEDED, None, Sampling(4)))
     assert [p for p, _ in server.seen if p in ("/separate_reasoning", "/parse_function_call")] == []
     assert row.content == DECODED
     assert row.reasoning_content is None and row.tool_calls is None and row.finish_reason == "stop"
@@ -178,7 +181,7 @@ def test_a_server_without_detokenize_gets_the_texts_joined_and_the_row_says_so()
     # An older SGLang answers /detokenize 404: not a fatal misconfiguration, the row is extended from the
     # joined texts and records that its seam may hold U+FFFD.
     server = Scripted(tool_parser=None, detokenize=False)
-    row = extend(server, Extension(truncated(), SUPERSEDED, None, 0.6, 0.95))
+    row = extend(server, Extension(truncated(), SUPERSEDED, None, Sampling(4)))
     assert ("/detokenize", {"tokens": [10, 11, 12, 13, 7, 8, 151645]}) in server.seen
     assert row.status == OK and row.provenance["text"] == "joined"
     joined = "<think>\nthinking so far" + " done\n</think>\n\nCalling." + CALL
@@ -192,7 +195,7 @@ def test_a_failing_detokenize_fails_the_row() -> None:
                 return web.json_response({"detail": "tokenizer down"}, status=503)
             return await super().handle(request)
 
-    row = extend(Broken(tool_parser=None), Extension(truncated(), SUPERSEDED, None, 0.6, 0.95), max_attempts=2,
+    row = extend(Broken(tool_parser=None), Extension(truncated(), SUPERSEDED, None, Sampling(4)), max_attempts=2,
                  quarantine_after=5)
     assert row.status == FAILED and "/detokenize" in row.error
 
@@ -202,8 +205,8 @@ def test_a_row_without_token_ids_is_generated_again_and_says_so() -> None:
     prompt = PromptRow(7, [{"role": "user", "content": "fix it"}], id="p7")
     source = truncated(prompt_token_ids=None, response_token_ids=None)
     assert "no token ids" in not_extendable(source)
-    row = extend(server, Extension(source, SUPERSEDED, prompt, 0.6, 0.95))
-    assert [p for p, _ in server.seen] == ["/v1/chat/completions"]
+    row = extend(server, Extension(source, SUPERSEDED, prompt, Sampling(4)))
+    assert [p for p, _ in server.seen] == ["/server_info", "/v1/chat/completions"]  # not streamed: whole
     assert row.status == OK and row.content == "fresh" and row.completion_tokens == 2
     assert row.provenance["action"] == FALLBACK_REGENERATED and "no token ids" in row.provenance["reason"]
     assert row.provenance["supersedes"] == SUPERSEDED.ref() and row.prefix_tokens == 0
@@ -221,7 +224,7 @@ def test_a_failed_split_fails_the_row_so_a_later_run_extends_it_again() -> None:
                 return web.json_response({"detail": "parser down"}, status=503)
             return await super().handle(request)
 
-    row = extend(Broken(tool_parser=None), Extension(truncated(), SUPERSEDED, None, 0.6, 0.95), max_attempts=2,
+    row = extend(Broken(tool_parser=None), Extension(truncated(), SUPERSEDED, None, Sampling(4)), max_attempts=2,
                  quarantine_after=5)
     assert row.status == FAILED and "/separate_reasoning" in row.error and "continuing the row cut at 4" in row.error
 
