@@ -11,8 +11,8 @@ stream incrementally, `complete_row` generates the row streamed instead (`traceg
 
 from __future__ import annotations
 
-from tracegen.sglang.client import ChatRequest, Completion, Outcome, SGLangClient
 from tracegen.generate.watched import streams_watched, watched_row
+from tracegen.sglang.client import ChatRequest, Completion, Outcome, SGLangClient
 from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow, pack_token_ids
 
 

@@ -1,0 +1,190 @@
+"""Where the GPU time goes when rows loop: one load, three runs, tokens generated against tokens kept.
+
+On SGLang stand-ins (reference-job length law: 18% of the natural rows past 4096; a fresh sample per request,
+as SGLang draws one; time-scaled), launched streaming incrementally at interval 16 as the bundled fleet is,
+the same dataset is generated at `max_tokens` 16384 with `runaway_policy=drop`, each run from a fresh output
+root through tracegen's own functions (`run.prepare.prepare_run` + `generate.chunk.run_chunk`):
+
+  (1) no loops (stand-ins launched with --sim-runaway-rate 0);
+  (2) 3% loops (--sim-runaway-rate 0.03, --sim-loop-shape varied: periods 1 to ~1,000 tokens, near-variants,
+      onsets early and late), the client asking the chat route for each row whole (stop_loops=false);
+  (3) the same fleet as (2), every row streamed and stopped once it loops (stop_loops=true).
+
+The natural rows follow one law in all three runs: (2) and (3) are launched with the truncated share that
+puts 18% of the natural rows past 4096 once the loops are added.
+
+Printed per run: tokens generated (the fleet's own counter) / tokens in the rows the export keeps; tokens spent
+on runaways (the fleet's count less the ledger's non-runaway tokens: what a stopped loop generated before its
+abort landed included); kept rows per second of fleet time (the run's wall time); client CPU per completion
+(this process's CPU time: the stand-ins are subprocesses). Then the issue's four targets for (3), each met or not.
+
+    .venv/bin/python bench/loop_tokens.py [--rows 4000] [--servers 2] [--time-scale 50] [--sim-seed 0]
+
+Seeds: `--sim-seed` fixes each prompt's difficulty on the stand-ins; the sample noise is fresh on every request,
+so a rerun draws new samples and the figures move within their sampling error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "include"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from occupancy_support.fleet import MODEL, Fleet, free_port  # noqa: E402
+from pivot import write_dataset  # noqa: E402
+
+from tracegen.audit.tokens import token_account  # noqa: E402
+from tracegen.config import RunConfig  # noqa: E402
+from tracegen.fleet import FleetSpec  # noqa: E402
+from tracegen.fleet.spec import HostSpec  # noqa: E402
+from tracegen.generate.chunk import run_chunk  # noqa: E402
+from tracegen.run.prepare import prepare_run  # noqa: E402
+from tracegen.run.spec import FleetRef  # noqa: E402
+from tracegen.sglang.autotune import parse_metrics  # noqa: E402
+from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
+from tracegen.store.root import open_root  # noqa: E402
+
+CAP = 16_384
+LOOP_RATE = 0.03
+NATURAL_PAST_4096 = 0.18
+STREAM_INTERVAL = 16
+
+
+def start(n: int, max_running: int, time_scale: float, seed: int, runaway_rate: float) -> Fleet:
+    """`n` stand-ins streaming incrementally, `runaway_rate` of their samples looping."""
+    procs, urls = [], []
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
+    share = runaway_rate + (1 - runaway_rate) * NATURAL_PAST_4096
+    for _ in range(n):
+        port = free_port()
+        argv = [sys.executable, "-m", "tracegen.simulator", "--model-path", "Qwen/Qwen3.6-27B",
+                "--served-model-name", MODEL, "--port", str(port), "--max-running-requests", str(max_running),
+                "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25", "--context-length", "40960",
+                "--enable-metrics", "--sim-time-scale", str(time_scale), "--sim-seed", str(seed),
+                "--sim-runaway-rate", str(runaway_rate), "--sim-loop-shape", "varied",
+                "--sim-truncated-share", f"{share:.6f}", "--incremental-streaming-output",
+                "--stream-interval", str(STREAM_INTERVAL), "--sim-warmup-s", "0.05", "--log-level", "warning"]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))  # fmt: skip
+        urls.append(f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + 60
+    for proc, url in zip(procs, urls, strict=True):
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"stand-in {url} exited with {proc.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"stand-in {url} not healthy after 60 s")
+            time.sleep(0.05)
+    return Fleet(urls, procs, max_running, time_scale)
+
+
+def counter(fleet: Fleet, name: str) -> float:
+    return sum(parse_metrics(httpx.get(u + "/metrics", timeout=10).text).get(name, 0.0) for u in fleet.urls)
+
+
+def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, spool: Path) -> dict:
+    config = RunConfig.from_params({
+        "dataset_uri": str(dataset), "output_uri": str(out), "max_tokens": CAP, "runaway_policy": "drop",
+        "stop_loops": stop_loops, "pilot_size": 0, "autotune_in_flight": False,
+        "max_in_flight_per_server": fleet.max_running, "part_rows": 2000, "part_seconds": 30.0,
+    })  # fmt: skip
+    fleet_spec = FleetSpec(hosts=(HostSpec("local", tuple(range(len(fleet.urls)))),), model_path=MODEL,
+                           launch_module="tracegen.simulator")
+    spec, work = prepare_run(config, run_id, FleetRef.of(fleet_spec, "bench-fleet"))
+    endpoints = [ServerEndpoint(u, max_in_flight=fleet.max_running, name=f"sim:gpu{i}")
+                 for i, u in enumerate(fleet.urls)]
+    root = open_root(config.output_uri, config.aws_conn_id)
+    tokens0, aborted0 = counter(fleet, "sglang:generation_tokens_total"), counter(fleet, "sglang:num_aborted_requests_total")
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    for w in work:
+        run_chunk(spec, root=root, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
+                  endpoints=endpoints, spool_dir=str(spool))
+    wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+    frame = root.snapshots.frame()
+    account = token_account(frame)
+    generated = int(counter(fleet, "sglang:generation_tokens_total") - tokens0)
+    kept_rows = int(((frame["status"] == "ok") & frame["finish_reason"].isin(("stop", "tool_calls"))).sum())
+    return {
+        "generated": generated, "ledger": account, "kept_rows": kept_rows, "rows": len(frame), "wall_s": wall,
+        "cpu_s": cpu, "aborted": int(counter(fleet, "sglang:num_aborted_requests_total") - aborted0),
+        # What the fleet generated that no kept, cut or superseded row holds: the runaways, as generated.
+        "runaway": generated - account["kept"] - account["truncated_left_out"] - account["superseded"],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=4000)
+    p.add_argument("--sim-seed", type=int, default=0)
+    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--max-running", type=int, default=128)
+    p.add_argument("--time-scale", type=float, default=50.0)
+    args = p.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="tracegen-loop-tokens-"))
+    os.environ["TRACEGEN_WRITE_PREFIXES"] = str(work)  # the bench writes its roots here (tracegen.common.locations)
+    dataset = work / "prompts.jsonl"
+    write_dataset(dataset, args.rows)
+    print(f"loop tokens bench: {args.rows:,} prompts, cap {CAP:,}, runaway_policy=drop, {args.servers} stand-ins "
+          f"x {args.max_running} slots (--sim-seed {args.sim_seed}, reference law, {NATURAL_PAST_4096:.0%} of natural "
+          f"rows past 4096), stream interval {STREAM_INTERVAL}, time scale {args.time_scale:g}", flush=True)
+    results: dict[str, dict] = {}
+    runs = (("1 no loops", 0.0, True), ("2 loops, whole", LOOP_RATE, False), ("3 loops, stopped", LOOP_RATE, True))
+    fleet, rate = None, None
+    try:
+        for name, loop_rate, stop_loops in runs:
+            if loop_rate != rate:
+                if fleet is not None:
+                    fleet.stop()
+                fleet, rate = start(args.servers, args.max_running, args.time_scale, args.sim_seed, loop_rate), loop_rate
+            results[name] = r = run(fleet, dataset, work / f"out-{name[0]}", f"run{name[0]}", stop_loops,
+                                    work / f"spool-{name[0]}")
+            print(f"  ({name}): {r['wall_s']:.0f} s, {r['generated']:,} tokens, {r['ledger']['stopped_rows']:,} "
+                  f"stopped, {r['aborted']:,} aborted on the servers", flush=True)
+    finally:
+        if fleet is not None:
+            fleet.stop()
+
+    print(f"\n  {'run':<18} {'gen/kept':>9} {'runaway tok':>12} {'(ledger)':>10} {'kept rows/s':>12} "
+          f"{'CPU ms/row':>11} {'kept rows':>10}")
+    figures = {}
+    for name, r in results.items():
+        kept = r["ledger"]["kept"]
+        figures[name] = f = {"ratio": r["generated"] / kept, "runaway": r["runaway"], "rate": r["kept_rows"] / r["wall_s"],
+                             "cpu": 1000 * r["cpu_s"] / r["rows"]}
+        print(f"  {name:<18} {f['ratio']:9.4f} {f['runaway']:12,} {r['ledger']['runaway']:10,} {f['rate']:12.1f} "
+              f"{f['cpu']:11.2f} {r['kept_rows']:10,}")
+    base, whole, stopped = (figures[n] for n, _, _ in runs)
+    checks = [
+        ("runaway tokens <= 15% of the whole client's", stopped["runaway"] / max(whole["runaway"], 1), "<=", 0.15),
+        ("gen/kept within 0.01 of the no-loop run's", abs(stopped["ratio"] - base["ratio"]), "<=", 0.01),
+        ("kept rows/s >= 1.15x the whole client's", stopped["rate"] / whole["rate"], ">=", 1.15),
+        ("client CPU per completion <= 1.3x the whole client's", stopped["cpu"] / whole["cpu"], "<=", 1.3),
+    ]
+    print(f"\n  the whole client's gen/kept is {whole['ratio'] - base['ratio']:+.4f} from the no-loop run's")
+    for what, value, op, bound in checks:
+        met = value <= bound if op == "<=" else value >= bound
+        print(f"  {'met    ' if met else 'NOT met'} {what}: {value:.4f} {op} {bound}")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
