@@ -48,6 +48,7 @@ from pivot import write_dataset  # noqa: E402
 from tracegen.audit.tokens import token_account  # noqa: E402
 from tracegen.config import RunConfig  # noqa: E402
 from tracegen.fleet import FleetSpec  # noqa: E402
+from tracegen.fleet.sources import STREAM_INTERVAL  # noqa: E402
 from tracegen.fleet.spec import HostSpec  # noqa: E402
 from tracegen.generate.chunk import run_chunk  # noqa: E402
 from tracegen.run.prepare import prepare_run  # noqa: E402
@@ -59,10 +60,9 @@ from tracegen.store.root import open_root  # noqa: E402
 CAP = 16_384
 LOOP_RATE = 0.03
 NATURAL_PAST_4096 = 0.18
-STREAM_INTERVAL = 16
 
 
-def start(n: int, max_running: int, time_scale: float, seed: int, runaway_rate: float) -> Fleet:
+def start(n: int, max_running: int, time_scale: float, seed: int, runaway_rate: float, interval: int) -> Fleet:
     """`n` stand-ins streaming incrementally, `runaway_rate` of their samples looping."""
     procs, urls = [], []
     env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
@@ -75,7 +75,7 @@ def start(n: int, max_running: int, time_scale: float, seed: int, runaway_rate: 
                 "--enable-metrics", "--sim-time-scale", str(time_scale), "--sim-seed", str(seed),
                 "--sim-runaway-rate", str(runaway_rate), "--sim-loop-shape", "varied",
                 "--sim-truncated-share", f"{share:.6f}", "--incremental-streaming-output",
-                "--stream-interval", str(STREAM_INTERVAL), "--sim-warmup-s", "0.05", "--log-level", "warning"]
+                "--stream-interval", str(interval), "--sim-warmup-s", "0.05", "--log-level", "warning"]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True))  # fmt: skip
         urls.append(f"http://127.0.0.1:{port}")
@@ -136,6 +136,7 @@ def main() -> int:
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--max-running", type=int, default=128)
     p.add_argument("--time-scale", type=float, default=50.0)
+    p.add_argument("--stream-interval", type=int, default=STREAM_INTERVAL)
     args = p.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tracegen-loop-tokens-"))
@@ -144,7 +145,7 @@ def main() -> int:
     write_dataset(dataset, args.rows)
     print(f"loop tokens bench: {args.rows:,} prompts, cap {CAP:,}, runaway_policy=drop, {args.servers} stand-ins "
           f"x {args.max_running} slots (--sim-seed {args.sim_seed}, reference law, {NATURAL_PAST_4096:.0%} of natural "
-          f"rows past 4096), stream interval {STREAM_INTERVAL}, time scale {args.time_scale:g}", flush=True)
+          f"rows past 4096), stream interval {args.stream_interval}, time scale {args.time_scale:g}", flush=True)
     results: dict[str, dict] = {}
     runs = (("1 no loops", 0.0, True), ("2 loops, whole", LOOP_RATE, False), ("3 loops, stopped", LOOP_RATE, True))
     fleet, rate = None, None
@@ -153,7 +154,8 @@ def main() -> int:
             if loop_rate != rate:
                 if fleet is not None:
                     fleet.stop()
-                fleet, rate = start(args.servers, args.max_running, args.time_scale, args.sim_seed, loop_rate), loop_rate
+                fleet, rate = start(args.servers, args.max_running, args.time_scale, args.sim_seed, loop_rate,
+                                    args.stream_interval), loop_rate
             results[name] = r = run(fleet, dataset, work / f"out-{name[0]}", f"run{name[0]}", stop_loops,
                                     work / f"spool-{name[0]}")
             print(f"  ({name}): {r['wall_s']:.0f} s, {r['generated']:,} tokens, {r['ledger']['stopped_rows']:,} "

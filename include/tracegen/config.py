@@ -253,6 +253,10 @@ def rule_of(name: str) -> Rule:
     raise KeyError(name)
 
 
+# The RunConfig fields a request samples by (`tracegen.sglang.settings.Sampling` carries them to the wire).
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What one run generates, under which cap, into which output root, and how it gates itself.

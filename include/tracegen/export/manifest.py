@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from tracegen.common.locations import shown_location
+from tracegen.config import SAMPLING_FIELDS
 from tracegen.export.layouts import CONVERSATIONS, MESSAGES, TOKENS, data_dir
 from tracegen.export.servers import SERVERS_FILE
-from tracegen.sglang.settings import Sampling
 from tracegen.store.records import COMPLETE
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
@@ -99,7 +99,7 @@ def provenance(root: OutputRoot, record: Any, aws_conn_id: str) -> dict[str, Any
         "servers_note": None if servers else (
             f"no run recorded what its servers reported (runs/<run>/{SERVERS_FILE}: /model_info and "
             "/server_info); the model is known by the fleet's served name and digest only"),
-        "sampling": {**Sampling.of_config(config).params(), "max_tokens": config.max_tokens,
+        "sampling": {**{name: getattr(config, name) for name in SAMPLING_FIELDS}, "max_tokens": config.max_tokens,
                      "note": "every param the chat route would take from the model's generation config is sent; "
                              "the rest are the servers' defaults"},
         "cap_decisions": decisions,

@@ -28,6 +28,9 @@ __all__ = ["LOCAL_SIM", "FleetChangedError", "FleetNotListed", "listed_fleet", "
 
 DEFAULT_FLEET_ENV = "TRACEGEN_FLEET"  # read by `params.default_fleet_source`
 LISTED_FLEETS_ENV = "TRACEGEN_FLEETS"
+# Decoded tokens per streamed event of the bundled fleet: what a stop costs late against the client CPU per
+# event (docs/benchmarks.md, "Tokens of looping rows").
+STREAM_INTERVAL = 16
 
 
 class FleetChangedError(FleetSpecError):
@@ -87,10 +90,10 @@ def local_sim_fleet() -> dict[str, Any]:
             "--max-running-requests": 64,
             "--context-length": 40960,
             "--enable-metrics": True,
-            # Streamed output, so that a continuation that loops is stopped while it loops: each event only
-            # its new ids, one every 16 tokens (docs/architecture.md, "Stopping a loop").
+            # Streamed output, so that a generation that loops is stopped while it loops: each event only
+            # its new ids, one every STREAM_INTERVAL tokens (docs/architecture.md, "Stopping a loop").
             "--incremental-streaming-output": True,
-            "--stream-interval": 16,
+            "--stream-interval": STREAM_INTERVAL,
             "--sim-time-scale": time_scale,
             **loops,
         },

@@ -42,6 +42,7 @@ from tracegen.generate.extend import (
     superseded_map,
 )
 from tracegen.generate.rows import complete_row
+from tracegen.generate.watched import watching
 from tracegen.run import plan
 from tracegen.sglang.autotune import InFlightLimit
 from tracegen.sglang.client import (
@@ -52,6 +53,7 @@ from tracegen.sglang.client import (
     ServerEndpoint,
     SGLangClient,
 )
+from tracegen.sglang.wire import ServerParsers
 from tracegen.store.claims import Attempt, ChunkClaim, ChunkSuperseded
 from tracegen.store.entries import part_key
 from tracegen.store.lease import LeaseLost, RootLease, holding_root, lease_ttl_s
@@ -234,6 +236,7 @@ class ChunkEngine:
         self._sealed: set[str] = set()  # segments this attempt sealed: where its rows are committed
         self._known_long = np.empty(0, dtype=np.int64)  # rows of this chunk truncated under a lower cap
         self._superseded: dict[int, Superseded] = {}  # their committed truncated rows
+        self._watch_with: ServerParsers | None = None  # set per chunk: `tracegen.generate.watched.watching`
 
     # ---- public ---------------------------------------------------------------------------------
 
@@ -379,6 +382,11 @@ class ChunkEngine:
             ticker = asyncio.create_task(self._tick(progress))
             self._generating = True
             try:
+                # Streamed and stopped once they loop, or asked whole: decided once for the chunk's rows.
+                try:
+                    self._watch_with = await watching(client, self.config.stop_loops)
+                except FatalClientError as exc:
+                    self.request_stop(f"fatal client error: {exc}")
                 need_prompts = False
                 if self.config.truncated_policy == "extend" and self._superseded:
                     # Tool calls are parsed from an extended answer only with the row's tools in hand.
@@ -462,7 +470,7 @@ class ChunkEngine:
             return result
         request = ChatRequest(row.index, row.messages, model=self.model, sampling=self.sampling, tools=row.tools)
         result = await complete_row(client, request, run_id=self.run_id, chunk=self.chunk, category=row.category,
-                                    stop_loops=self.config.stop_loops)
+                                    watch_with=self._watch_with)
         result.id = row.id
         superseded = self._superseded.get(row.index)
         if superseded is not None and result.status == OK:

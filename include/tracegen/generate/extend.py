@@ -33,7 +33,14 @@ import pandas as pd
 from tracegen.audit.loop_stop import LoopWatch
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
 from tracegen.generate.rows import complete_row
-from tracegen.generate.watched import StepFailed, loop_stopped, split_output, step_value, streams_watched
+from tracegen.generate.watched import (
+    StepFailed,
+    loop_stopped,
+    split_output,
+    step_value,
+    streams_watched,
+    watching,
+)
 from tracegen.run.records import read_run_record
 from tracegen.run.spec import RunSpecError
 from tracegen.sglang.client import ChatRequest, Outcome, Sampling, SGLangClient
@@ -229,7 +236,7 @@ async def _generate_again(client: SGLangClient, job: Extension, reason: str, *, 
     log.debug("row %d: %s: generating it again under %d", source.index, reason, sampling.max_tokens)
     request = ChatRequest(source.index, job.prompt.messages, model=model, sampling=sampling, tools=job.prompt.tools)
     row = await complete_row(client, request, run_id=run_id, chunk=chunk, category=source.category,
-                             stop_loops=stop_loops)
+                             watch_with=await watching(client, stop_loops))
     if row.status == OK:
         row.provenance = {**(row.provenance or {}), **regenerated_provenance(job.superseded, "extend", reason)}
     return row

@@ -6,13 +6,14 @@ where that meets the ledger's format: the row's status, its run, chunk and categ
 sees) and its token ids packed for the part (`pack_token_ids`). The chunk engine, and through it the tail
 measurement and the resample, record every first generation here, and so does the pivot's generation again
 of a row that cannot be extended (`tracegen.generate.extend`). Where the run stops loops and the servers
-stream incrementally, `complete_row` generates the row streamed instead (`tracegen.generate.watched`).
+stream incrementally, `complete_row` is told so and generates the row streamed (`tracegen.generate.watched`).
 """
 
 from __future__ import annotations
 
-from tracegen.generate.watched import streams_watched, watched_row
+from tracegen.generate.watched import watched_row
 from tracegen.sglang.client import ChatRequest, Completion, Outcome, SGLangClient
+from tracegen.sglang.wire import ServerParsers
 from tracegen.store.records import FAILED, OK, REJECTED, GeneratedRow, pack_token_ids
 
 
@@ -55,13 +56,11 @@ def chat_row(out: Outcome[Completion], request: ChatRequest, *, run_id: str, chu
 
 
 async def complete_row(client: SGLangClient, request: ChatRequest, *, run_id: str, chunk: int,
-                       category: str | None = None, stop_loops: bool = True) -> GeneratedRow:
-    """`request` sent through `client`, its answer recorded as the row of `run_id`'s chunk `chunk`: streamed
-    through `/generate` and stopped once it loops where `stop_loops` (the run's) and the servers allow it
-    (`tracegen.generate.watched`), else asked of the chat route whole."""
-    if stop_loops:
-        parsers = await client.server_parsers()
-        if parsers.value is not None and streams_watched(parsers.value, stop_loops):
-            return await watched_row(client, request, parsers.value, run_id=run_id, chunk=chunk,
-                                     category=category)
+                       category: str | None = None, watch_with: ServerParsers | None = None) -> GeneratedRow:
+    """`request` sent through `client`, its answer recorded as the row of `run_id`'s chunk `chunk`. With
+    `watch_with` (the servers' parsers, given where the run stops loops and the servers stream incrementally:
+    `watched.streams_watched`) it is streamed through `/generate` and stopped once it loops
+    (`tracegen.generate.watched`); without, asked of the chat route whole."""
+    if watch_with is not None:
+        return await watched_row(client, request, watch_with, run_id=run_id, chunk=chunk, category=category)
     return chat_row(await client.complete(request), request, run_id=run_id, chunk=chunk, category=category)

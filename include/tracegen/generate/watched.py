@@ -16,6 +16,7 @@ finish `loop`, and its provenance says where it was stopped (`loop_stopped`): a 
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -24,6 +25,8 @@ from tracegen.sglang.client import ChatRequest, Outcome, SGLangClient
 from tracegen.sglang.stream import STOPPED
 from tracegen.sglang.wire import Generated, ServerParsers
 from tracegen.store.records import FAILED, LOOP, OK, REJECTED, GeneratedRow, pack_token_ids
+
+log = logging.getLogger(__name__)
 
 
 class StepFailed(Exception):
@@ -45,6 +48,20 @@ def streams_watched(parsers: ServerParsers, stop_loops: bool) -> bool:
     """Whether generations are streamed and stopped when they loop: the run asks for it and the servers stream
     incrementally (a cumulative stream repeats the whole output in every event: quadratic bytes)."""
     return stop_loops and parsers.incremental_stream
+
+
+async def watching(client: SGLangClient, stop_loops: bool) -> ServerParsers | None:
+    """The servers' parsers when generations are to be streamed and watched (`streams_watched`), else None;
+    also None, with a warning, when the servers do not say how they stream (`/server_info` failed): the rows
+    are then asked of the chat route whole, as from servers that do not stream incrementally."""
+    if not stop_loops:
+        return None
+    parsers = await client.server_parsers()
+    if parsers.value is None:
+        log.warning("the servers' /server_info gave no answer (%s): rows are generated whole, loops not stopped",
+                    parsers.failed or parsers.rejected)
+        return None
+    return parsers.value if streams_watched(parsers.value, stop_loops) else None
 
 
 def loop_stopped(generated: Generated, *, before: int = 0) -> dict[str, Any] | None:

@@ -21,10 +21,10 @@ class Sampling:
     max_tokens: int
     temperature: float = 0.6
     top_p: float = 0.95
+    seed: int | None = None
     top_k: int = 20  # 0: no top-k (SGLang's -1)
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    seed: int | None = None
 
     def params(self) -> dict[str, Any]:
         """The sampling params both routes take under these names, every one explicit (see RunConfig.top_k)."""
@@ -34,9 +34,10 @@ class Sampling:
     @classmethod
     def of_config(cls, config: Any, max_tokens: int | None = None) -> Sampling:
         """A run's sampling (`RunConfig` or anything with its fields), under its cap unless told another."""
+        from tracegen.config import SAMPLING_FIELDS
+
         return cls(max_tokens=config.max_tokens if max_tokens is None else max_tokens,
-                   temperature=config.temperature, top_p=config.top_p, top_k=config.top_k, min_p=config.min_p,
-                   repetition_penalty=config.repetition_penalty)
+                   **{name: getattr(config, name) for name in SAMPLING_FIELDS})
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,29 @@ once) and closes the response; a disconnect alone is aborted by SGLang two secon
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
-from tracegen.sglang.wire import Generated, MalformedResponse, check_usage, int_field, token_ids
+import msgspec
+
+from tracegen.sglang.wire import Generated, MalformedResponse, check_usage, int_field
 
 DONE = b"[DONE]"
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
+
+
+class _Event(msgspec.Struct):
+    """The fields of one streamed event the client reads (SGLang sends more: they are skipped unread).
+    Decoded and checked in one pass, ids included: the client reads an event per stream interval per row."""
+
+    text: str | None = None
+    output_ids: list[TokenId] | None = None
+    meta_info: dict[str, Any] | None = None
+    error: Any = None
+
+
+_decode_event = msgspec.json.Decoder(_Event).decode
 # The finish of a request the client stopped because its watch said so: not one of SGLang's.
 STOPPED = "stopped"
 
@@ -64,13 +79,13 @@ class StreamAssembly:
             self.done = True
             return []
         try:
-            event = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise StreamFailed(f"event {self.events} is not JSON ({exc}): {data[:120]!r}") from None
-        if not isinstance(event, dict):
-            raise StreamFailed(f"event {self.events} is a JSON {type(event).__name__}, expected an object")
+            event = _decode_event(data)
+        except msgspec.ValidationError as exc:
+            raise StreamFailed(f"event {self.events + 1}: {exc}: {data[:120]!r}") from None
+        except msgspec.DecodeError as exc:
+            raise StreamFailed(f"event {self.events + 1} is not JSON ({exc}): {data[:120]!r}") from None
         self.events += 1
-        error = event.get("error")
+        error = event.error
         if error is not None:
             message = error.get("message") if isinstance(error, dict) else error
             code = error.get("code") if isinstance(error, dict) else None
@@ -79,13 +94,12 @@ class StreamAssembly:
             raise StreamFailed(f"the server reported an error in the stream: {message!r:.200}")
         if self.finish is not None:
             raise StreamFailed("an event arrived after the one that finished the request")
-        meta = event.get("meta_info")
-        if not isinstance(meta, dict):
-            raise StreamFailed(f"event {self.events}: 'meta_info' must be an object, got {meta!r:.120}")
-        ids = token_ids(event, "output_ids", f"event {self.events}: ") or []
-        new = self._take_ids(ids, meta)
-        text = event.get("text")
-        if isinstance(text, str):
+        meta = event.meta_info
+        if meta is None:
+            raise StreamFailed(f"event {self.events}: 'meta_info' must be an object, got null")
+        new = self._take_ids(event.output_ids or [], meta)
+        text = event.text
+        if text is not None:
             if self.incremental:
                 self.text_parts.append(text)
             else:

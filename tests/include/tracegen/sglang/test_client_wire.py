@@ -145,6 +145,10 @@ def test_build_body_includes_only_what_is_set() -> None:
         "max_tokens": 8,
         "temperature": 0.6,
         "top_p": 0.95,
+        # What the chat route would otherwise take from the model's generation config: sent, every one.
+        "top_k": 20,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
         "stream": False,
     }
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
@@ -175,12 +179,15 @@ def test_token_ids_are_asked_for_and_read_back() -> None:
 
 
 def test_generate_body_and_response() -> None:
-    body = json.loads(build_generate_body([5, 6, 7], max_new_tokens=4096, temperature=0.6, top_p=0.95, seed=None))
+    body = json.loads(build_generate_body([5, 6, 7], max_new_tokens=4096, sampling=Sampling(4096, 0.6, 0.95, None)))
+    # Every param the chat route would take from the model's generation config, sent as the chat route gets it.
     assert body == {"input_ids": [5, 6, 7], "stream": False,
-                    "sampling_params": {"max_new_tokens": 4096, "temperature": 0.6, "top_p": 0.95}}
-    seeded = json.loads(build_generate_body([5], max_new_tokens=1, temperature=0, top_p=1, seed=3,
+                    "sampling_params": {"max_new_tokens": 4096, "temperature": 0.6, "top_p": 0.95, "top_k": 20,
+                                        "min_p": 0.0, "repetition_penalty": 1.0}}
+    seeded = json.loads(build_generate_body([5], max_new_tokens=1, sampling=Sampling(1, 0, 1, 3, top_k=0),
                                             require_reasoning=True))
     assert seeded["sampling_params"]["sampling_seed"] == 3 and seeded["require_reasoning"] is True
+    assert seeded["sampling_params"]["top_k"] == -1  # 0, no top-k, is SGLang's -1
     meta = {"finish_reason": {"type": "stop", "matched": 151645}, "prompt_tokens": 4100, "completion_tokens": 3,
             "reasoning_tokens": 1}
     g = parse_generate(json.dumps({"text": " end</think>ok", "output_ids": [1, 2, 151645], "meta_info": meta}).encode())
