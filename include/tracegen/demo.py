@@ -27,6 +27,7 @@ from tracegen.common import dag_ids
 from tracegen.config import PROJECT_DIR, state_dir
 
 DEMO_PILOT = 500  # of the bundled 3,000 prompts
+DEMO_LOOP_RATE = 0.03  # share of the stand-ins' samples that loop
 
 
 def airflow_env(state: Path) -> dict[str, str]:
@@ -135,6 +136,8 @@ def main() -> int:
     output, dropped = new_output_root(demo)
     env = airflow_env(state)
     env["TRACEGEN_OUTPUT_URI"] = str(output)
+    # A realistic share of samples loop, as Qwen3 models do in agentic coding (unless the caller chose one).
+    env.setdefault("TRACEGEN_SIM_RUNAWAY_RATE", str(DEMO_LOOP_RATE))
     (state / "airflow").mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()
@@ -293,13 +296,14 @@ def _tell_loops(report: dict, cap: int) -> None:
 
     runaway = ((report.get("measurement") or {}).get("runaway") or {})
     account = (report.get("run") or {}).get("token_account") or {}
-    cut = runaway.get("rows") or 0
     stopped, stopped_tokens = account.get("stopped_rows") or 0, account.get("stopped_tokens") or 0
+    cut = max((runaway.get("rows") or 0) - stopped, 0)
     if cut or stopped:
-        _say(f"  loops: {cut:,} rows loop ({runaway.get('share') or 0:.1%}); a runaway is never continued, so "
-             f"neither the tail measurement nor the pivot spent a token on one cut at 4,096; {stopped:,} "
-             f"continuations fell into a loop and were stopped while they looped, {stopped_tokens:,} tokens in "
-             f"all, against up to {stopped * cap:,} had they run to the cap")
+        _say(f"  loops: {stopped:,} generations fell into a loop and were stopped while they looped, "
+             f"{stopped_tokens:,} tokens in all ({stopped_tokens // max(stopped, 1):,} a row), "
+             f"{account.get('stopped_saved') or 0:,} tokens short of their caps; {cut:,} more ran to a cap "
+             f"and were judged after the fact. A runaway is never continued: neither the tail measurement nor "
+             f"the pivot spent a token on one")
     if account:
         _say("  where the tokens went: " + "; ".join(f"{n:,} {what} ({share})"
                                                   for what, n, share in account_lines(account)))

@@ -15,7 +15,7 @@ import pandas as pd
 
 from tracegen.audit.figures import figures_from_ledger, figures_text
 from tracegen.audit.pivot import pivot_summary, pivot_text
-from tracegen.audit.tokens import account_lines, token_account
+from tracegen.audit.tokens import account_lines, stopped_line, token_account
 from tracegen.run import plan
 from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.spec import RunSpecError
@@ -252,6 +252,7 @@ def format_status(s: dict[str, Any]) -> str:
         f"tokens:      {s['completion_tokens']:,} completion, {s['prompt_tokens']:,} prompt",
         "pivot:       " + (pivot_text(s["pivot"]) or "none (no row replaced one truncated under a lower cap)"),
         "generated:   " + "; ".join(f"{n:,} {what} ({share})" for what, n, share in account_lines(s["token_account"])),
+        *(["loops:       " + line] if (line := stopped_line(s["token_account"])) else []),
         "rate:        " + (f"{s['rows_per_s']:.2f} rows/s over the last {RATE_WINDOW_S / 60:.0f} min"
                            if s["rows_per_s"] else "idle (no commits in the last 10 min)"),
         "ETA:         " + (f"{s['eta_s'] / 3600:.1f} h" if s["eta_s"] else ("done" if s["left"] == 0 else "-")),

@@ -245,6 +245,12 @@ def test_run_list_json(server: Server) -> None:
     assert passed["rows"] == 300 and 0 < passed["truncation_rate"] < 0.05
     assert 0.2 < stop["truncation_rate"] < 0.3
     assert stop["created"] < passed["created"]
+    # Where the run's tokens went, from its report: generated per token kept, as the run list shows it.
+    account = passed["token_account"]
+    assert account["generated"] >= account["kept"] > 0
+    assert account["generated_per_kept"] == round(account["generated"] / account["kept"], 4)
+    page = _get(server.url + "/tracegen/", headers=server.auth).text
+    assert "tokens generated / kept" in page and f">{account['generated_per_kept']:.2f}<" in page
     assert runs[BROKEN_RUN]["problem"].startswith("report.json is not valid JSON")
     # Newest first.
     assert [r["run_id"] for r in roots[str(server.output)]["runs"]][:3] == [

@@ -36,6 +36,7 @@ def token_account(frame: pd.DataFrame) -> dict[str, Any]:
     """The account of a ledger frame (every row, every column `store.records.LEDGER_COLUMNS` names)."""
     empty = {"generated": 0, KEPT: 0, TRUNCATED: 0, RUNAWAY: 0, SUPERSEDED: 0,
              "superseded_by": dict.fromkeys(SUPERSEDED_BY, 0), "stopped_rows": 0, "stopped_tokens": 0,
+             "stopped_saved": 0,
              "failed_attempts": None}
     if len(frame) == 0:
         return empty
@@ -58,6 +59,10 @@ def token_account(frame: pd.DataFrame) -> dict[str, Any]:
         "superseded_by": _superseded_by(frame, lost, new, cur),
         "stopped_rows": int((cur & np.isin(finish, (LOOP,))).sum()),
         "stopped_tokens": int(tokens[cur & np.isin(finish, (LOOP,))].sum()),
+        # What stopping them spared at least: each stopped row would have run on to its cap (and been
+        # continued past it, before runaways were done at every cap).
+        "stopped_saved": int(np.maximum(frame["max_tokens"].to_numpy(np.int64) - tokens, 0)[
+            cur & np.isin(finish, (LOOP,))].sum()),
         "failed_attempts": None,  # a failed request returns no usage: not in the ledger
     }
     kept = doc[KEPT]
@@ -106,6 +111,15 @@ def _superseded_by(frame: pd.DataFrame, lost: np.ndarray, new: np.ndarray, cur: 
                 else "generated_again" if by is not None and by != EXTENDED else "other")
         out[kind] += int(new[pos])
     return out
+
+
+def stopped_line(doc: dict[str, Any]) -> str | None:
+    """What stopping loops while they looped did, in words (None: none was stopped)."""
+    rows = doc.get("stopped_rows") or 0
+    if not rows:
+        return None
+    return (f"{rows:,} rows were stopped while they looped, after {doc['stopped_tokens']:,} tokens in all; "
+            f"running on to their caps they would have cost at least {doc.get('stopped_saved') or 0:,} more")
 
 
 def account_lines(doc: dict[str, Any]) -> list[tuple[str, int, str]]:

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure
+from tracegen.audit.tokens import account_lines, stopped_line
 from tracegen.config import safe_run_id
 from tracegen.review.access import GENERATE_DAG, AirflowRun, airflow_run_path, require_dag_read
 from tracegen.review.page import file_url, html_response, progress_url, render_page
@@ -99,10 +100,25 @@ def _line(request: Request, listing: RootListing | None, r: RunSummary | None, a
         "at_cap": figure(*figures[AT_CAP]) if AT_CAP in figures else "–",
         "still": figure(*figures[STILL]) if STILL in figures else "–",
         "recommended": "–" if r.recommended_cap is None else f"{r.recommended_cap:,}",
+        **_tokens_cell(r.token_account),
         "reports": _reports(request, listing.key, r),
         "problem": r.problem,
     }
     return line
+
+
+TOKENS_MEANS = ("tokens the fleet generated for the output root, per token in the rows the export keeps "
+                "(1.00: nothing spent on rows left out, runaways or superseded rows)")
+
+
+def _tokens_cell(account: dict[str, Any] | None) -> dict[str, str]:
+    """The run's tokens generated per token kept, and where the rest went (its title)."""
+    ratio = (account or {}).get("generated_per_kept")
+    if not isinstance(ratio, int | float):
+        return {"tokens": "–", "tokens_note": ""}
+    lines = "; ".join(f"{n:,} {what} ({share})" for what, n, share in account_lines(account))
+    stopped = stopped_line(account)
+    return {"tokens": f"{ratio:.2f}", "tokens_note": lines + (f". {stopped}" if stopped else "")}
 
 
 def render_index(request: Request, listings: list[RootListing], problems: list[str],
@@ -122,7 +138,7 @@ def render_index(request: Request, listings: list[RootListing], problems: list[s
     lines.sort(key=lambda line: line[0], reverse=True)
     return render_page("runs.html.j2", title="tracegen reports", dag=GENERATE_DAG, problems=problems,
                        listings=listings, lines=[line for _, line in lines], AT_CAP=AT_CAP,
-                       AT_CAP_MEANS=AT_CAP_MEANS, STILL=STILL, STILL_MEANS=STILL_MEANS)
+                       AT_CAP_MEANS=AT_CAP_MEANS, STILL=STILL, STILL_MEANS=STILL_MEANS, TOKENS_MEANS=TOKENS_MEANS)
 
 
 def register(app: FastAPI, site: Site) -> None:

@@ -30,6 +30,8 @@ class RunSummary:
     truncation_figures: dict[str, tuple[int, int]] | None = None
     decision: str | None = None  # the run's last decision in words: who, when, what
     airflow_run_id: str | None = None  # the Airflow run its record names (`RunView.airflow_run_id`)
+    # The shown report's token account (`audit.tokens.token_account`): where the fleet's tokens went.
+    token_account: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> str | None:
@@ -82,6 +84,7 @@ def summarise(view: RunView) -> RunSummary:
         truncation_figures=figures_from_report(shown) or None,
         decision=decision_text(view.decisions[-1] if view.decisions else None),
         airflow_run_id=view.airflow_run_id,
+        token_account=account if isinstance(account := (shown.get("run") or {}).get("token_account"), dict) else None,
     )
 
 
