@@ -28,9 +28,9 @@ __all__ = ["LOCAL_SIM", "FleetChangedError", "FleetNotListed", "listed_fleet", "
 
 DEFAULT_FLEET_ENV = "TRACEGEN_FLEET"  # read by `params.default_fleet_source`
 LISTED_FLEETS_ENV = "TRACEGEN_FLEETS"
-# Decoded tokens per streamed event of the bundled fleet: what a stop costs late against the client CPU per
-# event (docs/benchmarks.md, "Tokens of looping rows").
-STREAM_INTERVAL = 16
+# Decoded tokens per streamed event of the bundled fleet: a stop comes at most this many tokens late, and
+# fewer events cost the client less CPU (docs/benchmarks.md, "Where the tokens of looping rows go").
+STREAM_INTERVAL = 64
 
 
 class FleetChangedError(FleetSpecError):
