@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "include"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from occupancy_support.fleet import MODEL, Fleet, free_port  # noqa: E402
+from occupancy_support.fleet import MODEL, Fleet, free_port, wait_healthy  # noqa: E402
 from pivot import write_dataset  # noqa: E402
 
 from tracegen.audit.tokens import token_account  # noqa: E402
@@ -81,19 +81,7 @@ def start(n: int, max_running: int, time_scale: float, seed: int, runaway_rate: 
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True))  # fmt: skip
         urls.append(f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 60
-    for proc, url in zip(procs, urls, strict=True):
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"stand-in {url} exited with {proc.returncode}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"stand-in {url} not healthy after 60 s")
-            time.sleep(0.05)
+    wait_healthy(procs, urls)
     return Fleet(urls, procs, max_running, time_scale)
 
 

@@ -76,7 +76,13 @@ def start_fleet(n: int, max_running: int, time_scale: float, seed: int = 0) -> F
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True))  # fmt: skip
         urls.append(f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 60
+    wait_healthy(procs, urls)
+    return Fleet(urls, procs, max_running, time_scale)
+
+
+def wait_healthy(procs: list[subprocess.Popen], urls: list[str], timeout_s: float = 60.0) -> None:
+    """Until every stand-in answers /health; exits naming the one that died or never answered."""
+    deadline = time.monotonic() + timeout_s
     for proc, url in zip(procs, urls, strict=True):
         while True:
             if proc.poll() is not None:
@@ -87,9 +93,8 @@ def start_fleet(n: int, max_running: int, time_scale: float, seed: int = 0) -> F
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit(f"stand-in {url} not healthy after 60 s")
+                raise SystemExit(f"stand-in {url} not healthy after {timeout_s:g} s")
             time.sleep(0.05)
-    return Fleet(urls, procs, max_running, time_scale)
 
 
 def running_fleet(urls: list[str]) -> Fleet:
