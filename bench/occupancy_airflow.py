@@ -116,6 +116,8 @@ def run_tracegen(cluster: AirflowCluster, fleet: Fleet, pids: list[int], dataset
             "pilot_size": args.pilot, "fleet": LOCAL_SIM}  # fmt: skip
     if args.chunk_size:
         conf["chunk_size"] = args.chunk_size
+    if args.whole_rows:
+        conf["stop_loops"] = False
     if args.ask_late is not None:
         # The ask path: the pilot gate stops 4096 and asks; the fleet works at the recommended cap while the
         # question waits (the whole dataset may be done meanwhile), and the answer comes ask_late seconds late.
@@ -290,6 +292,8 @@ def main() -> int:
                    help="the ask path: trigger at 4096 so the pilot gate asks, answer S seconds late with the "
                         "recommended cap (the baseline runs at --max-tokens, the cap the answer chooses)")
     p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument("--whole-rows", action="store_true",
+                   help="stop_loops=false: every row asked of the chat route whole, none streamed")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, output)")
     args = p.parse_args()
 
