@@ -2,7 +2,7 @@
 
 Baseline, same process, same judging points: `runaway_score` called on the whole tail (the last TAIL_WINDOW ids)
 every `judge_every` tokens, stopping at RUNAWAY_THRESHOLD. Both are run on
-- the test set (`tracegen.audit.loop_cases`): legitimate repetition and loops, exact and near, periods 1-1,000;
+- the test set (`tracegen.simulator.loop_cases`): legitimate repetition and loops, exact and near, periods 1-1,000;
 - the SGLang stand-in's own rows (its length law, 3% runaways, cap 16384), as the fleet would stream them.
 
 Prints false positives (legit or natural rows stopped), false negatives (loops not stopped), the median and p95
@@ -26,9 +26,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "include"))
 
-from tracegen.audit import loop_cases  # noqa: E402
 from tracegen.audit.loop_stop import DEFAULT_RULE, LoopWatch  # noqa: E402
 from tracegen.audit.runaway import RUNAWAY_THRESHOLD, TAIL_WINDOW, runaway_score  # noqa: E402
+from tracegen.simulator import loop_cases  # noqa: E402
 from tracegen.simulator.lengths import build_model, fresh_sample  # noqa: E402
 from tracegen.simulator.protocol import output_ids, plan_request  # noqa: E402
 

@@ -38,6 +38,7 @@ MANAGED_FLAGS = frozenset(
 BATCH_FLAG = "--max-running-requests"
 # The stand-in's module: it takes SGLang's flags plus its own --sim-* knobs.
 SIMULATOR_MODULE = "tracegen.simulator"
+STAND_IN_KNOB = "--sim-"
 
 _FLAG_NAME = re.compile(r"--[a-z0-9][a-z0-9-]*")
 # Paths and Hugging Face repo ids: no spaces, no shell metacharacters, no `..` components.
@@ -447,32 +448,33 @@ class FleetSpec:
             return "the connection of the servers' API key"
         return None
 
-    def _server_argv(self) -> list[str]:
-        """The launch argv after `-m MODULE` of the first server, less the API key's --config (what the
-        launched program's parser reads; command.launch_argv builds the real one for every server)."""
+    def _server_argv(self, flags: dict[str, Any]) -> list[str]:
+        """The launch argv after `-m MODULE` of the first server with `flags`, less the API key's --config
+        (what the launched program's parser reads; command.launch_argv builds the real one for every server)."""
         host = self.hosts[0]
         served = ["--served-model-name", self.served_model_name] if self.served_model_name else []
         return ["--model-path", self.model_path, *served, "--host", self.bind_host,
-                "--port", str(host.port(host.gpus[0])), *flag_args(self.sglang_flags)]  # fmt: skip
+                "--port", str(host.port(host.gpus[0])), *flag_args(flags)]  # fmt: skip
+
+    def _sglang_flags(self) -> dict[str, Any]:
+        """The flags SGLang's parser reads: the stand-in's own knobs (STAND_IN_KNOB) left aside."""
+        return {f: v for f, v in self.sglang_flags.items() if not f.startswith(STAND_IN_KNOB)}
 
     def _launch_refusal(self) -> str | None:
-        """Why the launched program would not start with these flags, in its own words, or None.
+        """Why the launched program would not start with these flags, in SGLang's own words, or None.
 
-        SGLang is judged by its own parser and start-up checks (the pinned release's, from
-        tracegen.sglang.launch_flags); the stand-in by its parser, which is SGLang's plus --sim-* knobs. Any
-        other launch module is taken for SGLang under another entry point, so a fleet file that validates
-        here launches real SGLang."""
-        if self.launch_module == SIMULATOR_MODULE:
-            from tracegen.simulator.cli import launch_refusal as stand_in_refusal
-
-            refusal = stand_in_refusal(self._server_argv())
-            return (
-                None if refusal is None else f"the stand-in ({SIMULATOR_MODULE}) would not start: {refusal}"
-            )
+        Every launch module is judged by the pinned SGLang release's parser and start-up checks
+        (tracegen.sglang.launch_flags), so a fleet file that validates here launches real SGLang. The
+        stand-in's parser is SGLang's plus its --sim-* knobs; those are left to the stand-in's own start-up,
+        whose refusal fails the launch with its log (production code imports nothing of the stand-in)."""
         from tracegen.sglang.launch_flags import launch_refusal, sglang_version
 
-        refusal = launch_refusal(self._server_argv())
-        return None if refusal is None else f"SGLang {sglang_version()} would not start: {refusal}"
+        refusal = launch_refusal(self._server_argv(self._sglang_flags()))
+        if refusal is None:
+            return None
+        if self.launch_module == SIMULATOR_MODULE:
+            return f"the stand-in ({SIMULATOR_MODULE}) would not start: {refusal}"
+        return f"SGLang {sglang_version()} would not start: {refusal}"
 
     @property
     def max_running_requests(self) -> int | None:
@@ -482,7 +484,7 @@ class FleetSpec:
         from tracegen.sglang.launch_flags import parse, resolved_max_running_requests
 
         # SGLang's parser reads the flags (spellings, abbreviations, the stand-in's knobs left aside).
-        argv = flag_args({f: v for f, v in self.sglang_flags.items() if not f.startswith("--sim-")})
+        argv = flag_args(self._sglang_flags())
         args = parse(["--model-path", self.model_path, *argv])
         return resolved_max_running_requests(args["max_running_requests"], args["speculative_algorithm"])
 

@@ -171,3 +171,33 @@ def test_the_forbidden_import_check_catches_a_planted_import(tmp_path: Path) -> 
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json"))
     (copy / "sglang" / "planted.py").write_text("def f():\n    from tracegen.store.records import GeneratedRow\n")
     assert forbidden_imports(copy) == ["sglang/planted: imports tracegen.store"]
+
+
+# The stand-in serves the tests and the demo. What drives real SGLang imports nothing of it, so a change to
+# the stand-in cannot change how production validates, launches or reads a fleet.
+STAND_IN_IMPORTERS = frozenset({"simulator", "cli", "demo"})
+
+
+def stand_in_imports(package: Path = PACKAGE) -> list[str]:
+    """Every import of tracegen.simulator from outside STAND_IN_IMPORTERS."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).with_suffix("")
+        if rel.parts[0] in STAND_IN_IMPORTERS:
+            continue
+        if any(m == "tracegen.simulator" or m.startswith("tracegen.simulator.") for m in _imports(path)):
+            found.append(f"{rel}: imports tracegen.simulator")
+    return found
+
+
+def test_production_code_imports_nothing_of_the_stand_in() -> None:
+    assert stand_in_imports() == []
+
+
+def test_the_stand_in_check_catches_a_planted_import(tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "tracegen"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json", "*.npz"))
+    (copy / "fleet" / "planted.py").write_text("def f():\n    from tracegen.simulator.batching import Batch\n")
+    assert stand_in_imports(copy) == ["fleet/planted: imports tracegen.simulator"]

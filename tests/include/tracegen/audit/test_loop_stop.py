@@ -1,4 +1,4 @@
-"""The online loop stop on its test set (`tracegen.audit.loop_cases`, the stand-in's BPE ids): no legitimate
+"""The online loop stop on its test set (`tracegen.simulator.loop_cases`, the stand-in's BPE ids): no legitimate
 repetition is stopped, every loop is, soon after its onset, with the after-the-fact rule's own score, and the
 verdict does not depend on how the stream is chunked."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracegen.audit import loop_cases
 from tracegen.audit.loop_stop import DEFAULT_RULE, REPEATED_NEEDED, LoopRule, LoopWatch, repeated_share
 from tracegen.audit.runaway import NGRAM, RUNAWAY_THRESHOLD, TAIL_WINDOW, is_runaway, runaway_score
+from tracegen.simulator import loop_cases
 from tracegen.simulator.lengths import build_model, fresh_sample
 from tracegen.simulator.protocol import output_ids, plan_request
 

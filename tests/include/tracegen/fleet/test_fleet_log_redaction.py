@@ -72,3 +72,24 @@ def test_a_start_up_failure_log_tail_shows_no_spelling_of_any_secret(tmp_path):
     for value in (API_KEY, HF_TOKEN):
         for spelling in spellings(value):
             assert spelling not in message, (spelling, message)
+
+
+def test_a_knob_the_stand_in_refuses_fails_its_launch_with_its_own_words(tmp_path):
+    # Validation judges the stand-in's flags with SGLang's checks and leaves --sim-* knobs to the stand-in:
+    # the fleet file validates, and the launch fails with the stand-in's message in the log's tail.
+    spec = FleetSpec.from_dict({
+        "hosts": [{"conn_id": "local", "gpus": [0], "base_port": free_base_port([0])}],
+        "model_path": "Qwen/Qwen3-8B",
+        "python": sys.executable,
+        "launch_module": "tracegen.simulator",
+        "work_dir": str(tmp_path / "work"),
+        "sglang_flags": {"--sim-loop-shape": "spiral"},
+        "health_timeout_s": 30,
+        "stop_timeout_s": 2,
+    })
+    with FleetConnection(spec) as fleet:
+        with pytest.raises(FleetError) as info:
+            provision(spec, fleet)
+    message = str(info.value)
+    assert "exited before becoming healthy" in message, message
+    assert "--sim-loop-shape: invalid choice: 'spiral'" in message, message
