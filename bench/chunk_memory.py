@@ -63,7 +63,7 @@ def make_root(work: Path, n_rows: int, measured: list[tuple[int, int]]) -> dict:
     from tracegen.fleet import FleetSpec
     from tracegen.fleet.spec import HostSpec
     from tracegen.run.prepare import prepare_run
-    from tracegen.run.spec import FleetRef
+    from tracegen.run.run_spec import FleetRef
     from tracegen.store.records import OK, GeneratedRow
     from tracegen.store.root import open_root
 
@@ -117,16 +117,17 @@ def child(job: dict) -> None:
 
     from tracegen.config import RunConfig
     from tracegen.dataset.stored import load_index
-    from tracegen.generate.engine import ChunkEngine
+    from tracegen.generate.engine import ChunkEngine, ChunkJob, ChunkOptions
     from tracegen.sglang.client import ClientConfig
     from tracegen.sglang.routing import ServerEndpoint
     from tracegen.store.root import open_root
 
     config = RunConfig.from_params(job["params"])
     root = open_root(config.output_uri)
-    engine = ChunkEngine(config=config, run_id=job["run_id"], chunk=0, label="bench", root=root,
-                         dataset=load_index(root), servers=[ServerEndpoint(job["url"], max_in_flight=128)],
-                         model=MODEL, spool_dir=job["spool"], client_config=ClientConfig(), progress_interval_s=3600)
+    options = ChunkOptions(spool_dir=job["spool"], client_config=ClientConfig(), progress_interval_s=3600)
+    engine = ChunkEngine(ChunkJob(config=config, run_id=job["run_id"], model=MODEL, chunk=0, label="bench"),
+                         root=root, dataset=load_index(root), servers=[ServerEndpoint(job["url"], max_in_flight=128)],
+                         options=options)
     started = time.monotonic()
     summary = engine.run(np.arange(job["start"], job["stop"], dtype=np.int64))
     print(json.dumps({"rss_mib": peak_rss_mib(),

@@ -54,7 +54,7 @@ def make_root(work: Path, n_rows: int) -> str:
     from tracegen.fleet import FleetSpec
     from tracegen.fleet.spec import HostSpec
     from tracegen.run.prepare import prepare_run
-    from tracegen.run.spec import FleetRef
+    from tracegen.run.run_spec import FleetRef
     from tracegen.store.records import OK, GeneratedRow, pack_token_ids
     from tracegen.store.root import open_root
 
@@ -116,8 +116,8 @@ def status_child(job: dict) -> None:
 def audit_child(job: dict) -> None:
     """`tracegen audit` of the root: through the bounded reader, or (`audit-old`) the whole ledger frame as the
     report read it before (folding loose entries by writing that frame, `frame(compact_over=...)`)."""
-    import tracegen.run.report as report
-    from tracegen.run.records import latest_run
+    import tracegen.run.run_report as report
+    from tracegen.run.run_record import latest_run
     from tracegen.store.root import open_root
     from tracegen.store.snapshots import COMPACT_OVER, Snapshots
 

@@ -47,14 +47,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 from occupancy_support.fleet import MODEL, Fleet, free_port, wait_healthy  # noqa: E402
 from pivot import write_dataset  # noqa: E402
 
-from tracegen.audit.tokens import token_account  # noqa: E402
+from tracegen.audit.token_account import token_account  # noqa: E402
 from tracegen.config import RunConfig  # noqa: E402
 from tracegen.fleet import FleetSpec  # noqa: E402
 from tracegen.fleet.sources import STREAM_INTERVAL  # noqa: E402
 from tracegen.fleet.spec import HostSpec  # noqa: E402
 from tracegen.generate.chunk import run_chunk  # noqa: E402
 from tracegen.run.prepare import prepare_run  # noqa: E402
-from tracegen.run.spec import FleetRef  # noqa: E402
+from tracegen.run.run_spec import FleetRef  # noqa: E402
 from tracegen.sglang.autotune import parse_metrics  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
 from tracegen.store.root import open_root  # noqa: E402

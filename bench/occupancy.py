@@ -236,9 +236,9 @@ def tune_run(fleet: Fleet, work: Path, dataset: Path, cap: int, in_flight: int, 
     from tracegen.config import RunConfig
     from tracegen.dataset.stored import load_index
     from tracegen.fleet import FleetSpec
-    from tracegen.generate.engine import ChunkEngine
+    from tracegen.generate.engine import ChunkEngine, ChunkJob, ChunkOptions
     from tracegen.run.prepare import prepare_run
-    from tracegen.run.spec import FleetRef
+    from tracegen.run.run_spec import FleetRef
     from tracegen.sglang.client import ClientConfig
     from tracegen.sglang.routing import ServerEndpoint
     from tracegen.store.root import open_root
@@ -260,16 +260,11 @@ def tune_run(fleet: Fleet, work: Path, dataset: Path, cap: int, in_flight: int, 
     ]
     client_config = ClientConfig(autotune=autotune, autotune_interval_s=interval_s)
     engine = ChunkEngine(
-        config=config,
-        run_id="tune",
-        chunk=0,
-        label="tune",
+        ChunkJob(config=config, run_id="tune", model=MODEL, chunk=0, label="tune"),
         root=root,
         dataset=index,
         servers=endpoints,
-        model=MODEL,
-        spool_dir=str(work / "spool"),
-        client_config=client_config,
+        options=ChunkOptions(spool_dir=str(work / "spool"), client_config=client_config),
     )
     started = time.time()
     summary = engine.run(range(index.n_rows))

@@ -47,7 +47,7 @@ from tracegen.fleet import FleetSpec  # noqa: E402
 from tracegen.fleet.spec import HostSpec  # noqa: E402
 from tracegen.generate.chunk import run_chunk  # noqa: E402
 from tracegen.run.prepare import prepare_run  # noqa: E402
-from tracegen.run.spec import FleetRef  # noqa: E402
+from tracegen.run.run_spec import FleetRef  # noqa: E402
 from tracegen.sglang.autotune import parse_metrics  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
 from tracegen.store.current import current_mask  # noqa: E402

@@ -18,9 +18,9 @@ from tracegen.fleet import FleetSpec  # noqa: E402
 from tracegen.generate.chunk import GateClosed, generate_chunk_work, run_pilot, starting_in_flight  # noqa: E402
 from tracegen.run.plan import ChunkWork, pilot_indices  # noqa: E402
 from tracegen.run.prepare import prepare_run  # noqa: E402
-from tracegen.run.records import read_run_record  # noqa: E402
-from tracegen.run.report import audit_and_report  # noqa: E402
-from tracegen.run.spec import FleetRef  # noqa: E402
+from tracegen.run.run_record import read_run_record  # noqa: E402
+from tracegen.run.run_report import audit_and_report  # noqa: E402
+from tracegen.run.run_spec import FleetRef  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
 from tracegen.store.root import open_root  # noqa: E402
 

@@ -44,8 +44,8 @@ def _status(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from tracegen.run.records import latest_run
-    from tracegen.run.report import audit_and_report
+    from tracegen.run.run_record import latest_run
+    from tracegen.run.run_report import audit_and_report
     from tracegen.store.root import open_root
 
     root = open_root(_root(args), args.aws_conn_id)
@@ -125,7 +125,7 @@ def _fleet_validate(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace, rest: list[str]) -> int:
-    from tracegen.simulator.app import main as simulator_main
+    from tracegen.simulator.http_server import main as simulator_main
 
     return simulator_main(rest) or 0
 

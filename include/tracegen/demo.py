@@ -292,7 +292,7 @@ def _tell_outcome(run: Path, decision: dict, cap: int) -> None:
 
 def _tell_loops(report: dict, cap: int) -> None:
     """The rows that loop: how many, what stopping them saved, and where every generated token went."""
-    from tracegen.audit.tokens import account_lines
+    from tracegen.audit.token_account import account_lines
 
     runaway = ((report.get("measurement") or {}).get("runaway") or {})
     account = (report.get("run") or {}).get("token_account") or {}

@@ -1,6 +1,6 @@
 """The gate's question in Airflow's Required Actions (gate_mode=ask): a human-in-the-loop task.
 
-What is asked, what the options mean and which answers can be acted on is `tracegen.audit.review`'s;
+What is asked, what the options mean and which answers can be acted on is `tracegen.audit.cap_question`'s;
 this is the Airflow side. The task is skipped when no gate held the run back. Otherwise it poses the
 run's question (its options are labelled with the run's own caps, so they are set when it runs, not when
 the DAG is parsed), waits in AWAITING_INPUT until someone answers in the UI or through the REST API, or
@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.hitl import HITLOperator
 
-from tracegen.audit.review import CAP_FIELD, STOP_LABEL
+from tracegen.audit.cap_question import CAP_FIELD, STOP_LABEL
 from tracegen.common.cap_rule import HIGHEST, LOWEST
 from tracegen.common.dag_ids import REFUSED_ANSWER_KEY as REFUSED_KEY
 from tracegen.review.notify import assigned_users, question_notifiers
@@ -29,7 +29,7 @@ from tracegen.review.notify import assigned_users, question_notifiers
 
 def _cap_param(min_cap: int, max_cap: int) -> Any:
     """The form's cap field. Its range is in the description and checked by the run (`cap_rule`, through
-    `audit.review.decide`), not the schema: the UI clamps a number field to the schema's bounds when it
+    `audit.cap_question.decision_of_answer`), not the schema: the UI clamps a number field to the schema's bounds when it
     loses focus, so 50000 typed as a typo for 5000 would go out as the largest cap without a word, where
     the run refuses it and says why."""
     from airflow.sdk import Param
@@ -65,7 +65,7 @@ class CapReviewOperator(HITLOperator):
             raise AirflowSkipException("nothing to ask: no gate held this run back")
         if "decided" in self.question:
             # An operator raised the cap while the run ran (`tracegen_raise_cap`): decided, nobody to ask.
-            from tracegen.audit.review import CapDecision
+            from tracegen.audit.cap_question import CapDecision
 
             decision = CapDecision.from_json(self.question["decided"])
             self.log.info("no question: %s", decision.summary())
@@ -80,7 +80,7 @@ class CapReviewOperator(HITLOperator):
         bounded by the servers' context length, the timeout, and stop as the default."""
         from airflow.sdk.definitions.param import ParamsDict
 
-        from tracegen.audit.review import STOP, CapQuestion
+        from tracegen.audit.cap_question import STOP, CapQuestion
 
         question = CapQuestion.from_json(self.question)
         # The run first: Required Actions lists subjects cut short, and every run's question reads alike.
@@ -95,7 +95,7 @@ class CapReviewOperator(HITLOperator):
         return question
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        from tracegen.audit.review import OTHER, AnswerRefused, decide
+        from tracegen.audit.cap_question import OTHER, AnswerRefused, decision_of_answer
 
         question = self._pose()
         if "error" in event:
@@ -103,7 +103,7 @@ class CapReviewOperator(HITLOperator):
         user = event.get("responded_by_user") or {}
         who = user.get("name") or user.get("id")
         try:
-            decision = decide(question, event["chosen_options"], event.get("params_input"), responded_by=who,
+            decision = decision_of_answer(question, event["chosen_options"], event.get("params_input"), responded_by=who,
                               responded_at=event["responded_at"], timed_out=bool(event.get("timedout")))
         except AnswerRefused as exc:
             self.log.error("answer by %s refused, asking again: %s", who, exc)

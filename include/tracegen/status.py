@@ -15,10 +15,10 @@ import pandas as pd
 
 from tracegen.audit.figures import figures_from_ledger, figures_text
 from tracegen.audit.pivot import pivot_summary, pivot_text
-from tracegen.audit.tokens import account_lines, stopped_line, token_account
+from tracegen.audit.token_account import account_lines, stopped_line, token_account
 from tracegen.run import plan
-from tracegen.run.records import GOING, latest_run, read_run_record, stage_of
-from tracegen.run.spec import RunSpecError
+from tracegen.run.run_record import GOING, latest_run, read_run_record, stage_of
+from tracegen.run.run_spec import RunSpecError
 from tracegen.store.current import current_mask
 from tracegen.store.ledger_rows import ledger_rows
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED
@@ -83,7 +83,7 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
             "eta_s": left / rate if rate else None,
             # Every run's pivots: the rows that replaced a row truncated under a lower cap, and their cost.
             "pivot": pivot_summary(usable),
-            # Where every generated token went (`audit.tokens`).
+            # Where every generated token went (`audit.token_account`).
             "token_account": token_account(usable),
             "runs": _history(root, frame),
             # Parts that no longer match their ledger entries: named, with the rows they hold (not done).

@@ -88,7 +88,7 @@ def prepare_run(lead: int) -> dict[str, Any]:
 
 def provision_fleet(run: dict[str, Any]) -> list[dict[str, Any]]:
     """One server per GPU, healthy, whose context holds the cap (`tasks.provision`)."""
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_spec import handed_over
     from tracegen.tasks.provision import provision_for_run
 
     with _outcome():
@@ -99,7 +99,7 @@ def run_pilot(run: dict[str, Any]) -> dict[str, Any]:
     """Generate the pilot sample; its rows are committed like any other and never generated twice."""
     from tracegen.fleet.sources import resolve
     from tracegen.generate.chunk import run_pilot as pilot
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_spec import handed_over
 
     with _outcome():
         spec = handed_over(run)
@@ -198,7 +198,7 @@ def final_report(run: dict[str, Any]) -> dict[str, Any]:
     task is skipped saying so, leaving that failure (and the watcher's, which fails the run) to read."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from tracegen.run.report import audit_and_report
+    from tracegen.run.run_report import audit_and_report
     from tracegen.tasks.question import as_decided
 
     if not run:
@@ -214,7 +214,7 @@ def teardown_fleet(run: dict[str, Any]) -> str:
 
     from tracegen.fleet import teardown
     from tracegen.fleet.sources import resolve
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_spec import handed_over
 
     if not run:
         raise AirflowSkipException("nothing to stop: prepare_run did not describe the run (it failed; its log says "

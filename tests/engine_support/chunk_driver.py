@@ -19,7 +19,7 @@ import numpy as np
 
 from tracegen.config import RunConfig
 from tracegen.dataset.stored import load_index
-from tracegen.generate.engine import ChunkEngine, ChunkInterrupted
+from tracegen.generate.engine import ChunkEngine, ChunkInterrupted, ChunkJob, ChunkOptions
 from tracegen.sglang.client import ClientConfig
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.root import open_root
@@ -38,9 +38,10 @@ def main(argv: list[str]) -> int:
                           **job.get("client", {}))
     # "writer": the lease owner (another owner's driver yields to it, or takes the root once its lease is stale).
     owner = {"writer": job["writer"], "lease_wait_s": job.get("lease_wait_s")} if job.get("writer") else {}
-    engine = ChunkEngine(config=config, run_id=job["run_id"], chunk=job["chunk"], label=f"chunk {job['chunk']}",
-                         root=root, dataset=load_index(root), servers=servers, model=job["model"],
-                         spool_dir=job["spool_dir"], client_config=client, progress_interval_s=3600, **owner)
+    work = ChunkJob(config=config, run_id=job["run_id"], model=job["model"], chunk=job["chunk"],
+                    label=f"chunk {job['chunk']}")
+    options = ChunkOptions(spool_dir=job["spool_dir"], client_config=client, progress_interval_s=3600, **owner)
+    engine = ChunkEngine(work, root=root, dataset=load_index(root), servers=servers, options=options)
     try:
         summary = engine.run(np.arange(job["start"], job["stop"], dtype=np.int64)).to_json()
     except ChunkInterrupted as exc:

@@ -25,10 +25,10 @@ from tracegen.config import RunConfig
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetSpec
 from tracegen.fleet.spec import HostSpec
-from tracegen.generate.engine import ChunkEngine, ChunkSummary
+from tracegen.generate.engine import ChunkEngine, ChunkJob, ChunkOptions, ChunkSummary
 from tracegen.run import plan
 from tracegen.run.prepare import prepare_run
-from tracegen.run.spec import FleetRef, RunSpec
+from tracegen.run.run_spec import FleetRef, RunSpec
 from tracegen.sglang.client import ClientConfig
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.records import FAILED
@@ -90,9 +90,9 @@ def engine(config: RunConfig, run_id: str, servers: Sequence[ServerEndpoint], sp
     root = root or root_of(config)
     cc = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
                       **{**FAST_CLIENT, **client})
-    return ChunkEngine(config=config, run_id=run_id, chunk=chunk, label=f"test chunk {chunk}", root=root,
-                       dataset=load_index(root), servers=servers, model=MODEL,
-                       spool_dir=str(spool_dir), client_config=cc, progress_interval_s=3600)
+    job = ChunkJob(config=config, run_id=run_id, model=MODEL, chunk=chunk, label=f"test chunk {chunk}")
+    options = ChunkOptions(spool_dir=str(spool_dir), client_config=cc, progress_interval_s=3600)
+    return ChunkEngine(job, root=root, dataset=load_index(root), servers=servers, options=options)
 
 
 def run_engine(config: RunConfig, run_id: str, servers: Sequence[ServerEndpoint], spool_dir: Path,
@@ -203,7 +203,7 @@ class KnownRuns:
     (given, or as `prepare_run` recorded it in `root`)."""
 
     def __init__(self, root: OutputRoot, states: dict[str, str], specs: dict[str, RunSpec] | None = None) -> None:
-        from tracegen.run.records import read_run_record
+        from tracegen.run.run_record import read_run_record
 
         self.states = dict(states)
         self.specs = {run_id: read_run_record(root, run_id) for run_id in states if run_id not in (specs or {})}

@@ -73,9 +73,9 @@ def make_run(root: Path, raw: str, cap: int, indices: range, every: int, names: 
     """One run through the real ledger and report code: its rows committed, its record, its reports."""
     from tracegen.config import RunConfig, safe_run_id
     from tracegen.run.plan import ChunkLayout
-    from tracegen.run.records import write_run_record
-    from tracegen.run.report import audit_and_report
-    from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
+    from tracegen.run.run_record import write_run_record
+    from tracegen.run.run_report import audit_and_report
+    from tracegen.run.run_spec import DatasetIdentity, FleetRef, RunSpec
     from tracegen.store.root import OutputRoot
     from tracegen.store.storage import open_storage
 
@@ -743,7 +743,7 @@ def test_browser_a_finished_report_says_what_to_do_next_and_what_each_count_coun
 
 
 def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, browser: Browser) -> None:
-    from tracegen.run.records import read_run_record
+    from tracegen.run.run_record import read_run_record
     from tracegen.status import run_progress
 
     live = server.tmp / "live-root"
@@ -849,8 +849,8 @@ def test_each_truncation_figure_reads_the_same_in_the_report_progress_list_quest
 ) -> None:
     """One run, its two truncation figures, each under its one name and with the same
     number in the report, the progress page, the run list, the gate's question and `status`."""
+    from tracegen.audit.cap_question import PILOT, question_from_report
     from tracegen.audit.figures import AT_CAP, STILL, figure, figures_from_report
-    from tracegen.audit.review import PILOT, question_from_report
     from tracegen.review_gate import CapReviewOperator
     from tracegen.status import dataset_status, format_status
 
@@ -860,8 +860,8 @@ def test_each_truncation_figure_reads_the_same_in_the_report_progress_list_quest
     output_root.commits.commit(_rows(stored, 2048, range(200, 260), 3), stored, 99999, "lower")
     from tracegen.config import RunConfig
     from tracegen.run.plan import ChunkLayout
-    from tracegen.run.report import audit_and_report
-    from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
+    from tracegen.run.run_report import audit_and_report
+    from tracegen.run.run_spec import DatasetIdentity, FleetRef, RunSpec
 
     spec = RunSpec(stored, 1_767_348_000.0 + 5400 * 6, RunConfig(max_tokens=4096, dataset_uri="/data/prompts.jsonl",
                    output_uri=str(root), pilot_size=260), FleetRef("test-fleet", "0" * 64, "m", 1, None),

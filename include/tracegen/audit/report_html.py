@@ -20,7 +20,7 @@ from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, fig
 from tracegen.audit.formats import duration_fine, gpu_hours, num, pct
 from tracegen.audit.pivot import pivot_text
 from tracegen.audit.rendering import render
-from tracegen.audit.tokens import account_lines, stopped_line
+from tracegen.audit.token_account import account_lines, stopped_line
 
 VERDICT_CLASSES = ("pass", "stop", "warn", "damaged")
 # What to do about a stop verdict when the run asks its reviewer: the gate's own action is advice for a run

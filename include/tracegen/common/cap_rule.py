@@ -2,7 +2,7 @@
 
 A cap reaches a run from people and from Airflow's metadata: the trigger form (`RunConfig`, `params`), the
 servers' context length once they are up (`RunConfig.check_context_length`), the reviewer's answer to the
-gate's question (`audit.review`, `review_gate`), an operator's raise of a running run and a raise read
+gate's question (`audit.cap_question`, `review_gate`), an operator's raise of a running run and a raise read
 back from its Variable (`run.cap_raise`, `steps.raise_cap`). Every one of them is checked here, by
 `check_cap`, and refused with the wording written here, once:
 

@@ -22,7 +22,7 @@ from tracegen.export.lock import LOCK, LOCK_STALE_S, MANIFEST, DestinationLock
 from tracegen.export.replace import check_replaceable, manifest_shards, nested, older_export, remove
 from tracegen.export.selection import choose_rows
 from tracegen.export.writer import write_rows
-from tracegen.run.records import latest_run
+from tracegen.run.run_record import latest_run
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.storage import Storage, open_storage
 

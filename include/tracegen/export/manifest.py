@@ -73,7 +73,7 @@ def server_identity(root: OutputRoot, run_ids: list[str]) -> dict[str, Any] | No
 
 
 def provenance(root: OutputRoot, record: Any, aws_conn_id: str) -> dict[str, Any]:
-    from tracegen.run.records import read_run_record
+    from tracegen.run.run_record import read_run_record
 
     runs = root.run_files.runs()
     decisions: list[dict[str, Any]] = []

@@ -2,7 +2,7 @@
 
 A fleet is named by a source: 'local-sim' (the bundled simulated fleet, SGLang stand-ins on this
 machine) or the path of a fleet JSON file on the Airflow workers. Runs record the source and the
-fleet's digest (`tracegen.run.spec.FleetRef`); a task that needs the fleet loads it from the source
+fleet's digest (`tracegen.run.run_spec.FleetRef`); a task that needs the fleet loads it from the source
 and refuses a fleet that changed since the run began.
 
 A DAG's `fleet` param names only a fleet the operator listed (`listed_fleet`): TRACEGEN_FLEET (the

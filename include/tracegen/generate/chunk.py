@@ -7,8 +7,9 @@ endpoints and hands the rows to `ChunkEngine`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 
@@ -16,10 +17,18 @@ from tracegen.config import ConfigError, RunConfig
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetConnection, FleetSpec, provision
 from tracegen.fleet.server import ServerHandle, served_context_lengths
-from tracegen.generate.engine import PILOT_CHUNK, ChunkEngine, ChunkInterrupted, ChunkSummary
+from tracegen.generate.engine import (
+    DEFAULT_OPTIONS,
+    PILOT_CHUNK,
+    ChunkEngine,
+    ChunkInterrupted,
+    ChunkJob,
+    ChunkOptions,
+    ChunkSummary,
+)
 from tracegen.generate.gate_watch import PilotGateWatch, continuous_gate
 from tracegen.run import plan
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.claims import Attempt
 from tracegen.store.root import OutputRoot, open_root
@@ -81,30 +90,18 @@ def run_chunk(
     indices: np.ndarray | Sequence[int],
     fleet: FleetSpec | None = None,
     endpoints: Sequence[ServerEndpoint] | None = None,
-    spool_dir: str | None = None,
-    stop_check: Callable[[int, int], str | None] | None = None,
-    writer: str | None = None,
-    lease_wait_s: float | None = None,
-    while_asking: bool = False,
-    attempt: Attempt | None = None,
+    options: ChunkOptions = DEFAULT_OPTIONS,
 ) -> ChunkSummary:
     """Generate and commit every row of `indices` not done yet for this run's cap, on `endpoints` or on
-    the servers of `fleet`.
-
-    `stop_check` (polled while generating) may stop the chunk early; it then raises `ChunkInterrupted`
-    after committing what finished. `writer` and `lease_wait_s`: who holds the root's lease while this
-    runs (the run's own tasks by default) and how long to wait for another writer's (`ChunkEngine`).
-    `while_asking`: the rows are generated while the gate's question waits, and marked so in the ledger.
-    `attempt`: the task and try running the chunk, for its claim (`store.claims`: the newest attempt commits)."""
+    the servers of `fleet`, as `options` say (`ChunkOptions`: the stop check, the writer and its lease, the
+    attempt's claim, whether the gate's question waits). A stop check's reason stops the chunk early: it
+    then raises `ChunkInterrupted` after committing what finished."""
     config = spec.config
     index = load_index(root, config.aws_conn_id)
+    job = ChunkJob(config=config, run_id=spec.run_id, model=spec.fleet.model, chunk=chunk, label=label)
 
     def run(servers: Sequence[ServerEndpoint]) -> ChunkSummary:
-        engine = ChunkEngine(
-            config=config, run_id=spec.run_id, chunk=chunk, label=label, root=root, dataset=index,
-            servers=servers, model=spec.fleet.model, spool_dir=spool_dir, stop_check=stop_check,
-            writer=writer, lease_wait_s=lease_wait_s, while_asking=while_asking, attempt=attempt,
-        )
+        engine = ChunkEngine(job, root=root, dataset=index, servers=servers, options=options)
         return engine.run(np.asarray(indices, dtype=np.int64))
 
     if endpoints is not None:
@@ -123,7 +120,7 @@ def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None, endpoints: Seque
     indices = plan.pilot_indices(spec.config, spec.dataset.n_rows)
     root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
     return run_chunk(spec, root=root, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)",
-                     indices=indices, fleet=fleet, endpoints=endpoints, attempt=attempt)
+                     indices=indices, fleet=fleet, endpoints=endpoints, options=ChunkOptions(attempt=attempt))
 
 
 def _fold_loose_entries(root: OutputRoot) -> None:
@@ -146,21 +143,16 @@ def generate_chunk_work(
     alongside_pilot: bool = False,
     fleet: FleetSpec | None = None,
     endpoints: Sequence[ServerEndpoint] | None = None,
-    writer: str | None = None,
-    lease_wait_s: float | None = None,
     root: OutputRoot | None = None,
-    while_asking: bool = False,
-    stop_check: Callable[[int, int], str | None] | None = None,
-    attempt: Attempt | None = None,
+    options: ChunkOptions = DEFAULT_OPTIONS,
 ) -> ChunkSummary:
     """One mapped generation task: what is left of `work`, unless a gate is closed.
 
     `alongside_pilot`: the chunk runs while the pilot does (so the fleet never waits for the gate); it
     leaves the pilot's rows to the pilot task and stops as soon as `PilotGateWatch` closes. The scheduled
     rerun comes through here too, as its own `writer`, so it applies the run's gates as its chunks do.
-    `root`: the run's output root, when the task has opened it already. `while_asking`: generated while the
-    gate's question waits (`run.while_asking`), marked so in the ledger; `stop_check`, when given, stops the
-    chunk (`GateClosed`, after committing what finished) once it returns a reason: the answer 'stop'.
+    `root`: the run's output root, when the task has opened it already. `options.stop_check`, when given,
+    stops the chunk (`GateClosed`, after committing what finished) once it returns a reason: the answer 'stop'.
     """
     config = spec.config
     root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
@@ -178,7 +170,7 @@ def generate_chunk_work(
             # The pilot task generates these at the same time; both would otherwise send them.
             pilot = plan.pilot_indices(config, spec.dataset.n_rows)
             indices = np.setdiff1d(indices, pilot, assume_unique=True)
-    checks = [c for c in (watch, stop_check) if c is not None]
+    checks = [c for c in (watch, options.stop_check) if c is not None]
     closed: list[str] = []
 
     def check(truncated: int, judged: int) -> str | None:
@@ -189,9 +181,8 @@ def generate_chunk_work(
         return None
 
     try:
-        return run_chunk(spec, root=root, chunk=work.chunk, label=work.label, indices=indices,
-                         fleet=fleet, endpoints=endpoints, stop_check=check if checks else None, writer=writer,
-                         lease_wait_s=lease_wait_s, while_asking=while_asking, attempt=attempt)
+        return run_chunk(spec, root=root, chunk=work.chunk, label=work.label, indices=indices, fleet=fleet,
+                         endpoints=endpoints, options=replace(options, stop_check=check if checks else None))
     except ChunkInterrupted as exc:
         if exc.reason in closed:
             raise GateClosed(str(exc)) from None

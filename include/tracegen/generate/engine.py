@@ -176,55 +176,81 @@ def run_writer(run_id: str) -> str:
     return f"tracegen_generate run {run_id}"
 
 
+@dataclass(frozen=True)
+class ChunkJob:
+    """Which work an engine does: the run (its settings and id), the model its servers answer to, and the
+    chunk with the label its log lines and ledger rows carry."""
+
+    config: RunConfig
+    run_id: str
+    model: str
+    chunk: int
+    label: str
+
+
+@dataclass(frozen=True)
+class ChunkOptions:
+    """How a chunk runs, each with the default a chunk task uses.
+
+    - `spool_dir`: the worker-local spool (None: the default state dir; TRACEGEN_SPOOL_DIR overrides).
+    - `client_config`: the SGLang client's (None: from the run's settings).
+    - `stop_check`: polled from a thread while generating (it may read storage) with (truncated, judged)
+      rows so far, every `stop_check_interval_s`; a reason it returns stops the chunk.
+    - `writer`, `lease_wait_s`: who generates into the root (`store.lease`: the run's tasks share it, any
+      other writer yields) and how long to wait for another writer's lease.
+    - `while_asking`: rows generated while the gate's question waits are marked so in the ledger: the run's
+      account of what that work became after the answer reads them (`tracegen.run.while_asking`).
+    - `attempt`: which attempt of this chunk this is (`store.claims`: the newest to claim the chunk commits,
+      an older one stops). Without a task to name (tests, tools), the label and this process stand in.
+    """
+
+    spool_dir: str | None = None
+    client_config: ClientConfig | None = None
+    progress_interval_s: float = 15.0
+    stop_check: Callable[[int, int], str | None] | None = None
+    stop_check_interval_s: float = 5.0
+    writer: str | None = None
+    lease_wait_s: float | None = None
+    while_asking: bool = False
+    attempt: Attempt | None = None
+
+
+DEFAULT_OPTIONS = ChunkOptions()
+
+
 class ChunkEngine:
     """Generates and commits the rows of one chunk (or the pilot sample) that are not done yet."""
 
     def __init__(
         self,
+        job: ChunkJob,
         *,
-        config: RunConfig,
-        run_id: str,
-        chunk: int,
-        label: str,
         root: OutputRoot,
         dataset: DatasetIndex,
         servers: Sequence[ServerEndpoint],
-        model: str,
-        spool_dir: str | None = None,
-        client_config: ClientConfig | None = None,
-        progress_interval_s: float = 15.0,
-        stop_check: Callable[[int, int], str | None] | None = None,
-        stop_check_interval_s: float = 5.0,
-        writer: str | None = None,
-        lease_wait_s: float | None = None,
-        while_asking: bool = False,
-        attempt: Attempt | None = None,
+        options: ChunkOptions = DEFAULT_OPTIONS,
     ) -> None:
-        self.config, self.run_id, self.chunk, self.label = config, run_id, chunk, label
-        self.root, self.dataset, self.servers, self.model = root, dataset, list(servers), model
-        self.spool_dir = spool_dir  # None: the default local state dir (TRACEGEN_SPOOL_DIR overrides)
-        self.client_config = client_config or ClientConfig(
+        config = job.config
+        self.config, self.run_id, self.chunk, self.label = config, job.run_id, job.chunk, job.label
+        self.root, self.dataset, self.servers, self.model = root, dataset, list(servers), job.model
+        self.spool_dir = options.spool_dir
+        self.client_config = options.client_config or ClientConfig(
             request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
             autotune=config.autotune_in_flight,  # autotune hook: per-server limits follow the servers
         )
         self.sampling = Sampling.of_config(config)
-        self.progress_interval_s = progress_interval_s
-        # Polled from a thread while generating (it may read storage) with (truncated, ok) rows so far; a
-        # reason it returns stops the chunk.
-        self.stop_check, self.stop_check_interval_s = stop_check, stop_check_interval_s
-        # Who generates into the root (`store.lease`): the run's tasks share it, any other writer yields.
-        self.writer = writer or run_writer(run_id)
-        self.lease_wait_s = lease_wait_s
-        # Rows generated while the gate's question waits are marked so in the ledger: the run's account of
-        # what that work became after the answer reads them (`tracegen.run.while_asking`).
-        self.while_asking = while_asking
+        self.progress_interval_s = options.progress_interval_s
+        self.stop_check, self.stop_check_interval_s = options.stop_check, options.stop_check_interval_s
+        self.writer = options.writer or run_writer(job.run_id)
+        self.lease_wait_s = options.lease_wait_s
+        self.while_asking = options.while_asking
         self.lease: RootLease | None = None
         # Which attempt of this chunk this is (`store.claims`): the newest to claim the chunk commits, an
         # older one stops. Without a task to name (tests, tools), the label and this process stand in.
-        self.attempt = attempt or Attempt(f"{label} (pid {os.getpid()})")
+        self.attempt = options.attempt or Attempt(f"{job.label} (pid {os.getpid()})")
         self.claim: ChunkClaim | None = None
         self.stop_requested: str | None = None
-        self.summary = ChunkSummary(run_id=run_id, chunk=chunk)
+        self.summary = ChunkSummary(run_id=job.run_id, chunk=job.chunk)
         self._pending_rows = 0
         self._segment_started = time.monotonic()
         self._commit_lock = asyncio.Lock()

@@ -41,8 +41,8 @@ from tracegen.generate.watched import (
     streams_watched,
     watching,
 )
-from tracegen.run.records import read_run_record
-from tracegen.run.spec import RunSpecError
+from tracegen.run.run_record import read_run_record
+from tracegen.run.run_spec import RunSpecError
 from tracegen.sglang.client import ChatRequest, Outcome, Sampling, SGLangClient
 from tracegen.sglang.wire import Generated, ServerParsers
 from tracegen.store.entries import LedgerError

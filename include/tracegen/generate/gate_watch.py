@@ -7,8 +7,8 @@ from __future__ import annotations
 from tracegen.audit import gate
 from tracegen.audit.stats import gate_counts
 from tracegen.run import plan
-from tracegen.run.records import gate_verdict, pilot_report
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_record import gate_verdict, pilot_report
+from tracegen.run.run_spec import RunSpec
 from tracegen.store.root import OutputRoot
 
 # Rows the continuous gate judges: enough for a tight interval, few enough to read in any chunk task.

@@ -42,10 +42,10 @@ from tracegen.audit.stats import gate_counts
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetSpec
 from tracegen.generate.chunk import fleet_endpoints
-from tracegen.generate.engine import ChunkEngine
+from tracegen.generate.engine import DEFAULT_OPTIONS, ChunkEngine, ChunkJob, ChunkOptions
 from tracegen.generate.extend import not_extendable
 from tracegen.run import MEASURE_CHUNK, MEASURE_FILE, plan
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_spec import RunSpec
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.current import current_mask
 from tracegen.store.records import COMPLETE, FAILED, OK
@@ -198,7 +198,7 @@ def _not_extendable(root: OutputRoot, rows: pd.DataFrame) -> np.ndarray:
     return bare
 
 
-def decide(spec: RunSpec, root: OutputRoot, *, context_length: int | None) -> TailMeasurement:
+def tail_measurement_of(spec: RunSpec, root: OutputRoot, *, context_length: int | None) -> TailMeasurement:
     """Whether and to which cap this run measures its tail, from the pilot's committed rows."""
     config = spec.config
     _, frame = pilot_frame(root, spec)
@@ -262,10 +262,9 @@ def measure_tail(
     context_length: int | None,
     fleet: FleetSpec | None = None,
     endpoints: Sequence[ServerEndpoint] | None = None,
-    spool_dir: str | None = None,
     before_measuring: Callable[[], Any] | None = None,
-    engine_options: dict[str, Any] | None = None,
     root: OutputRoot | None = None,
+    options: ChunkOptions = DEFAULT_OPTIONS,
 ) -> TailMeasurement:
     """Decide (or take up the decision of an earlier attempt), then continue the pilot's truncated rows to
     the measure cap on `endpoints` or the servers of `fleet`, and store what it cost.
@@ -277,7 +276,7 @@ def measure_tail(
     root = open_root(config.output_uri, config.aws_conn_id) if root is None else root
     m = read_measurement(root, spec.run_id)
     if m is None:
-        m = decide(spec, root, context_length=context_length)
+        m = tail_measurement_of(spec, root, context_length=context_length)
         write_measurement(root, spec.run_id, m)
     else:
         log.info("taking up the tail measurement an earlier attempt decided: cap %s", m.cap)
@@ -294,13 +293,10 @@ def measure_tail(
     measured = replace(config, max_tokens=m.cap, truncated_policy="extend")
 
     def run(servers: Sequence[ServerEndpoint]) -> None:
-        engine = ChunkEngine(
-            config=measured, run_id=spec.run_id, chunk=MEASURE_CHUNK,
-            label=f"tail measurement ({len(m.indices):,} rows to {m.cap:,})", root=root,
-            dataset=load_index(root, config.aws_conn_id), servers=servers, model=spec.fleet.model,
-            spool_dir=spool_dir,
-            **(engine_options or {}),
-        )
+        job = ChunkJob(config=measured, run_id=spec.run_id, model=spec.fleet.model, chunk=MEASURE_CHUNK,
+                       label=f"tail measurement ({len(m.indices):,} rows to {m.cap:,})")
+        engine = ChunkEngine(job, root=root, dataset=load_index(root, config.aws_conn_id), servers=servers,
+                             options=options)
         engine.run(np.asarray(m.indices, dtype=np.int64))
 
     if endpoints is not None:

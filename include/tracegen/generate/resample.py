@@ -28,9 +28,9 @@ from tracegen.audit.runaway_rows import Runaway, find_runaways
 from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetSpec
 from tracegen.generate.chunk import fleet_endpoints
-from tracegen.generate.engine import ChunkEngine
+from tracegen.generate.engine import DEFAULT_OPTIONS, ChunkEngine, ChunkJob, ChunkOptions
 from tracegen.run import RESAMPLE_CHUNK
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_spec import RunSpec
 from tracegen.sglang.client import SGLangClient
 from tracegen.sglang.routing import ServerEndpoint
 from tracegen.store.records import FAILED, RESAMPLED, GeneratedRow
@@ -59,8 +59,8 @@ class _Resampler(ChunkEngine):
     under the run's cap), once each: rows resampled by an earlier attempt are left out, after the spool
     an interrupted attempt left has been committed."""
 
-    def __init__(self, rows: dict[int, Runaway], **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(self, rows: dict[int, Runaway], job: ChunkJob, **kw: Any) -> None:
+        super().__init__(job, **kw)
         self.rows = rows
 
     def _remaining(self, indices: np.ndarray) -> np.ndarray:
@@ -83,9 +83,8 @@ def resample_runaways(
     *,
     fleet: FleetSpec | None = None,
     endpoints: Sequence[ServerEndpoint] | None = None,
-    spool_dir: str | None = None,
-    engine_options: dict[str, Any] | None = None,
     root: OutputRoot | None = None,
+    options: ChunkOptions = DEFAULT_OPTIONS,
 ) -> dict[str, Any]:
     """Generate one fresh sample for each runaway row not resampled yet, under the run's cap. Returns
     what it did (rows, how many fresh samples finished, loop again, tokens). `root`: the run's output
@@ -109,10 +108,10 @@ def resample_runaways(
     def run(servers: Sequence[ServerEndpoint]) -> list[Any]:
         summaries = []
         for cap, group in sorted(by_cap.items()):
-            engine = _Resampler(group, config=replace(config, max_tokens=cap), run_id=spec.run_id,
-                                chunk=RESAMPLE_CHUNK, label=f"resampling {len(group):,} runaway rows at {cap:,}",
-                                root=root, dataset=load_index(root, config.aws_conn_id), servers=servers, model=spec.fleet.model,
-                                spool_dir=spool_dir, **(engine_options or {}))
+            job = ChunkJob(config=replace(config, max_tokens=cap), run_id=spec.run_id, model=spec.fleet.model,
+                           chunk=RESAMPLE_CHUNK, label=f"resampling {len(group):,} runaway rows at {cap:,}")
+            engine = _Resampler(group, job, root=root, dataset=load_index(root, config.aws_conn_id), servers=servers,
+                                options=options)
             summaries.append(engine.run(np.asarray(sorted(group), dtype=np.int64)))
         return summaries
 

@@ -1,7 +1,7 @@
 """The review app: the pages assembled, errors answered as pages or JSON, and the views the plugin registers.
 
 `plugins/tracegen_review.py` mounts it into Airflow's api-server under `/tracegen`. It only reads what
-`tracegen.run.report.audit_and_report` stored and the run's record, through `tracegen.store.storage`, so
+`tracegen.run.run_report.audit_and_report` stored and the run's record, through `tracegen.store.storage`, so
 local and s3:// output roots look the same.
 """
 

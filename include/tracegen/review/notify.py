@@ -40,8 +40,8 @@ from urllib.parse import quote
 
 from airflow.sdk.bases.notifier import BaseNotifier
 
+from tracegen.audit.cap_question import CapQuestion
 from tracegen.audit.figures import AT_CAP, figure
-from tracegen.audit.review import CapQuestion
 from tracegen.common.http_connection import (
     HTTP_TYPES,
     ConnectionMisconfigured,

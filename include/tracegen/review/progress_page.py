@@ -24,8 +24,8 @@ def cap_decided(view: RunView) -> bool:
 
 
 def progress_of(request: Request, site: Site, root: str, run_id: str) -> tuple[dict[str, Any], RunView]:
-    from tracegen.run.records import read_run_record
-    from tracegen.run.spec import RunSpecError
+    from tracegen.run.run_record import read_run_record
+    from tracegen.run.run_spec import RunSpecError
     from tracegen.status import run_progress
     from tracegen.store.storage import StorageError, StorageKeyError
 

@@ -18,7 +18,7 @@ from tracegen.review.page import progress_url
 from tracegen.review.read_model import FINAL_HTML, PILOT_HTML, read_run, run_files
 from tracegen.review.roots import Site, check_run_id, root_key
 from tracegen.review.summary import summarise
-from tracegen.run.records import stored_run_id
+from tracegen.run.run_record import stored_run_id
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure
-from tracegen.audit.tokens import account_lines, stopped_line
+from tracegen.audit.token_account import account_lines, stopped_line
 from tracegen.config import safe_run_id
 from tracegen.review.access import GENERATE_DAG, AirflowRun, airflow_run_path, require_dag_read
 from tracegen.review.page import file_url, html_response, progress_url, render_page

@@ -30,7 +30,7 @@ class RunSummary:
     truncation_figures: dict[str, tuple[int, int]] | None = None
     decision: str | None = None  # the run's last decision in words: who, when, what
     airflow_run_id: str | None = None  # the Airflow run its record names (`RunView.airflow_run_id`)
-    # The shown report's token account (`audit.tokens.token_account`): where the fleet's tokens went.
+    # The shown report's token account (`audit.token_account.token_account`): where the fleet's tokens went.
     token_account: dict[str, Any] | None = None
 
     @property

@@ -33,10 +33,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from tracegen.audit.review import OTHER, RAISE, CapDecision
+from tracegen.audit.cap_question import OTHER, RAISE, CapDecision
 from tracegen.common import dag_ids
 from tracegen.common.cap_rule import CapRefused, check_cap
-from tracegen.run.spec import RunSpec, RunSpecError
+from tracegen.run.run_spec import RunSpec, RunSpecError
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ After the first fan-out (the chunks past a passing pilot gate, or none when the 
 run asks when a gate held it back: the pilot gate's stop verdict, or rows the continuous gate kept from
 being generated. While the question waits the fleet goes on within a budget (`run.while_asking`): the
 question says what runs meanwhile, and the decision records what that work became. The question
-(`tracegen.audit.review`) is built from the report JSON the audit wrote and stored as
+(`tracegen.audit.cap_question`) is built from the report JSON the audit wrote and stored as
 `runs/<run_id>/question.json`; the answer's `CapDecision` goes into the run's record
 (`run.json`), whose config then carries the chosen cap, and the chunks with work left at that cap (the
 pilot's truncated rows among them) are the second fan-out's.
@@ -21,12 +21,12 @@ import numpy as np
 import pandas as pd
 
 from tracegen.audit import gate
-from tracegen.audit.review import DRIFT, PILOT, CapDecision, CapQuestion, question_from_report
+from tracegen.audit.cap_question import DRIFT, PILOT, CapDecision, CapQuestion, question_from_report
 from tracegen.common.cap_rule import highest_cap
 from tracegen.run import QUESTION_FILE, plan, while_asking
-from tracegen.run.records import gate_verdict, pilot_report, write_run_record
-from tracegen.run.report import audit_and_report
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_record import gate_verdict, pilot_report, write_run_record
+from tracegen.run.run_report import audit_and_report
+from tracegen.run.run_spec import RunSpec
 from tracegen.store.records import FAILED
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.snapshots import COMPACT_OVER

@@ -9,8 +9,8 @@ import time
 from tracegen.config import RunConfig
 from tracegen.dataset.stored import bind_index
 from tracegen.run import plan
-from tracegen.run.records import create_run_record, stored_run_id
-from tracegen.run.spec import DatasetIdentity, FleetRef, RunSpec
+from tracegen.run.run_record import create_run_record, stored_run_id
+from tracegen.run.run_spec import DatasetIdentity, FleetRef, RunSpec
 from tracegen.store.root import open_root
 from tracegen.store.snapshots import COMPACT_OVER
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tracegen.audit.review import CAP_FIELD, OTHER, AnswerRefused, CapQuestion, decide
+from tracegen.audit.cap_question import CAP_FIELD, OTHER, AnswerRefused, CapQuestion, decision_of_answer
 from tracegen.common.dag_ids import DECIDING_TASK, GENERATE, REVIEW_TASK
 from tracegen.run.api_answer import API_CONN_ENV, ASSIGNED_USERS_ENV, AnswerFailed, api_conn_id
 from tracegen.run.cap_raise import (
@@ -38,7 +38,7 @@ from tracegen.run.cap_raise import (
     served_context,
     variable_key,
 )
-from tracegen.run.spec import RunSpec, RunSpecError
+from tracegen.run.run_spec import RunSpec, RunSpecError
 
 log = logging.getLogger(__name__)
 NOT_STARTED = ("none", "scheduled", "queued")
@@ -153,9 +153,9 @@ def _answer_the_question(view: RaiseView, target: str, raised: CapRaise, *, wait
     question = CapQuestion.from_json(asked)
     try:
         label = question.option_label(OTHER)
-        # The one rule for answers (`audit.review.decide`), as review_cap will apply it: refused here, before
+        # The one rule for answers (`audit.cap_question.decision_of_answer`), as review_cap will apply it: refused here, before
         # anything is written, rather than there, where it would only be asked again.
-        decide(question, [label], {CAP_FIELD: raised.cap}, responded_by=raised.requested_by,
+        decision_of_answer(question, [label], {CAP_FIELD: raised.cap}, responded_by=raised.requested_by,
                responded_at=raised.requested_at)
     except (StopIteration, AnswerRefused) as exc:
         raise RaiseRefused(f"run {target!r} asks its reviewer, who could not answer {raised.cap:,}: {exc}") from None

@@ -22,8 +22,8 @@ from urllib.parse import unquote, urlparse
 
 from tracegen.common import locations
 from tracegen.run import plan
-from tracegen.run.records import recorded_airflow_run, stopped_at_gate
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_record import recorded_airflow_run, stopped_at_gate
+from tracegen.run.run_spec import RunSpec
 from tracegen.store.lease import fresh_holders, lease_ttl_s
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.snapshots import COMPACT_OVER

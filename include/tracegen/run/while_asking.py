@@ -33,11 +33,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracegen.audit.cap_question import RECOMMENDED, CapQuestion
 from tracegen.audit.formats import gpu_hours, num
-from tracegen.audit.review import RECOMMENDED, CapQuestion
 from tracegen.common import dag_ids
 from tracegen.run import plan
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_spec import RunSpec
 from tracegen.store.records import COMPLETE, EXTENDED, FAILED, OK
 
 log = logging.getLogger(__name__)

@@ -79,7 +79,7 @@ class Observation:
             raise ValueError(f"max_running must be an integer >= 1 or None, got {self.max_running!r}")
 
 
-def decide(obs: Observation, policy: TunePolicy = TunePolicy()) -> int:
+def next_limit(obs: Observation, policy: TunePolicy = TunePolicy()) -> int:
     """The new in-flight limit for one server after observation `obs`.
 
     - Queue empty and batch not full while this client uses its whole limit: the server is under-fed
@@ -246,7 +246,7 @@ class Autotuner:
                     return
             pause = self.policy.interval_s
             if obs is not None and not server.quarantined:
-                new = decide(obs, self.policy)
+                new = next_limit(obs, self.policy)
                 if new != server.limit:
                     self._summarise(server, new, obs)
                     log.debug(

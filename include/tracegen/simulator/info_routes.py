@@ -14,7 +14,7 @@ from aiohttp import web
 
 from tracegen.simulator import metrics as prom
 from tracegen.simulator import protocol as p
-from tracegen.simulator.cli import SimSettings
+from tracegen.simulator.launch_args import SimSettings
 from tracegen.simulator.responses import json_response
 from tracegen.simulator.state import STATE, State
 

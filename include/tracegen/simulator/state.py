@@ -13,8 +13,8 @@ from aiohttp import web
 
 from tracegen.simulator import metrics as prom
 from tracegen.simulator.batching import AsyncBatcher
-from tracegen.simulator.cli import SimSettings
 from tracegen.simulator.faults import FaultInjector
+from tracegen.simulator.launch_args import SimSettings
 
 log = logging.getLogger("tracegen.simulator")
 

@@ -47,9 +47,10 @@ def generate_chunk(api, run: dict[str, Any], chunk: dict[str, Any], *, alongside
     (`decision.settle_when_last`)."""
     from tracegen.fleet.sources import resolve
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
+    from tracegen.generate.engine import ChunkOptions
     from tracegen.run.cap_raise import at_current_cap
     from tracegen.run.plan import ChunkWork
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_spec import handed_over
     from tracegen.store.root import open_root
     from tracegen.tasks.question import settle_when_last
 
@@ -60,7 +61,7 @@ def generate_chunk(api, run: dict[str, Any], chunk: dict[str, Any], *, alongside
     at = at_current_cap(api, spec)
     try:
         summary = generate_chunk_work(at, work, alongside_pilot=alongside_pilot, fleet=resolve(at.fleet),
-                                      attempt=api.attempt(), root=root)
+                                      root=root, options=ChunkOptions(attempt=api.attempt()))
     except GateClosed as exc:
         if at.config.gate_mode == "ask":
             # Held, not failed: what this chunk leaves is the reviewer's to decide on (`ask_about_cap`),
@@ -84,12 +85,13 @@ def generate_while_asking(api, run: dict[str, Any], chunk: dict[str, Any]) -> di
     Airflow's to say, when it starts: the answer's, once there is one (a 'stop' skips it, "stopped by the
     gate"), else the provisional cap the question task chose. While it runs at that cap its rows are marked
     in the ledger, and an answer to stop (or the question's timeout) stops it after committing what finished."""
-    from tracegen.audit.review import CapDecision
+    from tracegen.audit.cap_question import CapDecision
     from tracegen.common import dag_ids
     from tracegen.fleet.sources import resolve
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
+    from tracegen.generate.engine import ChunkOptions
     from tracegen.run.plan import ChunkWork
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_spec import handed_over
     from tracegen.run.while_asking import provisional
     from tracegen.store.root import open_root
 
@@ -117,8 +119,8 @@ def generate_while_asking(api, run: dict[str, Any], chunk: dict[str, Any]) -> di
         log.info("%s: generating at max_tokens=%d while the question waits", work.label, at.config.max_tokens)
     root = open_root(at.config.output_uri, at.config.aws_conn_id)
     try:
-        return generate_chunk_work(at, work, fleet=resolve(at.fleet), while_asking=asking, stop_check=check,
-                                   attempt=api.attempt(), root=root).to_json()
+        options = ChunkOptions(while_asking=asking, stop_check=check, attempt=api.attempt())
+        return generate_chunk_work(at, work, fleet=resolve(at.fleet), root=root, options=options).to_json()
     except GateClosed as exc:
         # The answer was 'stop' (or nobody answered in time), or the decided cap's own gate closed: what this
         # chunk committed stays, the rest is not generated.

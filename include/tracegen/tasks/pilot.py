@@ -29,8 +29,8 @@ def measure_tail(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[
     from tracegen.generate.measure import measure_tail as measure
     from tracegen.run.cap_raise import served_context
     from tracegen.run.plan import pilot_indices
-    from tracegen.run.report import audit_and_report
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_report import audit_and_report
+    from tracegen.run.run_spec import handed_over
     from tracegen.store.root import open_root
 
     spec = handed_over(run)
@@ -61,8 +61,8 @@ def audit_and_gate(run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict
     run beside the pilot (`generate_alongside_pilot`); none while a question is to be asked."""
     from tracegen.run.cap_raise import served_context
     from tracegen.run.plan import pilot_indices
-    from tracegen.run.report import audit_and_report
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_report import audit_and_report
+    from tracegen.run.run_spec import handed_over
 
     spec = handed_over(run)
     lead = spec.layout.stagger

@@ -23,7 +23,7 @@ def prepare_task(api, lead: int) -> dict[str, Any]:
     from tracegen.fleet.sources import listed_fleet, reference
     from tracegen.params import CONFIG_PARAMS, default_fleet_source
     from tracegen.run.prepare import prepare_run
-    from tracegen.run.records import RunRecordTaken
+    from tracegen.run.run_record import RunRecordTaken
 
     params = api.params
     try:

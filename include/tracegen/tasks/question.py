@@ -59,7 +59,7 @@ def ask_about_cap(api, run: dict[str, Any], pilot: dict[str, Any] | None,
     from tracegen.review.roots import review_page_url
     from tracegen.run.cap_raise import as_decision, current_raise, served_context
     from tracegen.run.decision import ask
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_spec import handed_over
     from tracegen.tasks.pilot import tokens_per_s_per_gpu
 
     spec = handed_over(run)
@@ -93,9 +93,9 @@ def apply_decision(api, decision: dict[str, Any] | None) -> list[dict[str, Any]]
     (rows truncated under the provisional cap) is planned with the rest (`run.while_asking`).
 
     The run is read from prepare_run's XCom here, not handed in, so that the answer is its one upstream task."""
-    from tracegen.audit.review import CapDecision
+    from tracegen.audit.cap_question import CapDecision
     from tracegen.run.decision import apply
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_spec import handed_over
     from tracegen.run.while_asking import settled_left_to_start
 
     run = api.xcom_pull(dag_ids.PREPARE_RUN, key="run")
@@ -121,7 +121,7 @@ def apply_decision(api, decision: dict[str, Any] | None) -> list[dict[str, Any]]
 def as_decided(api, run: dict[str, Any]):
     """The run a task was handed, as decided: `apply_decision`'s XCom once the reviewer (or a raise) chose
     its cap, else the run `prepare_run` described. Airflow's metadata, never the record in the root."""
-    from tracegen.run.spec import handed_over
+    from tracegen.run.run_spec import handed_over
 
     decided = api.xcom_pull(dag_ids.APPLY_DECISION, key=dag_ids.DECIDED_RUN_KEY)
     return handed_over(decided or run)

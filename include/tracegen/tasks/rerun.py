@@ -25,7 +25,7 @@ class AirflowRunsView:
 
     def spec(self, run_id: str) -> Any:
         from tracegen.common import dag_ids
-        from tracegen.run.spec import RunSpec, RunSpecError
+        from tracegen.run.run_spec import RunSpec, RunSpecError
 
         for task_id in (dag_ids.APPLY_DECISION, dag_ids.PREPARE_RUN):
             doc = self.api.xcom_pull(task_id, dag_id=dag_ids.GENERATE, run_id=run_id, key=dag_ids.DECIDED_RUN_KEY)
@@ -66,6 +66,7 @@ def rerun_chunk(api, work: dict[str, Any]) -> dict[str, Any]:
     from tracegen.fleet import FleetSpecError
     from tracegen.fleet.sources import resolve
     from tracegen.generate.chunk import GateClosed, generate_chunk_work
+    from tracegen.generate.engine import ChunkOptions
     from tracegen.params import default_fleet_source
     from tracegen.run.rerun import RerunRefused, RerunWork, run_for_rerun
     from tracegen.store.lease import RootHeld
@@ -85,8 +86,9 @@ def rerun_chunk(api, work: dict[str, Any]) -> dict[str, Any]:
         # Not retried: the operator's fleet must change back (or a new run start) before this can succeed.
         raise Refuse(f"{item.label}: {exc}") from None
     try:
-        summary = generate_chunk_work(spec, item.work, fleet=fleet, writer=f"tracegen_rerun_failed run {api.run_id}",
-                                      lease_wait_s=0, root=root, attempt=api.attempt())
+        options = ChunkOptions(writer=f"tracegen_rerun_failed run {api.run_id}", lease_wait_s=0,
+                               attempt=api.attempt())
+        summary = generate_chunk_work(spec, item.work, fleet=fleet, root=root, options=options)
     except (RootHeld, GateClosed) as exc:
         raise Skip(f"{item.label}: yields: {exc}") from None
     return summary.to_json()

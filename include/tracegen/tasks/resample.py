@@ -13,7 +13,7 @@ def resample_decided_run(spec) -> dict[str, Any]:
     more GPU time), else `resample_runaways` on the run's fleet (`fleet.sources.resolve`)."""
     from tracegen.fleet.sources import resolve
     from tracegen.generate.resample import resample_runaways
-    from tracegen.run.records import stopped_at_gate
+    from tracegen.run.run_record import stopped_at_gate
     from tracegen.store.root import open_root
 
     if spec.config.runaway_policy != "resample":

@@ -11,8 +11,8 @@ from tracegen.fleet import FleetSpec
 from tracegen.fleet.spec import HostSpec
 from tracegen.run.plan import ChunkLayout, choose_layout
 from tracegen.run.prepare import prepare_run
-from tracegen.run.records import read_run_record
-from tracegen.run.spec import FleetRef
+from tracegen.run.run_record import read_run_record
+from tracegen.run.run_spec import FleetRef
 
 
 def fleet(max_running: int | str | None = 64, gpus: int = 2) -> FleetRef:

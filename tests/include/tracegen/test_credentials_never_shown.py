@@ -15,8 +15,8 @@ import pytest
 from engine_support.helpers import make_config, prepare, write_dataset
 from fixtures.notify_receivers import LOGIN, PASSWORD, WebhookReceiver, notification_receivers
 
-import tracegen.run.report as report_module
-from tracegen.audit.review import question_from_report
+import tracegen.run.run_report as report_module
+from tracegen.audit.cap_question import question_from_report
 from tracegen.export import export_dataset
 from tracegen.run.api_answer import AnswerFailed, configured_answerer
 from tracegen.store.storage import open_storage

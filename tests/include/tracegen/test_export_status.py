@@ -78,7 +78,7 @@ def test_run_progress_counts_the_truncation_figures_from_its_own_read(root):
     """The progress page's figures come with the progress, from its lean read of the ledger, and count what
     the whole frame counts (the page read the whole frame for them before: twice the memory)."""
     from tracegen.audit.figures import figures_from_ledger
-    from tracegen.run.records import read_run_record
+    from tracegen.run.run_record import read_run_record
     from tracegen.status import run_progress
 
     _, output_root = root
@@ -167,8 +167,8 @@ def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
     and the scheduled rerun retires it, so its rows are work again instead of 'done' forever."""
     from engine_support.helpers import rerun_work
 
-    from tracegen.run.records import read_run_record
-    from tracegen.run.report import audit_and_report
+    from tracegen.run.run_record import read_run_record
+    from tracegen.run.run_report import audit_and_report
 
     out, output_root = root
     (part,) = [output_root.commits.read_entry(k)["part"] for k in output_root.commits.entries() if "seg-a1" in k]
@@ -188,8 +188,8 @@ def test_the_rerun_retires_a_lost_part_and_the_final_report_names_it(root):
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_status_report_and_export_say_what_the_extend_pivot_did(tmp_path, fmt):
     """Run A (4096) cut index 1; run C (8192, extend) continued it from its tokens: 4096 reused, 1000 new."""
-    from tracegen.run.records import read_run_record
-    from tracegen.run.report import audit_and_report
+    from tracegen.run.run_record import read_run_record
+    from tracegen.run.run_report import audit_and_report
     from tracegen.store.records import pack_token_ids
 
     dataset = write_dataset(tmp_path / "prompts.jsonl", 3)

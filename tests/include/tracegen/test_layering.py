@@ -25,7 +25,7 @@ def _loaded_by(module: str) -> list[str]:
 
 
 @pytest.mark.parametrize("module", ["tracegen.status", "tracegen.export", "tracegen.review",
-                                    "tracegen.run.report", "tracegen.run.records", "tracegen.params"])
+                                    "tracegen.run.run_report", "tracegen.run.run_record", "tracegen.params"])
 def test_read_only_tools_load_no_engine_fleet_or_client(module: str) -> None:
     loaded = _loaded_by(module)
     assert module in loaded
@@ -140,7 +140,7 @@ def test_the_layer_check_catches_a_planted_climb(tmp_path: Path) -> None:
 
     copy = tmp_path / "tracegen"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json"))
-    (copy / "store" / "planted.py").write_text("from tracegen.run.records import read_run_record\n")
+    (copy / "store" / "planted.py").write_text("from tracegen.run.run_record import read_run_record\n")
     assert climbs(copy) == ["store/planted: imports tracegen.run (layer 6) from layer 10"]
 
 

@@ -1,6 +1,6 @@
 """The reviewer's typed cap through the path an answer takes: the HITL task's
 `execute_complete` (what runs when the REST handler or the UI records a response) and the answer parsing
-it calls (`audit.review.decide`). A cap the run cannot act on is refused and the question asked again,
+it calls (`audit.cap_question.decision_of_answer`). A cap the run cannot act on is refused and the question asked again,
 never a failed run and never a run continuing at it; the refusals are `tracegen.common.cap_rule`'s, the same
 for a reviewer's answer and an operator's raise."""
 
@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from tracegen.audit.review import CURRENT, OTHER, PILOT, RECOMMENDED, STOP, AnswerRefused, CapQuestion, decide
+from tracegen.audit.cap_question import (
+    CURRENT,
+    OTHER,
+    PILOT,
+    RECOMMENDED,
+    STOP,
+    AnswerRefused,
+    CapQuestion,
+    decision_of_answer,
+)
 from tracegen.common.cap_rule import CapRefused, check_cap
 
 CONTEXT = 40_960
@@ -29,7 +38,7 @@ def question(**overrides: Any) -> CapQuestion:
 
 
 def answer(q: CapQuestion, cap: Any, kind: str = OTHER):
-    return decide(q, [q.option_label(kind)], {"cap": cap}, responded_by="reviewer", responded_at=WHEN)
+    return decision_of_answer(q, [q.option_label(kind)], {"cap": cap}, responded_by="reviewer", responded_at=WHEN)
 
 
 class _TI:
@@ -133,7 +142,7 @@ def test_a_recommended_cap_not_above_the_current_one_is_not_offered_or_taken() -
         {"kind": RECOMMENDED, "label": "Continue at 100 tokens (recommended)", "cap": 100},
         *[o for o in question().to_json()["options"] if o["kind"] != RECOMMENDED]]})
     with pytest.raises(AnswerRefused, match="cap 100 is refused: the run's cap is already 4,096"):
-        decide(forged, ["Continue at 100 tokens (recommended)"], {}, responded_by="r", responded_at=WHEN)
+        decision_of_answer(forged, ["Continue at 100 tokens (recommended)"], {}, responded_by="r", responded_at=WHEN)
 
 
 def test_no_typed_cap_is_offered_when_none_fits_above_the_current_one() -> None:

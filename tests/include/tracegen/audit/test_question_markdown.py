@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from markdown_it import MarkdownIt
 
-from tracegen.audit.review import PILOT, CapQuestion, markdown_text
+from tracegen.audit.cap_question import PILOT, CapQuestion, markdown_text
 
 HOSTILE_KEY = "runs/x`](https://evil.test/)` *b* <img src=x> | ~~s~~ &amp;/pilot-report.html"
 HOSTILE_URI = f"s3://bucket/{HOSTILE_KEY}"

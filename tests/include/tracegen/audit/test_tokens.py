@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracegen.audit.tokens import account_lines, token_account
+from tracegen.audit.token_account import account_lines, token_account
 
 
 def _frame(rows):

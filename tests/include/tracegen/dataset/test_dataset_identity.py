@@ -21,7 +21,7 @@ from engine_support.helpers import ROOT, endpoints, make_config, prepare, root_o
 
 from tracegen.dataset.blocks import DatasetBlockChangedError, DatasetChangedError
 from tracegen.generate.chunk import run_chunk
-from tracegen.run.records import latest_run
+from tracegen.run.run_record import latest_run
 from tracegen.store.storage import open_storage
 
 N_ROWS = 12
@@ -129,7 +129,7 @@ def test_records_without_a_version_still_read_and_check(tmp_path, sim_server):
     """A run.json and index written before versions were recorded decode, and an edit is still refused
     (by the fingerprint: the file is hashed once per process)."""
     from tracegen.dataset.stored import DATASET_INDEX_KEY, load_index
-    from tracegen.run.spec import RunSpec
+    from tracegen.run.run_spec import RunSpec
 
     sim = sim_server(max_running_requests=8)
     dataset = write_dataset(tmp_path / "prompts.jsonl", N_ROWS)

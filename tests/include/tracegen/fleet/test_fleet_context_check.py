@@ -14,7 +14,7 @@ from fleet_helpers import free_base_port
 from tracegen.config import ConfigError
 from tracegen.fleet import FleetConnection, FleetSpec, provision, teardown
 from tracegen.generate.chunk import check_served_context, run_pilot
-from tracegen.run.spec import FleetRef
+from tracegen.run.run_spec import FleetRef
 
 
 def _fleet(tmp_path, context_length: int) -> FleetSpec:

@@ -28,7 +28,7 @@ from tracegen.fleet import (
 from tracegen.fleet import server as fleet_server
 from tracegen.fleet.command import server_config, server_paths
 from tracegen.fleet.server import served_context_length
-from tracegen.run.spec import FleetRef
+from tracegen.run.run_spec import FleetRef
 
 
 def _other_host_key(tmp_path) -> str:

@@ -402,10 +402,11 @@ def test_s3_outage_during_commits_is_ridden_out(tmp_path, sim_server, s3, s3_uri
     dataset = write_dataset(tmp_path / "prompts.jsonl", n_rows)
     config = make_config(dataset, s3_uri, part_rows=10, part_seconds=0.1)
     prepare(config, "run-s3")
-    # Commits give up after 0.3 s, so the 1 s outage makes them fail and the engine must carry the sealed
-    # segments over to a later flush (in production the storage's own 120 s retry usually hides a blip).
+    # Commits give up after 0.3 s, so the outage (the first commit's whole attempt) makes it fail and the
+    # engine must carry the sealed segments over to a later flush (in production the storage's own 120 s
+    # retry usually hides a blip).
     output_root = OutputRoot(_s3_storage(s3_uri, 0.3))
-    eng = _engine_with_outage(config, output_root, sim, tmp_path, s3, outage_s=1.0)
+    eng = _engine_with_outage(config, output_root, sim, tmp_path, s3, outage_s=None)
     collect, engine_log = _Collect(), logging.getLogger("tracegen.generate.engine")
     engine_log.addHandler(collect)
     try:
@@ -478,16 +479,26 @@ def test_final_flush_commits_a_segment_stranded_by_an_earlier_failed_commit(tmp_
     assert not any((tmp_path / "spool").rglob("seg-*.jsonl"))
 
 
-def _engine_with_outage(config, output_root, sim, tmp_path, s3, outage_s: float):
-    """An engine whose first commit attempt starts an S3 outage of `outage_s` seconds."""
+def _engine_with_outage(config, output_root, sim, tmp_path, s3, outage_s: float | None):
+    """An engine whose first commit attempt starts an S3 outage of `outage_s` seconds, or (None) one that
+    lasts exactly that attempt: however slow the machine, that commit fails and the later ones do not."""
     eng = engine(config, "run-s3", endpoints(sim, in_flight=12), tmp_path / "spool", root=output_root)
     original = eng._commit_segment
     started = []
 
     async def commit_with_outage(final: bool = False):
-        if not started:
+        if started:
+            await original(final=final)
+            return
+        if outage_s is not None:
             started.append(s3.proxy.outage_for(outage_s))
-        await original(final=final)
+            await original(final=final)
+            return
+        started.append(s3.proxy.down())
+        try:
+            await original(final=final)
+        finally:
+            s3.proxy.up()
 
     eng._commit_segment = commit_with_outage
     return eng

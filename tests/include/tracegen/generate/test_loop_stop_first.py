@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine_support.helpers import endpoints, make_config, metric, prepare, root_of, run_engine, write_dataset
 
-from tracegen.audit.tokens import token_account
+from tracegen.audit.token_account import token_account
 from tracegen.store.current import current_rows
 from tracegen.store.records import LOOP, OK, unpack_token_ids
 

@@ -13,7 +13,7 @@ from engine_support.helpers import endpoints, make_config, metric, prepare, root
 
 from tracegen.audit.runaway_rows import find_runaways
 from tracegen.audit.stats import gate_counts
-from tracegen.audit.tokens import token_account
+from tracegen.audit.token_account import token_account
 from tracegen.export import export_dataset
 from tracegen.run import plan
 from tracegen.store.current import current_rows

@@ -24,7 +24,7 @@ from engine_support.helpers import (
 )
 
 from tracegen.audit.stats import gate_counts
-from tracegen.generate.engine import PILOT_CHUNK
+from tracegen.generate.engine import PILOT_CHUNK, ChunkOptions
 from tracegen.generate.measure import (
     MEASURE_CHUNK,
     choose_cap,
@@ -34,7 +34,7 @@ from tracegen.generate.measure import (
     worst_case_tokens,
 )
 from tracegen.run import plan
-from tracegen.run.report import audit_and_report
+from tracegen.run.run_report import audit_and_report
 from tracegen.sglang.client import ClientConfig
 from tracegen.store.current import current_rows
 from tracegen.store.records import OK, unpack_token_ids
@@ -45,9 +45,9 @@ REQS, GEN_TOKENS = "sglang:num_requests_total", "sglang:generation_tokens_total"
 N_ROWS, PILOT = 200, 160
 
 
-def _engine_options(config):
+def _options(tmp_path, config):
     cc = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts, **FAST_CLIENT)
-    return {"client_config": cc, "progress_interval_s": 3600}
+    return ChunkOptions(spool_dir=str(tmp_path / "spool"), client_config=cc, progress_interval_s=3600)
 
 
 def _pilot_run(tmp_path, sim, **params):
@@ -80,8 +80,7 @@ def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new
     gate_before = gate_counts(root.snapshots.frame(), 4096)
 
     sent, tokens = metric(sim.url, REQS), metric(sim.url, GEN_TOKENS)
-    m = measure_tail(spec, context_length=None, endpoints=servers, spool_dir=str(tmp_path / "spool"),
-                     engine_options=_engine_options(config))
+    m = measure_tail(spec, context_length=None, endpoints=servers, options=_options(tmp_path, config))
     sent, tokens = metric(sim.url, REQS) - sent, metric(sim.url, GEN_TOKENS) - tokens
     assert m.cap == 16384 and "is over the 5.0% threshold" in m.trigger
     assert set(m.indices) == truncated
@@ -109,8 +108,7 @@ def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new
 
     # A retried task takes up the stored decision and sends nothing more.
     before = metric(sim.url, REQS)
-    again = measure_tail(spec, context_length=None, endpoints=servers, spool_dir=str(tmp_path / "spool"),
-                         engine_options=_engine_options(config))
+    again = measure_tail(spec, context_length=None, endpoints=servers, options=_options(tmp_path, config))
     assert again.cap == 16384 and again.indices == m.indices and metric(sim.url, REQS) == before
     assert _rows(root, MEASURE_CHUNK).keys() == measured.keys()
 
@@ -133,8 +131,7 @@ def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new
 def test_the_pilot_report_reads_the_measured_rows(tmp_path, sim_server):
     sim = sim_server(**SIM)
     config, spec, servers, pilot = _pilot_run(tmp_path, sim, measure_budget_tokens=1_000_000_000)
-    measure_tail(spec, context_length=None, endpoints=servers, spool_dir=str(tmp_path / "spool"),
-                 engine_options=_engine_options(config))
+    measure_tail(spec, context_length=None, endpoints=servers, options=_options(tmp_path, config))
     outcome = audit_and_report(spec, name="pilot-report", indices=pilot)
     assert outcome.verdict == "stop"
     report = json.loads(root_of(config).run_files.get(spec.run_id, "pilot-report.json"))
@@ -167,8 +164,7 @@ def test_a_budget_short_of_the_top_cap_takes_every_row_to_a_lower_one(tmp_path, 
     spec = prepare(make_config(tmp_path / "prompts.jsonl", tmp_path / "out", max_tokens=4096, pilot_size=PILOT,
                                measure_budget_tokens=budget), "run-budget")
     tokens = metric(sim.url, GEN_TOKENS)
-    m = measure_tail(spec, context_length=None, endpoints=servers, spool_dir=str(tmp_path / "spool"),
-                     engine_options=_engine_options(config))
+    m = measure_tail(spec, context_length=None, endpoints=servers, options=_options(tmp_path, config))
     assert m.cap == 8192 and set(m.indices) == truncated and "over the budget" in m.reason
     assert metric(sim.url, GEN_TOKENS) - tokens == m.outcome["new_tokens"] <= budget
     measured = _rows(root, MEASURE_CHUNK)
@@ -178,7 +174,8 @@ def test_a_budget_short_of_the_top_cap_takes_every_row_to_a_lower_one(tmp_path, 
 def test_no_measurement_within_the_threshold_or_when_never(tmp_path, sim_server):
     sim = sim_server(**SIM)
     config, spec, servers, _ = _pilot_run(tmp_path, sim, truncation_threshold=0.9)
-    m = measure_tail(spec, context_length=None, endpoints=servers, spool_dir=str(tmp_path / "spool"))
+    m = measure_tail(spec, context_length=None, endpoints=servers,
+                     options=ChunkOptions(spool_dir=str(tmp_path / "spool")))
     assert m.cap is None and m.indices == [] and "within the threshold" in m.reason
     never = prepare(make_config(tmp_path / "prompts.jsonl", tmp_path / "out", max_tokens=4096, pilot_size=PILOT,
                                 measure_tail="never"), "run-never")

@@ -22,9 +22,10 @@ from engine_support.helpers import (
 
 from tracegen.audit.runaway_rows import TAILS, find_runaways
 from tracegen.export import export_dataset
+from tracegen.generate.engine import ChunkOptions
 from tracegen.generate.resample import resample_runaways
 from tracegen.run import RESAMPLE_CHUNK, plan
-from tracegen.run.report import audit_and_report
+from tracegen.run.run_report import audit_and_report
 from tracegen.sglang.client import ClientConfig
 from tracegen.store.commits import Commits
 from tracegen.store.current import current_rows
@@ -149,10 +150,9 @@ def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(t
     config = make_config(dataset, out, max_tokens=CAP, runaway_policy="resample")
     spec = prepare(config, "run-resample")
     cc = ClientConfig(request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts, **FAST_CLIENT)
-    options = {"client_config": cc, "progress_interval_s": 3600}
+    options = ChunkOptions(spool_dir=str(tmp_path / "spool"), client_config=cc, progress_interval_s=3600)
     sent = metric(sim.url, REQS)
-    done = resample_runaways(spec, endpoints=endpoints(sim, in_flight=32), spool_dir=str(tmp_path / "spool"),
-                             engine_options=options)
+    done = resample_runaways(spec, endpoints=endpoints(sim, in_flight=32), options=options)
     assert metric(sim.url, REQS) - sent == len(runaways) == done["rows"] == done["generated"]
     root = root_of(config)
     frame = root.snapshots.frame()
@@ -177,8 +177,7 @@ def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(t
         assert set(sources["part"]) <= set(fresh["part"]) and set(sources["index"]) == cut_again
     # Once each: a second call (a retried task, a later run) sends nothing.
     sent = metric(sim.url, REQS)
-    again = resample_runaways(spec, endpoints=endpoints(sim, in_flight=32), spool_dir=str(tmp_path / "spool"),
-                              engine_options=options)
+    again = resample_runaways(spec, endpoints=endpoints(sim, in_flight=32), options=options)
     assert again["rows"] == 0 and metric(sim.url, REQS) == sent
     # ... and a second fresh sample of the same row would be: the invariant check names it.
     resampled = next(k for k in root.commits.entries() if f"c{RESAMPLE_CHUNK:05d}" in k)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fixtures.notify_receivers import LOGIN, mail_connection, notification_receivers, webhook_connection
 
-from tracegen.audit.review import PILOT, CapDecision, CapQuestion
+from tracegen.audit.cap_question import PILOT, CapDecision, CapQuestion
 from tracegen.review.notify import ASSIGNED_USERS_ENV, NOTIFY_ENV, QuestionNotifier
 
 BASE_URL = "http://airflow.example.test:8080"
@@ -134,7 +134,7 @@ def test_nothing_to_ask_and_a_raise_passed_through_tell_nobody(receivers) -> Non
 def test_a_refused_answer_asks_again_without_telling_everyone_again(receivers) -> None:
     import datetime as dt
 
-    from tracegen.audit.review import OTHER
+    from tracegen.audit.cap_question import OTHER
 
     task = review_task()
     asked_again: list[Any] = []

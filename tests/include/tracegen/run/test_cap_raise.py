@@ -9,7 +9,7 @@ import json
 import pytest
 from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
-from tracegen.audit.review import RAISE, CapDecision
+from tracegen.audit.cap_question import RAISE, CapDecision
 from tracegen.run.cap_raise import (
     CapRaise,
     RaiseFacts,
@@ -23,7 +23,7 @@ from tracegen.run.cap_raise import (
     variable_key,
 )
 from tracegen.run.decision import apply
-from tracegen.run.records import read_run_record
+from tracegen.run.run_record import read_run_record
 
 CONTEXT = 40_960
 

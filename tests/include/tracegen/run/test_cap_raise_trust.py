@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from engine_support.helpers import make_config, prepare, write_dataset
 
 from tracegen import steps
-from tracegen.audit.review import CAP_FIELD, OTHER, PILOT, CapQuestion, decide
+from tracegen.audit.cap_question import CAP_FIELD, OTHER, PILOT, CapQuestion, decision_of_answer
 from tracegen.common import dag_ids
 from tracegen.run.cap_raise import (
     ANSWERING_KEY,
@@ -239,7 +239,7 @@ def _answered(af: Airflow, monkeypatch, *, by: str, cap: int = 12_000) -> dict[s
     question = CapQuestion(run_id="run-1", trigger=PILOT, current_cap=4096, recommended_cap=9216, max_cap=40_959,
                            context_length=CONTEXT, truncated_policy="extend", verdict={}, cap_rows=[],
                            confidence=0.95, throughput=None, report_uri="", report_url=None, timeout_minutes=60.0)
-    answer = decide(question, [question.option_label(OTHER)], {CAP_FIELD: cap}, responded_by=by,
+    answer = decision_of_answer(question, [question.option_label(OTHER)], {CAP_FIELD: cap}, responded_by=by,
                     responded_at="2026-11-30T10:00:05+00:00")
     af.in_generate_task()
     return CapReviewOperator(task_id="review_cap", question=None)._as_raise(answer, {"id": by, "name": by},

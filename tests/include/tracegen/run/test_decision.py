@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from engine_support.helpers import make_config, prepare, rerun_work, root_of, write_dataset
 
-from tracegen.audit.review import (
+from tracegen.audit.cap_question import (
     CURRENT,
     DRIFT,
     OTHER,
@@ -22,16 +22,16 @@ from tracegen.audit.review import (
     AnswerRefused,
     CapDecision,
     CapQuestion,
-    decide,
+    decision_of_answer,
 )
 from tracegen.config import RunConfig
 from tracegen.generate.gate_watch import continuous_sample
 from tracegen.run import QUESTION_FILE, RUN_FILE
 from tracegen.run.decision import GATE_REPORT, apply, ask, rows_held
 from tracegen.run.plan import chunks_with_work, pilot_indices
-from tracegen.run.records import read_run_record, stopped_at_gate
-from tracegen.run.report import audit_and_report
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_record import read_run_record, stopped_at_gate
+from tracegen.run.run_report import audit_and_report
+from tracegen.run.run_spec import RunSpec
 from tracegen.run.while_asking import WhileAsking, account_text, provisional, provisional_cap
 from tracegen.store.records import FAILED, OK, GeneratedRow
 from tracegen.store.storage import StorageKeyError
@@ -88,7 +88,7 @@ def ask_pilot(spec: RunSpec) -> CapQuestion:
 
 
 def answer(question: CapQuestion, kind: str, cap=None, **kw) -> CapDecision:
-    return decide(question, [question.option_label(kind)], {"cap": cap}, responded_by=kw.pop("who", "reviewer"),
+    return decision_of_answer(question, [question.option_label(kind)], {"cap": cap}, responded_by=kw.pop("who", "reviewer"),
                   responded_at=WHEN, **kw)
 
 
@@ -164,7 +164,7 @@ def test_another_cap_the_current_cap_stop_and_a_timeout(tmp_path) -> None:
     assert current.cap == 4096 and spec.decided(current).config.gate_mode == "warn"  # accepted: the gate only warns
     stop = answer(question, STOP)
     assert stop.cap is None and not stop.continues
-    timed_out = decide(question, [question.option_label(STOP)], {"cap": None}, responded_by=None,
+    timed_out = decision_of_answer(question, [question.option_label(STOP)], {"cap": None}, responded_by=None,
                        responded_at=WHEN, timed_out=True)
     assert timed_out.timed_out and timed_out.responded_by is None and "nobody answered" in timed_out.summary()
 
@@ -191,18 +191,18 @@ def test_another_cap_the_current_cap_stop_and_a_timeout(tmp_path) -> None:
 def test_answers_the_run_cannot_act_on_are_refused_saying_why(tmp_path, kind, params, message) -> None:
     question = ask_pilot(pilot_stopped_run(tmp_path))
     with pytest.raises(AnswerRefused) as info:
-        decide(question, [question.option_label(kind)], params, responded_by="r", responded_at=WHEN)
+        decision_of_answer(question, [question.option_label(kind)], params, responded_by="r", responded_at=WHEN)
     assert message in str(info.value)
 
 
 def test_unknown_or_several_options_are_refused(tmp_path) -> None:
     question = ask_pilot(pilot_stopped_run(tmp_path))
     with pytest.raises(AnswerRefused, match="'Continue at 99 tokens' is not one of this question's options"):
-        decide(question, ["Continue at 99 tokens"], {}, responded_by="r", responded_at=WHEN)
+        decision_of_answer(question, ["Continue at 99 tokens"], {}, responded_by="r", responded_at=WHEN)
     with pytest.raises(AnswerRefused, match="choose exactly one option"):
-        decide(question, question.labels[:2], {}, responded_by="r", responded_at=WHEN)
+        decision_of_answer(question, question.labels[:2], {}, responded_by="r", responded_at=WHEN)
     # A typed cap within range is taken as an integer whatever JSON number type carried it.
-    assert decide(question, [question.option_label(OTHER)], {"cap": 9000.0}, responded_by="r",
+    assert decision_of_answer(question, [question.option_label(OTHER)], {"cap": 9000.0}, responded_by="r",
                   responded_at=WHEN).cap == 9000
 
 
@@ -213,7 +213,7 @@ def test_no_recommended_option_when_the_servers_cannot_take_it(tmp_path) -> None
     assert [o.kind for o in question.options] == [OTHER, CURRENT, STOP]
     assert "(over the context)" in question.body and "[Open the report]" not in question.body
     with pytest.raises(AnswerRefused, match="enter at most 4,499"):
-        decide(question, [question.option_label(OTHER)], {"cap": 8192}, responded_by="r", responded_at=WHEN)
+        decision_of_answer(question, [question.option_label(OTHER)], {"cap": 8192}, responded_by="r", responded_at=WHEN)
 
 
 def test_nothing_is_asked_when_no_gate_held_the_run(tmp_path) -> None:

@@ -24,7 +24,7 @@ from engine_support.helpers import (
 from tracegen.generate.gate_watch import continuous_gate, continuous_sample
 from tracegen.run import QUESTION_FILE, RUN_FILE
 from tracegen.run.rerun import RerunRefused, RerunWork, run_for_rerun, unfinished_work
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_spec import RunSpec
 from tracegen.store.lease import LEASE_PREFIX, RootHeld, RootLease, fresh_holders, holding_root
 from tracegen.store.records import OK, GeneratedRow
 from tracegen.store.storage import open_storage

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from engine_support.helpers import make_config, prepare, write_dataset
 
-from tracegen.audit.review import CAP_FIELD, PILOT, CapQuestion
+from tracegen.audit.cap_question import CAP_FIELD, PILOT, CapQuestion
 from tracegen.common.http_connection import ConnectionMisconfigured
 from tracegen.review.notify import ASSIGNED_USERS_ENV, assigned_users
 from tracegen.run.api_answer import AnswerFailed

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
-import tracegen.run.report as report_module
-from tracegen.audit.review import PILOT, CapDecision
-from tracegen.run.records import read_run_record
+import tracegen.run.run_report as report_module
+from tracegen.audit.cap_question import PILOT, CapDecision
+from tracegen.run.run_record import read_run_record
 from tracegen.store.layout import MEASURE_CHUNK, RESAMPLE_CHUNK
 from tracegen.store.records import FAILED, INVALID, OK, REJECTED, GeneratedRow, pack_token_ids
 

@@ -10,13 +10,13 @@ import pytest
 from engine_support.helpers import fleet_ref, make_config, write_dataset
 
 from tracegen import steps
-from tracegen.audit.review import OTHER, CapDecision
+from tracegen.audit.cap_question import OTHER, CapDecision
 from tracegen.config import RUN_ID_PATTERN, ConfigError, safe_run_id
 from tracegen.params import default_params
 from tracegen.review.access import AirflowRun
 from tracegen.run import RUN_FILE
 from tracegen.run.prepare import prepare_run
-from tracegen.run.records import read_run_record, write_run_record
+from tracegen.run.run_record import read_run_record, write_run_record
 from tracegen.store.root import open_root
 
 EARLIER = "manual__2026-12-03T12:00:56.997472+00:00"  # as Airflow names a run triggered from the UI
@@ -79,7 +79,7 @@ def test_a_chosen_run_id_does_not_take_over_another_runs_record(tmp_path, monkey
 
 
 def test_a_run_of_the_earlier_id_form_keeps_its_record_and_new_runs_get_their_own(tmp_path, monkeypatch) -> None:
-    from tracegen.run.records import stored_run_id
+    from tracegen.run.run_record import stored_run_id
 
     config = make_config(write_dataset(tmp_path / "d.jsonl", 40), tmp_path / "out", chunk_size=100)
     record = _earlier_run_stored_as_before(config)
@@ -105,7 +105,7 @@ def test_a_run_of_the_earlier_id_form_keeps_its_record_and_new_runs_get_their_ow
 def test_a_first_record_is_created_exclusively(tmp_path) -> None:
     """Of two first tasks writing one `runs/<id>/`, the second is refused whatever it names, and one of the
     same Airflow run (a retry) replaces its own record."""
-    from tracegen.run.records import RunRecordTaken, create_run_record
+    from tracegen.run.run_record import RunRecordTaken, create_run_record
 
     config = make_config(write_dataset(tmp_path / "d.jsonl", 10), tmp_path / "out")
     spec, _ = prepare_run(config, "shared", fleet_ref(), airflow_run_id="run-a")

@@ -19,8 +19,8 @@ from engine_support.helpers import (
 
 from tracegen.fleet.sources import FleetChangedError, reference, resolve
 from tracegen.run import RUN_FILE
-from tracegen.run.records import latest_run, read_run_record
-from tracegen.run.spec import RunSpec, RunSpecError
+from tracegen.run.run_record import latest_run, read_run_record
+from tracegen.run.run_spec import RunSpec, RunSpecError
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
 from tracegen.review.read_model import gate_stage
 from tracegen.run import PILOT_REPORT, QUESTION_FILE, RUN_FILE
-from tracegen.run.records import stage_of, stopped_at_gate
+from tracegen.run.run_record import stage_of, stopped_at_gate
 from tracegen.run.stage import ASKING, GOING, STOPPED, run_stage
 from tracegen.status import dataset_status, format_status
 
@@ -57,7 +57,7 @@ def test_every_stage_is_read_the_same_by_every_reader(tmp_path, mode, pilot, ask
 
 
 def _decision(continues: bool):
-    from tracegen.audit.review import CapDecision
+    from tracegen.audit.cap_question import CapDecision
 
     return CapDecision(trigger="pilot", option="x", kind="recommended" if continues else "stop", from_cap=4096,
                        cap=8192 if continues else None, responded_by="Ada", responded_at="2026-12-01T00:00:00+00:00",

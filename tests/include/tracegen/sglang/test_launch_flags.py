@@ -10,9 +10,9 @@ import pytest
 from fixtures import sglang_reference as sglang_ref
 
 from tracegen.fleet import FleetSpec, FleetSpecError
-from tracegen.run.spec import FleetRef
+from tracegen.run.run_spec import FleetRef
 from tracegen.sglang import launch_flags
-from tracegen.simulator.cli import launch_refusal as stand_in_refusal
+from tracegen.simulator.launch_args import launch_refusal as stand_in_refusal
 
 
 def test_the_pinned_sglang_is_installed_and_the_table_is_its_own():

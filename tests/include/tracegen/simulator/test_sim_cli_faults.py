@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from tracegen.simulator.cli import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_RUNNING, parse_args
 from tracegen.simulator.faults import ABORT, CRASH, DROP, ERROR, HANG, PASS, FaultConfig, FaultInjector
+from tracegen.simulator.launch_args import DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_RUNNING, parse_args
 
 
 def test_defaults_resolve_like_sglang():

@@ -1,7 +1,7 @@
 """The gate's question to a reviewer, and the decision an answer makes: plain data, no Airflow.
 
 Under gate_mode=ask a run whose truncation is over the threshold (at the pilot, or drifting there
-mid-run) pauses at a question built here from the report JSON its audit wrote (`run.report`): the
+mid-run) pauses at a question built here from the report JSON its audit wrote (`run.run_report`): the
 verdict, the cap table (truncation with its interval, tokens per row, ETA, GPU time) and where the report
 is. The options are fixed in kind (`RECOMMENDED`, `OTHER`, `CURRENT`, `STOP`) and labelled with this
 run's caps. An answer (one option, and for `OTHER` the cap typed in the form) becomes a `CapDecision`,
@@ -306,7 +306,7 @@ def _minutes(minutes: float) -> str:
     return f"{minutes / 60:g} hours"
 
 
-def decide(
+def decision_of_answer(
     question: CapQuestion,
     chosen_options: list[str],
     params_input: dict[str, Any] | None,

@@ -26,11 +26,11 @@ from aiohttp import web
 from tracegen.simulator import protocol as p
 from tracegen.simulator.batching import AsyncBatcher, BatchEngine, StepModel
 from tracegen.simulator.chat_route import chat_completions
-from tracegen.simulator.cli import SimSettings
 from tracegen.simulator.control_routes import abort_request, get_faults, set_faults
 from tracegen.simulator.faults import FaultInjector
 from tracegen.simulator.generate_route import generate
 from tracegen.simulator.info_routes import health, metrics_endpoint, model_info, models, server_info
+from tracegen.simulator.launch_args import SimSettings
 from tracegen.simulator.middleware import auth_middleware, error_middleware
 from tracegen.simulator.state import STATE, State
 from tracegen.simulator.text_routes import (
@@ -149,7 +149,7 @@ async def serve(settings: SimSettings) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from tracegen.simulator.cli import parse_args
+    from tracegen.simulator.launch_args import parse_args
 
     settings = parse_args(sys.argv[1:] if argv is None else argv)
     _configure_logging(settings.args["log_level"])

@@ -12,7 +12,7 @@ from typing import Any
 
 from tracegen.config import legacy_run_id, safe_run_id, stored_as
 from tracegen.run import PILOT_REPORT, QUESTION_FILE, RUN_FILE
-from tracegen.run.spec import RunSpec, RunSpecError
+from tracegen.run.run_spec import RunSpec, RunSpecError
 from tracegen.run.stage import ASKING, GOING, STOPPED, run_stage
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageError, StorageKeyError

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from tracegen.audit.review import CURRENT, RAISE, CapDecision
+from tracegen.audit.cap_question import CURRENT, RAISE, CapDecision
 from tracegen.config import ConfigError, RunConfig
 from tracegen.fleet.ref import FleetRef
 from tracegen.run.plan import ChunkLayout

@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 
 from tracegen.audit import capfit, gate, length_fit, measure_report, report
-from tracegen.audit.review import RAISE
+from tracegen.audit.cap_question import RAISE
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
 from tracegen.audit.stats import AUDIT_COLUMNS, audit, censoring_arrays, gate_counts
-from tracegen.audit.tokens import token_account
+from tracegen.audit.token_account import token_account
 from tracegen.common.locations import shown_location
 from tracegen.run import plan, while_asking
-from tracegen.run.spec import RunSpec
+from tracegen.run.run_spec import RunSpec
 from tracegen.store.current import current_mask
 from tracegen.store.layout import RESAMPLE_CHUNK
 from tracegen.store.ledger_rows import ledger_rows
