@@ -53,6 +53,7 @@ from tracegen.fleet import FleetSpec  # noqa: E402
 from tracegen.fleet.sources import STREAM_INTERVAL  # noqa: E402
 from tracegen.fleet.spec import HostSpec  # noqa: E402
 from tracegen.generate.chunk import run_chunk  # noqa: E402
+from tracegen.generate.engine import ChunkOptions  # noqa: E402
 from tracegen.run.prepare import prepare_run  # noqa: E402
 from tracegen.run.run_spec import FleetRef  # noqa: E402
 from tracegen.sglang.autotune import parse_metrics  # noqa: E402
@@ -106,7 +107,7 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, s
     cpu0, wall0 = time.process_time(), time.monotonic()
     for w in work:
         run_chunk(spec, root=root, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
-                  endpoints=endpoints, spool_dir=str(spool))
+                  endpoints=endpoints, options=ChunkOptions(spool_dir=str(spool)))
     wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
     frame = root.snapshots.frame()
     account = token_account(frame)

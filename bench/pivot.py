@@ -46,6 +46,7 @@ from tracegen.config import SAMPLE_DATASET, RunConfig  # noqa: E402
 from tracegen.fleet import FleetSpec  # noqa: E402
 from tracegen.fleet.spec import HostSpec  # noqa: E402
 from tracegen.generate.chunk import run_chunk  # noqa: E402
+from tracegen.generate.engine import ChunkOptions  # noqa: E402
 from tracegen.run.prepare import prepare_run  # noqa: E402
 from tracegen.run.run_spec import FleetRef  # noqa: E402
 from tracegen.sglang.autotune import parse_metrics  # noqa: E402
@@ -90,7 +91,7 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, cap: int, policy: s
     root = open_root(config.output_uri, config.aws_conn_id)
     for w in work:
         run_chunk(spec, root=root, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
-                  endpoints=endpoints, spool_dir=str(spool))
+                  endpoints=endpoints, options=ChunkOptions(spool_dir=str(spool)))
     return generated_tokens(fleet) - before
 
 

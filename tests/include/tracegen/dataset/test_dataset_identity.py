@@ -21,6 +21,7 @@ from engine_support.helpers import ROOT, endpoints, make_config, prepare, root_o
 
 from tracegen.dataset.blocks import DatasetBlockChangedError, DatasetChangedError
 from tracegen.generate.chunk import run_chunk
+from tracegen.generate.engine import ChunkOptions
 from tracegen.run.run_record import latest_run
 from tracegen.store.storage import open_storage
 
@@ -45,7 +46,7 @@ def _generate(config, run_id, sim, spool, indices):
     spec = latest_run(root, config.aws_conn_id)
     assert spec is not None and spec.run_id == run_id
     return run_chunk(spec, root=root, chunk=0, label="chunk 0", indices=indices, endpoints=endpoints(sim),
-                     spool_dir=str(spool))
+                     options=ChunkOptions(spool_dir=str(spool)))
 
 
 def _committed(config) -> list[str]:

@@ -16,7 +16,7 @@ from tracegen.sglang.autotune import (
     InFlightLimit,
     Observation,
     TunePolicy,
-    decide,
+    next_limit,
     parse_metrics,
 )
 from tracegen.sglang.client import ChatRequest, ClientConfig, Sampling, SGLangClient
@@ -35,42 +35,42 @@ def obs(**kw) -> Observation:
 
 def test_bad_default_jumps_to_fill_the_batch_plus_headroom_in_one_step():
     # Client uses its whole limit of 8; the server runs 8 of 64 with no queue: fill 56 more + 32 queued.
-    assert decide(obs(running=8, own_in_flight=8, limit=8), POLICY) == 8 + 56 + 32
+    assert next_limit(obs(running=8, own_in_flight=8, limit=8), POLICY) == 8 + 56 + 32
 
 
 def test_growth_is_at_least_doubling_when_the_batch_size_is_unknown():
-    assert decide(obs(running=8, own_in_flight=8, limit=8, max_running=None), POLICY) == 16
+    assert next_limit(obs(running=8, own_in_flight=8, limit=8, max_running=None), POLICY) == 16
 
 
 def test_a_client_in_its_tail_does_not_grow():
     # Server under-fed, but this client holds fewer requests than its limit: it has nothing more to send.
-    assert decide(obs(running=10, own_in_flight=10, limit=96), POLICY) == 96
+    assert next_limit(obs(running=10, own_in_flight=10, limit=96), POLICY) == 96
 
 
 def test_full_batch_with_the_target_queue_holds():
-    assert decide(obs(running=64, queued=32, own_in_flight=96, limit=96), POLICY) == 96
+    assert next_limit(obs(running=64, queued=32, own_in_flight=96, limit=96), POLICY) == 96
     # Anywhere between the target and shrink_at x target is the dead band: no flapping.
-    assert decide(obs(running=64, queued=60, own_in_flight=96, limit=96), POLICY) == 96
+    assert next_limit(obs(running=64, queued=60, own_in_flight=96, limit=96), POLICY) == 96
 
 
 def test_thin_queue_behind_a_full_batch_is_topped_up():
     # Another client's tail left only 10 queued of the 32 wanted: this client adds the 22 missing.
-    assert decide(obs(running=64, queued=10, own_in_flight=80, limit=80), POLICY) == 102
+    assert next_limit(obs(running=64, queued=10, own_in_flight=80, limit=80), POLICY) == 102
 
 
 def test_overfed_server_shrinks_by_this_clients_share_of_the_excess():
     # 64 running + 192 queued, target 32: excess 160; this client holds half of the 256 outstanding.
-    assert decide(obs(running=64, queued=192, own_in_flight=128, limit=128), POLICY) == 128 - 80
+    assert next_limit(obs(running=64, queued=192, own_in_flight=128, limit=128), POLICY) == 128 - 80
 
 
 def test_a_cut_that_has_not_drained_yet_is_not_cut_again():
     # Six chunk tasks started together on a 64-slot server, 128 each: one cut, then hold while the
     # requests sent before it drain (the queue lags the cut). Cutting on every poll drove all to 1.
-    first = decide(obs(running=64, queued=704, own_in_flight=128, limit=128), POLICY)
+    first = next_limit(obs(running=64, queued=704, own_in_flight=128, limit=128), POLICY)
     assert first == 128 - math.ceil((704 - 32) * 128 / 768)
-    assert decide(obs(running=64, queued=650, own_in_flight=120, limit=first), POLICY) == first
+    assert next_limit(obs(running=64, queued=650, own_in_flight=120, limit=first), POLICY) == first
     # A client in its tail gives back from what it holds, not from a limit it no longer uses.
-    assert decide(obs(running=64, queued=192, own_in_flight=40, limit=128), POLICY) == 40 - math.ceil(160 * 40 / 256)
+    assert next_limit(obs(running=64, queued=192, own_in_flight=40, limit=128), POLICY) == 40 - math.ceil(160 * 40 / 256)
 
 
 def test_a_chunk_task_joining_full_servers_trickles_until_the_others_drain():
@@ -79,9 +79,9 @@ def test_a_chunk_task_joining_full_servers_trickles_until_the_others_drain():
     # the queue it tops up, and when the batch runs short it takes the whole deficit.
     start = RunConfig(dataset_uri="/d.jsonl", output_uri="/out").autotune_start_in_flight
     assert start <= 64 // 8, "the start must be a trickle against a 64-slot batch, not a batch"
-    assert decide(obs(running=64, queued=40, own_in_flight=start, limit=start), POLICY) == start
-    assert decide(obs(running=64, queued=12, own_in_flight=start, limit=start), POLICY) == start + 20
-    assert decide(obs(running=30, own_in_flight=start, limit=start), POLICY) == start + 34 + 32
+    assert next_limit(obs(running=64, queued=40, own_in_flight=start, limit=start), POLICY) == start
+    assert next_limit(obs(running=64, queued=12, own_in_flight=start, limit=start), POLICY) == start + 20
+    assert next_limit(obs(running=30, own_in_flight=start, limit=start), POLICY) == start + 34 + 32
     # The chunk engine's servers start there; a fixed limit is used as it is.
     config = RunConfig(dataset_uri="/d.jsonl", output_uri="/out", max_in_flight_per_server=96)
     assert starting_in_flight(config) == start
@@ -90,13 +90,13 @@ def test_a_chunk_task_joining_full_servers_trickles_until_the_others_drain():
 
 def test_shrinking_never_goes_below_the_floor_and_growth_stops_at_the_ceiling():
     policy = TunePolicy(floor=4, ceiling=100)
-    assert decide(obs(running=64, queued=5000, own_in_flight=8, limit=8), policy) == 4
-    assert decide(obs(running=1, own_in_flight=90, limit=90), policy) == 100
+    assert next_limit(obs(running=64, queued=5000, own_in_flight=8, limit=8), policy) == 4
+    assert next_limit(obs(running=1, own_in_flight=90, limit=90), policy) == 100
 
 
 def test_kv_bound_server_counts_as_saturated():
     # Fewer running than max but a queue: memory, not slots, is the bound. Do not grow past the target.
-    assert decide(obs(running=40, queued=32, own_in_flight=72, limit=72), POLICY) == 72
+    assert next_limit(obs(running=40, queued=32, own_in_flight=72, limit=72), POLICY) == 72
 
 
 @pytest.mark.parametrize(
