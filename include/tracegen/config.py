@@ -299,9 +299,11 @@ class RunConfig:
     repetition_penalty: float = _rule(Float(0.0, 2.0, low_open=True, title="Repetition penalty",
                                             description="Above 1 discourages tokens already in the prompt or "
                                             "the output; 1: none."), 1.0)
-    # True: where the servers stream incrementally, every generation is streamed and stopped once it loops
-    # (tracegen.audit.loop_stop), committed as a runaway; False: every request runs to its end.
-    stop_loops: bool = _rule(Flag(), True)
+    stop_loops: bool = _rule(Flag(
+        title="Stop looping rows",
+        description="Where the servers stream incrementally, stream every generation and stop it once it "
+        "loops (committed as a runaway, never continued); off: every row is asked of the chat route whole "
+        "and runs to its end or the cap."), True)
     chunk_size: int = _rule(Int(
         10, 1_000_000, zero_ok=True, title="Chunk size",
         description="Rows per mapped generation task (at least 10); 0 chooses it: four batches of the whole "

@@ -156,6 +156,7 @@ def test_the_trigger_form_accepts_exactly_what_the_run_config_accepts(dagbag):
         "measure_tail": ["auto", "always", "never", "", "AUTO"],
         "measure_budget_tokens": [-1, 0, 1, 999, 1_000, 100_000_000_000, 100_000_000_001, 1.5],
         "runaway_policy": ["drop", "resample", "keep", "ignore"],
+        "stop_loops": [True, False, "true", 1, None],
         "while_asking": ["recommended", "current", "idle", "", "wait"],
         "while_asking_budget_pct": [-0.1, 0, 25, 100, 100.5, "25"],
         "dataset_uri": ["", "relative/prompts.jsonl", "/abs/prompts.jsonl", "file:///abs/p.jsonl", "s3://bucket/k",
