@@ -273,7 +273,7 @@ def fit_lengths(
     ``runaway[i]`` (optional) that it hit it looping (`tracegen.audit.runaway`), so no cap would finish it.
     A row that stopped by itself is never a runaway, whatever ``runaway`` says.
 
-    The measured cap is the highest cap rows were truncated at, provided that at every lower cap that
+    The measured cap is the highest cap non-looping rows were truncated at, provided that at every lower cap that
     truncated rows, at least ``min_at_risk`` rows were followed beyond it (a pilot's truncated rows extended to a
     higher cap; rows generated under a higher cap): Kaplan-Meier needs rows beyond a censoring point to speak
     for the rows censored there."""
@@ -314,7 +314,9 @@ def fit_lengths(
                                                                    if ly.size > 1 else 0.5, 0.05)))
     mu, sigma = lognormal_mle(ly, counts[unc], lc, counts[cen], start)
 
-    caps = sorted({int(v) for v in values[kind > 0]})
+    # Caps that cut natural rows. A looping row is the floor, not a censored natural length: one stopped
+    # while it loops ends wherever the stop came (4,095 tokens, say), which is no cap anything was measured to.
+    caps = sorted({int(v) for v in values[kind == 1]})
     nr = np.where(kind == 2, 0.0, counts)
     beyond = nr.sum() - np.cumsum(nr)  # non-looping rows with a value above each group's
     if caps:

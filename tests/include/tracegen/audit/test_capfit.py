@@ -236,6 +236,27 @@ def test_runaways_are_a_floor_the_recommendation_does_not_chase():
     assert fit_lengths(observed, censored, runaway=np.ones(total.size, dtype=bool), bootstrap=0).n_runaway == censored.sum()
 
 
+def test_loops_stopped_below_the_cap_are_no_cap_the_rows_were_measured_to():
+    # A pilot whose truncated rows were all continued until they finished, and whose looping rows were stopped
+    # wherever their loop was noticed (the last at 4,095 tokens). No natural row is cut anywhere, so every cap
+    # is observed: a stop point is not a cap, and taking the highest for one made the table "measured up to
+    # 4,095" and every cap above it modelled, with intervals no cap could meet.
+    model, drawn, total = stand_in_pilot("lognormal", 3, runaway_rate=0.05)
+    loops = np.array([d.sample.runaway for d in drawn])
+    assert loops.sum() >= 30
+    stops = np.linspace(1000, 4095, int(loops.sum())).astype(np.int64)
+    observed = total.copy()
+    observed[loops] = stops
+    fit = fit_lengths(observed, loops, runaway=loops, bootstrap=50)
+    assert fit.censor_caps == [] and math.isinf(fit.measured_up_to)
+    table = cap_table(fit, 4096, candidates=(8192, 16384))
+    natural = total[~loops]
+    for row in table.rows:
+        assert row.basis == "observed"
+        assert row.truncation_excluding_runaways == pytest.approx((natural > row.cap).mean() * (1 - loops.mean()),
+                                                                  abs=1e-9)
+
+
 @pytest.mark.parametrize("kind", ["logt", "bimodal"])
 def test_modelled_interval_covers_the_truth_beyond_the_measured_cap(kind):
     # Measured to 8192, 16384 modelled (fixed seeds, 8 pilots): the envelope of the tail families covers the truth
