@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -135,11 +136,15 @@ def test_no_package_imports_one_above_it() -> None:
     assert climbs() == []
 
 
-def test_the_layer_check_catches_a_planted_climb(tmp_path: Path) -> None:
-    import shutil
-
+def _package_copy(tmp_path: Path) -> Path:
+    """The package's source copied under `tmp_path`, to plant an import in (data files left out)."""
     copy = tmp_path / "tracegen"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json"))
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json", "*.npz"))
+    return copy
+
+
+def test_the_layer_check_catches_a_planted_climb(tmp_path: Path) -> None:
+    copy = _package_copy(tmp_path)
     (copy / "store" / "planted.py").write_text("from tracegen.run.run_record import read_run_record\n")
     assert climbs(copy) == ["store/planted: imports tracegen.run (layer 6) from layer 10"]
 
@@ -165,10 +170,7 @@ def test_the_sglang_client_imports_nothing_of_the_store() -> None:
 
 
 def test_the_forbidden_import_check_catches_a_planted_import(tmp_path: Path) -> None:
-    import shutil
-
-    copy = tmp_path / "tracegen"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json"))
+    copy = _package_copy(tmp_path)
     (copy / "sglang" / "planted.py").write_text("def f():\n    from tracegen.store.records import GeneratedRow\n")
     assert forbidden_imports(copy) == ["sglang/planted: imports tracegen.store"]
 
@@ -195,9 +197,6 @@ def test_production_code_imports_nothing_of_the_stand_in() -> None:
 
 
 def test_the_stand_in_check_catches_a_planted_import(tmp_path: Path) -> None:
-    import shutil
-
-    copy = tmp_path / "tracegen"
-    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.jsonl.gz", "*.json", "*.npz"))
+    copy = _package_copy(tmp_path)
     (copy / "fleet" / "planted.py").write_text("def f():\n    from tracegen.simulator.batching import Batch\n")
     assert stand_in_imports(copy) == ["fleet/planted: imports tracegen.simulator"]
