@@ -8,7 +8,6 @@ slot-time can be attributed to whatever the orchestrator was doing at that momen
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,13 +18,12 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+from fixtures.ports import free_port  # noqa: E402  (re-exported for the benches that start stand-ins)
+
 MODEL = "qwen3.6-27b-sim"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_metrics(text: str) -> dict[str, float]:

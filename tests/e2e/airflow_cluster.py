@@ -23,10 +23,8 @@ import argparse
 import gzip
 import json
 import os
-import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +46,7 @@ PROJECT_DIR = Path(__file__).resolve().parents[2]
 if str(PROJECT_DIR / "tests") not in sys.path:
     sys.path.insert(0, str(PROJECT_DIR / "tests"))
 
+from fixtures.ports import free_port  # noqa: E402
 from fixtures.services import LocalServices, ServiceError, shared_local_services  # noqa: E402
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -56,32 +55,6 @@ ADMIN_USER = "admin"
 
 class ClusterError(RuntimeError):
     """A service the cluster needs is missing, or a component did not come up; the message says which."""
-
-
-def free_port(count: int = 1) -> int:
-    """A free loopback port; with count > 1, the first of `count` consecutive free ports.
-
-    Chosen below the kernel's ephemeral range (32768 and up on Linux), where no client connection takes it
-    as its source port between this check and the server's bind: a port the kernel hands out itself was
-    taken that way once, and the stand-in server then failed with "address already in use"."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20_000, 32_000 - count)
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise ClusterError(f"no {count} consecutive free loopback ports found")
 
 
 @dataclass(frozen=True)

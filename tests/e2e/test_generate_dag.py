@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from fixtures.ports import free_port
 
 from tracegen.config import SAMPLE_DATASET, RunConfig
 from tracegen.export import export_dataset
@@ -68,7 +69,7 @@ def fleet(tmp_path_factory, sshd):
     """Two stand-ins on 'GPU host' fleet_ssh, reached over SSH, stopped at the end by process group."""
     work = tmp_path_factory.mktemp("fleet")
     spec = {
-        "hosts": [{"conn_id": sshd.conn_id, "gpus": [0, 1], "base_port": free_port_pair()}],
+        "hosts": [{"conn_id": sshd.conn_id, "gpus": [0, 1], "base_port": free_port(2)}],
         "model_path": "Qwen/Qwen3.6-27B",
         "served_model_name": "qwen-test",
         "python": sys.executable,
@@ -88,25 +89,6 @@ def fleet(tmp_path_factory, sshd):
     path.write_text(json.dumps(spec))
     yield path
     teardown(FleetSpec.from_dict(spec))
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 both free (GPU 0 and GPU 1 of the fleet)."""
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            if port >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def dags_test(env, dag_id: str, conf: dict | None = None, extra_env: dict | None = None) -> subprocess.CompletedProcess:
@@ -275,7 +257,7 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow
 def test_a_bad_fleet_flag_fails_the_run_naming_it_before_anything_starts(airflow_env, dataset, fleet, tmp_path):
     # prepare_run validates the params before it writes anything, and nothing is launched before it.
     spec = json.loads(fleet.read_text())
-    port = free_port_pair()
+    port = free_port(2)
     spec["hosts"][0]["base_port"] = port
     spec["sglang_flags"]["--max-running-requests"] = "lots"
     bad_fleet = tmp_path / "bad-fleet.json"

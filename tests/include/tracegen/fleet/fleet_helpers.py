@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -64,25 +63,3 @@ def probe_spec(tmp_path: Path, conn_id: str = "local", **over) -> FleetSpec:
     data.update(over)
     return FleetSpec.from_dict(data)
 
-
-def free_base_port(gpus: list[int]) -> int:
-    """A base port whose base+gpu ports are all free right now."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base + max(gpus) > 65000:
-            continue
-        try:
-            socks = []
-            for gpu in gpus:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + gpu))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")

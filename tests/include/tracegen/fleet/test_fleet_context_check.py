@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from engine_support.helpers import committed_indices, make_config, metric, prepare, root_of, write_dataset
-from fleet_helpers import free_base_port
+from fixtures.ports import free_port
 
 from tracegen.config import ConfigError
 from tracegen.fleet import FleetConnection, FleetSpec, provision, teardown
@@ -19,7 +19,7 @@ from tracegen.run.run_spec import FleetRef
 
 def _fleet(tmp_path, context_length: int) -> FleetSpec:
     return FleetSpec.from_dict({
-        "hosts": [{"conn_id": "local", "gpus": [0], "base_port": free_base_port([0])}],
+        "hosts": [{"conn_id": "local", "gpus": [0], "base_port": free_port()}],
         "model_path": "Qwen/Qwen3-8B",
         "python": sys.executable,
         "launch_module": "tracegen.simulator",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fleet_helpers import free_base_port, is_alive, live_group_members
+from fixtures.ports import free_port
+from fleet_helpers import is_alive, live_group_members
 
 from tracegen.fleet import FleetConnection, FleetError, FleetSpec, provision, status, teardown
 from tracegen.fleet.server import model_matches
@@ -16,7 +17,7 @@ from tracegen.fleet.server import model_matches
 
 def sim_spec(tmp_path, conn_id: str, gpus=(0, 1), **over) -> FleetSpec:
     data = {
-        "hosts": [{"conn_id": conn_id, "gpus": list(gpus), "base_port": free_base_port(list(gpus))}],
+        "hosts": [{"conn_id": conn_id, "gpus": list(gpus), "base_port": free_port(max(gpus) + 1)}],
         "model_path": "Qwen/Qwen3-8B",
         "served_model_name": "qwen3-8b",
         "python": sys.executable,

@@ -14,7 +14,8 @@ import shlex
 import sys
 
 import pytest
-from fleet_helpers import HERE, free_base_port
+from fixtures.ports import free_port
+from fleet_helpers import HERE
 
 from tracegen.fleet import FleetConnection, FleetError, FleetSpec, provision
 from tracegen.fleet.server import redact, secret_forms
@@ -50,7 +51,7 @@ def test_redaction_leaves_other_text_alone_and_labels_are_not_redacted_again():
 
 
 def test_a_start_up_failure_log_tail_shows_no_spelling_of_any_secret(tmp_path):
-    port = free_base_port([0])
+    port = free_port()
     spec = FleetSpec.from_dict({
         "hosts": [{"conn_id": "local", "gpus": [0], "base_port": port}],
         "model_path": "Qwen/Qwen3-8B",
@@ -78,7 +79,7 @@ def test_a_knob_the_stand_in_refuses_fails_its_launch_with_its_own_words(tmp_pat
     # Validation judges the stand-in's flags with SGLang's checks and leaves --sim-* knobs to the stand-in:
     # the fleet file validates, and the launch fails with the stand-in's message in the log's tail.
     spec = FleetSpec.from_dict({
-        "hosts": [{"conn_id": "local", "gpus": [0], "base_port": free_base_port([0])}],
+        "hosts": [{"conn_id": "local", "gpus": [0], "base_port": free_port()}],
         "model_path": "Qwen/Qwen3-8B",
         "python": sys.executable,
         "launch_module": "tracegen.simulator",

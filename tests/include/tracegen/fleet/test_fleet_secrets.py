@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 from engine_support.helpers import ROOT, write_dataset
-from fleet_helpers import free_base_port, wait_for
+from fixtures.ports import free_port
+from fleet_helpers import wait_for
 
 from tracegen import steps
 from tracegen.fleet import FleetSpec, FleetSpecError
@@ -98,7 +99,7 @@ def test_a_referenced_secret_reaches_the_launched_server_and_nothing_else(
     monkeypatch.setenv("AIRFLOW_CONN_WANDB", json.dumps({"conn_type": "generic", "password": WANDB_KEY}))
     work_dir = tmp_path / "host-work"
     fleet_file = tmp_path / "fleet.json"
-    fleet_file.write_text(json.dumps(_fleet(sshd.conn_id, free_base_port([0]), work_dir, {
+    fleet_file.write_text(json.dumps(_fleet(sshd.conn_id, free_port(), work_dir, {
         "HF_TOKEN": {"from_variable": "hf_token"},
         "WANDB_API_KEY": {"from_connection": "wandb"},
         "HF_HUB_OFFLINE": "1",
@@ -143,7 +144,7 @@ def test_a_missing_secret_fails_the_launch_naming_the_reference_not_a_value(tmp_
     from tracegen.fleet import FleetConnection, FleetError, provision
 
     monkeypatch.delenv("AIRFLOW_VAR_NOT_THERE", raising=False)
-    spec = FleetSpec.from_dict(_fleet("local", free_base_port([0]), tmp_path / "w",
+    spec = FleetSpec.from_dict(_fleet("local", free_port(), tmp_path / "w",
                                       {"HF_TOKEN": {"from_variable": "not_there"}}))
     with FleetConnection(spec) as fleet, pytest.raises(FleetError, match="Airflow Variable 'not_there'"):
         provision(spec, fleet)

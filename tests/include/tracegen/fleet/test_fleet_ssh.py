@@ -12,7 +12,8 @@ import time
 import httpx
 import pytest
 from fixtures import sglang_reference as sglang_ref
-from fleet_helpers import free_base_port, is_alive, live_group_members, probe_spec, wait_for
+from fixtures.ports import free_port
+from fleet_helpers import is_alive, live_group_members, probe_spec, wait_for
 
 from tracegen.fleet import (
     FleetConnection,
@@ -334,7 +335,7 @@ def test_the_reference_fleet_validates_launches_over_ssh_and_sglang_starts_with_
 ):
     key = "seed-key-7f3a"
     monkeypatch.setenv("AIRFLOW_CONN_SEED_SGLANG_KEY", json.dumps({"conn_type": "generic", "password": key}))
-    base_port = free_base_port([0, 1])
+    base_port = free_port(2)
     work_dir = str(tmp_path / "fleet")
 
     # On a GPU host: validates, and SGLang's own parser starts from the exact argv of every server.

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from fixtures.notify_receivers import LOGIN, mail_connection, notification_receivers, webhook_connection
+from fixtures.ports import free_port
 
 from tracegen.audit.cap_question import PILOT, CapDecision, CapQuestion
 from tracegen.review.notify import ASSIGNED_USERS_ENV, NOTIFY_ENV, QuestionNotifier
@@ -147,12 +147,6 @@ def test_a_refused_answer_asks_again_without_telling_everyone_again(receivers) -
     assert asked_again == [[]]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
             if r.levelno == logging.WARNING and r.name == "tracegen.review.notify"]
@@ -195,7 +189,7 @@ def test_a_missing_or_malformed_connection_is_a_warning_naming_what_is_wrong(
 def test_unreachable_or_refusing_servers_are_warnings_and_the_question_is_still_asked(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    closed = _free_port()  # nothing listens there
+    closed = free_port()  # nothing listens there
     monkeypatch.setenv("AIRFLOW_CONN_Q_MAIL", json.dumps({"conn_type": "smtp", "host": "127.0.0.1", "port": closed,
                                                           "extra": {"from": "a@b.test", "to": ["c@d.test"]}}))
     monkeypatch.setenv("AIRFLOW_CONN_Q_HOOK", json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": closed,
@@ -298,7 +292,7 @@ def test_a_login_without_tls_is_refused_unless_the_connection_allows_it(
 def test_credentials_in_a_webhook_url_or_an_smtp_host_never_reach_the_task_log(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    closed = _free_port()
+    closed = free_port()
     secrets = ("hookuser", "hookpass", "tok3n-in-query", "frag-secret", "secret-path", "smtpuser", "smtppass")
     with notification_receivers() as (mail, hook):
         monkeypatch.setenv("AIRFLOW_CONN_Q_HOOK", json.dumps(
