@@ -57,6 +57,8 @@ CLOCK_SKEW_S = 60.0
 FENCE_SHARE = 0.5
 _KEY = re.compile(r"lease/([0-9a-f]{16})\.([0-9a-f]{32})\.json")
 _HOLDER_TEXT_MAX = 300
+# Taking the root gives up after this many writes of the lease in a row that each took over half a TTL.
+_SLOW_TAKES = 3
 
 
 def lease_ttl_s() -> float:
@@ -164,13 +166,26 @@ class RootLease:
 
         Holding it removes the other owners' stale leases, each only if it is still the version judged stale
         (`remove_if`): their holders, should they wake up, find their lease gone and commit nothing (`fence`).
-        One renewed meanwhile is fresh again, and we yield to it."""
-        if others := self.others():
-            return others
-        started = time.monotonic()
-        version = self.storage.swap(self.key, self._doc(), None)
-        if version is None:
-            raise StorageError(f"lease {self.storage.uri_for(self.key)} exists already (a token collision)")
+        One renewed meanwhile is fresh again, and we yield to it.
+
+        A write that waited on the root's lock (a holder stopped inside it) for over half a TTL is withdrawn
+        and the look repeated: the lease would be stale before its first renewal, and the holder it waited
+        for has just been continued and may be fresh again."""
+        for _ in range(_SLOW_TAKES):
+            if others := self.others():
+                return others
+            started = time.monotonic()
+            version = self.storage.swap(self.key, self._doc(), None)
+            if version is None:
+                raise StorageError(f"lease {self.storage.uri_for(self.key)} exists already (a token collision)")
+            if time.monotonic() - started <= self.ttl_s / 2:
+                break
+            log.warning("lease %s: its write took %.1fs of a %.0fs TTL; withdrawn, looking again",
+                        self.storage.uri_for(self.key), time.monotonic() - started, self.ttl_s)
+            self.storage.remove_if(self.key, version)
+        else:
+            raise StorageError(f"lease {self.storage.uri_for(self.key)}: {_SLOW_TAKES} writes in a row took over "
+                               f"half its {self.ttl_s:.0f}s TTL")
         self.version, self._renewed = version, started
         if not (others := self.others()):
             stale = stale_leases(self.storage, self.ttl_s, but=self.digest)

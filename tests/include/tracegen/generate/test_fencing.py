@@ -86,7 +86,7 @@ def test_a_writer_paused_past_its_lease_commits_nothing_once_another_took_the_ro
         b = start_driver(config, "run-fence", servers, spool_b, 0, N_ROWS, tmp_path, tag=f"b{rep}",
                          writer="writer B", lease_wait_s=60, env=ENV)
         # B waits for A's lease to go stale; had A been stopped inside a commit's lock, B waits for it.
-        b_alone = _finish(b, 90)
+        b_alone = _finish(b, 30)
         a.kill(signal.SIGCONT)
         rc_b, summary_b, err_b = b.wait(120)
         rc_a, summary_a, err_a = a.wait(120)

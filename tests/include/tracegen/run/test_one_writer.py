@@ -243,3 +243,32 @@ def test_a_renewal_whose_write_outlasts_the_ttl_loses_the_lease(tmp_path) -> Non
     with pytest.raises(LeaseLost):
         lease.renew()
     assert not lease.held
+
+
+@pytest.mark.parametrize("holder_meanwhile", [False, True])
+def test_a_take_whose_write_waited_past_half_the_ttl_is_withdrawn_and_looked_at_again(tmp_path, holder_meanwhile):
+    """The write that takes the root waited on the root's lock (its holder was stopped inside it) for most of a
+    TTL: the lease would be stale before its first renewal, so it is withdrawn and the root looked at again.
+    The holder it waited for, continued and fresh again, keeps the root; otherwise the second write takes it."""
+    storage = open_storage(str(tmp_path / "out"))
+    lease = RootLease(storage, "writer B", "chunk 0", ttl_s=1.0)
+    plain_swap, writes = storage.swap, []
+
+    def swap(key: str, data: bytes, expected: str | None) -> str | None:
+        writes.append(key)
+        if len(writes) == 1:
+            if holder_meanwhile:
+                RootLease(storage, "writer A", "writer A, chunk 0", ttl_s=60).acquire()
+            time.sleep(0.6)
+        return plain_swap(key, data, expected)
+
+    storage.swap = swap
+    if holder_meanwhile:
+        with pytest.raises(RootHeld, match="writer A"):
+            lease.acquire()
+        assert not lease.held and lease.key not in storage.list(LEASE_PREFIX)
+        return
+    lease.acquire()
+    assert lease.held and writes == [lease.key, lease.key]
+    lease.renew()  # fresh: the renewal counts from the second write
+    assert storage.list(LEASE_PREFIX) == [lease.key]
