@@ -15,7 +15,7 @@ import pandas as pd
 from tracegen.audit import capfit, gate, length_fit, measure_report, report
 from tracegen.audit.cap_question import RAISE
 from tracegen.audit.runaway_rows import find_runaways, runaway_counts
-from tracegen.audit.stats import AUDIT_COLUMNS, audit, censoring_arrays, gate_counts
+from tracegen.audit.stats import AUDIT_COLUMNS, AuditResult, audit, censoring_arrays, gate_counts
 from tracegen.audit.token_account import token_account
 from tracegen.common.locations import shown_location
 from tracegen.run import plan, while_asking
@@ -24,6 +24,7 @@ from tracegen.store.current import current_mask
 from tracegen.store.layout import RESAMPLE_CHUNK
 from tracegen.store.ledger_rows import ledger_rows
 from tracegen.store.records import FAILED, OK
+from tracegen.store.repair import PartDamage
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.snapshots import COMPACT_OVER
 
@@ -71,37 +72,12 @@ def audit_and_report(
     if indices is not None:
         frame = full[np.isin(full["index"].to_numpy(dtype=np.int64), indices)].reset_index(drop=True)
     result = audit(frame, config.max_tokens, run_id=spec.run_id)
-    damaged = []
-    if indices is None:
-        # The cheap form of `python -m tracegen verify`: sizes from one listing. Silent loss must show in the
-        # report that says the dataset is complete, and its verdict (gate.decide) is then `damaged`.
-        damaged = root.repair.verify_parts(deep=False)
-        for damage in damaged:
-            log.warning("damaged part %s (%s)", damage.part, damage.problem)
-            result.notes.append(
-                f"part {damage.part} no longer matches its ledger entry ({damage.problem}): its rows count as "
-                f"done but cannot be exported; `python -m tracegen verify <output root> --retire` makes them "
-                f"work again for the scheduled rerun")
-
-    table = None
-    lengths, censored = censoring_arrays(frame)
+    # The cheap form of `python -m tracegen verify` over the whole ledger: silent loss must show in the
+    # report that says the dataset is complete, and its verdict (gate.decide) is then `damaged`.
+    damaged = _damaged_parts(root, result) if indices is None else []
     runaways, runaway_scope, whole = _runaways(root, spec, frame, indices)
-    try:
-        fit = length_fit.fit_lengths(lengths, censored, bootstrap=100,
-                                     runaway=_runaway_flags(frame, runaways) if whole else None)
-    except ValueError as exc:
-        log.warning("no cap table: %s", exc)
-    else:
-        throughput = None
-        if tokens_per_s_per_gpu and tokens_per_s_per_gpu > 0:
-            remaining = int((~plan.done_mask(full, spec.dataset.n_rows, config.max_tokens,
-                                             config.truncated_policy)).sum())
-            throughput = capfit.Throughput(tokens_per_s_per_gpu, max(1, spec.fleet.gpus), remaining)
-        table = capfit.cap_table(
-            fit, config.max_tokens, context_length=context_length or config.context_length or None,
-            threshold=config.truncation_threshold, throughput=throughput,
-        )
-
+    table = _cap_table(spec, full, frame, _runaway_flags(frame, runaways) if whole else None,
+                       tokens_per_s_per_gpu, context_length)
     truncated, judged = gate_counts(frame, config.max_tokens)
     measurement = measure_report.read_measurement(root, spec.run_id)
     suggestion = gate.CapSuggestion(table.recommended_cap if table else None,
@@ -134,6 +110,39 @@ def audit_and_report(
     summary = report.summary_text(result, table, decision, measured)
     log.info("%s report: %s\n%s", name, shown_location(html_uri), summary)
     return ReportOutcome(decision.verdict, decision.reason, decision.action, json_uri, html_uri, summary)
+
+
+def _damaged_parts(root: OutputRoot, result: AuditResult) -> list[PartDamage]:
+    """The parts that no longer match their ledger entries (sizes from one listing), each noted in `result`."""
+    damaged = root.repair.verify_parts(deep=False)
+    for damage in damaged:
+        log.warning("damaged part %s (%s)", damage.part, damage.problem)
+        result.notes.append(
+            f"part {damage.part} no longer matches its ledger entry ({damage.problem}): its rows count as "
+            f"done but cannot be exported; `python -m tracegen verify <output root> --retire` makes them "
+            f"work again for the scheduled rerun")
+    return damaged
+
+
+def _cap_table(spec: RunSpec, full: pd.DataFrame, frame: pd.DataFrame, runaway: np.ndarray | None,
+               tokens_per_s_per_gpu: float | None, context_length: int | None) -> capfit.CapTable | None:
+    """The cap table of `frame`'s lengths (runaways flagged apart when the whole scope was judged), with the
+    time each cap costs the rest of the dataset when the fleet's throughput is known; None when the lengths
+    allow no fit."""
+    config = spec.config
+    lengths, censored = censoring_arrays(frame)
+    try:
+        fit = length_fit.fit_lengths(lengths, censored, bootstrap=100, runaway=runaway)
+    except ValueError as exc:
+        log.warning("no cap table: %s", exc)
+        return None
+    throughput = None
+    if tokens_per_s_per_gpu and tokens_per_s_per_gpu > 0:
+        remaining = int((~plan.done_mask(full, spec.dataset.n_rows, config.max_tokens,
+                                         config.truncated_policy)).sum())
+        throughput = capfit.Throughput(tokens_per_s_per_gpu, max(1, spec.fleet.gpus), remaining)
+    return capfit.cap_table(fit, config.max_tokens, context_length=context_length or config.context_length or None,
+                            threshold=config.truncation_threshold, throughput=throughput)
 
 
 def _example_rows(root: OutputRoot, frame: pd.DataFrame, per_outcome: int = 3) -> dict[str, list[dict[str, Any]]]:

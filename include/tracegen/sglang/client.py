@@ -380,6 +380,12 @@ class SGLangClient:
             server.tasks.discard(task)
 
         status, raw = response
+        return self._judge_answer(server, call, status, raw)
+
+    def _judge_answer(self, server: ServerState, call: _Call[T], status: int, raw: Any) -> T | _Rejected:
+        """What an answered attempt amounts to: its parsed body (ok), a `_Rejected` (the request is wrong
+        for this server), TransientError (retry) or FatalClientError (stop), the server's health recorded."""
+        pool = self._pool
         if status == 200 and call.stream is not None:
             pool.record_success(server)
             return raw
@@ -414,7 +420,6 @@ class SGLangClient:
         # server answered, so it is alive.
         server.consecutive_failures = 0
         return _Rejected(f"HTTP {status}: {message}")
-
 
     async def _read_stream(self, server: ServerState, response: httpx.Response,
                            stream: _Stream, rid: str) -> Generated:
