@@ -22,8 +22,11 @@ subprocesses). Then the issue's four targets for (3), each met or not.
 
     .venv/bin/python bench/loop_tokens.py [--rows 4000] [--servers 2] [--time-scale 50] [--sim-seed 0]
 
-Seeds: `--sim-seed` fixes each prompt's difficulty on the stand-ins; the sample noise is fresh on every request,
-so a rerun draws new samples and the figures move within their sampling error.
+The time scale compresses the stand-ins' GPU time, not the client's: each wall second between a loop's token
+arriving and its abort landing on the server costs `time scale` times the tokens it would on a GPU. So the tokens
+generated past the client's stop are printed apart (3 a row at scale 10, about 280 at 50), with the tokens each stopped
+row had before its loop began: what even a stop at a loop's first token would spend. Which rows loop differs
+between runs (a fresh sample per request), so the runaway tokens are also printed per looping row.
 """
 
 from __future__ import annotations
@@ -113,9 +116,11 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, s
     account = token_account(frame)
     generated = int(counter(fleet, "sglang:generation_tokens_total") - tokens0)
     kept_rows = int(((frame["status"] == "ok") & frame["finish_reason"].isin(("stop", "tool_calls"))).sum())
+    onsets = [row.provenance["stopped"]["onset"] for _, entry in root.commits.read_entries(root.commits.entries())
+              for row in root.commits.read_part(entry["part"]) if row.provenance and "stopped" in row.provenance]
     return {
         "generated": generated, "ledger": account, "kept_rows": kept_rows, "rows": len(frame), "wall_s": wall,
-        "cpu_s": cpu, "aborted": int(counter(fleet, "sglang:num_aborted_requests_total") - aborted0),
+        "cpu_s": cpu, "onset_tokens": int(sum(max(o, 0) for o in onsets)), "aborted": int(counter(fleet, "sglang:num_aborted_requests_total") - aborted0),
         # The fleet's slot-time spent generating, in simulated seconds, per slot: GPU time, whatever the client's
         # speed (on this 2-core machine the client and the stand-ins share the CPU, so wall time is the CPU's).
         "fleet_s": (counter(fleet, "tracegen_sim:busy_slot_seconds_total") - busy0) / fleet.slots,
@@ -176,6 +181,17 @@ def main() -> int:
         ("client CPU per completion <= 1.3x the whole client's", stopped["cpu"] / whole["cpu"], "<=", 1.3),
     ]
     print(f"\n  the whole client's gen/kept is {whole['ratio'] - base['ratio']:+.4f} from the no-loop run's")
+    done, whole_run = results[runs[2][0]], results[runs[1][0]]
+    per_row = (done["runaway"] / max(done["ledger"]["stopped_rows"], 1)) / (whole_run["runaway"] / max(
+        whole_run["ledger"]["runaway"] // CAP, 1))
+    print(f"  runaway tokens a looping row: run 3 {per_row:.1%} of run 2's ({done['ledger']['stopped_rows']:,} stopped rows"
+          f" against {whole_run['ledger']['runaway'] // CAP:,} run to the cap)")
+    stopped_rows = max(done["ledger"]["stopped_rows"], 1)
+    print(f"  run 3's runaways: {done['ledger']['runaway'] / stopped_rows:,.0f} tokens a stopped row up to the client's "
+          f"stop, {(done['runaway'] - done['ledger']['runaway']) / stopped_rows:,.0f} more generated before the abort landed;"
+          f" {done['onset_tokens'] / stopped_rows:,.0f} of them before the loop began (the watch's estimate), so a stop at"
+          f" each loop's first token would still leave gen/kept {done['onset_tokens'] / done['ledger']['kept']:+.4f}"
+          f" above the no-loop run's")
     for what, value, op, bound in checks:
         met = value <= bound if op == "<=" else value >= bound
         print(f"  {'met    ' if met else 'NOT met'} {what}: {value:.4f} {op} {bound}")
