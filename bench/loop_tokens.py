@@ -27,6 +27,9 @@ arriving and its abort landing on the server costs `time scale` times the tokens
 generated past the client's stop are printed apart (3 a row at scale 10, about 280 at 50), with the tokens each stopped
 row had before its loop began: what even a stop at a loop's first token would spend. Which rows loop differs
 between runs (a fresh sample per request), so the runaway tokens are also printed per looping row.
+
+Seeds: `--sim-seed` fixes each prompt's difficulty on the stand-ins; the sample noise is fresh on every request,
+so a rerun draws new samples and the figures move within their sampling error.
 """
 
 from __future__ import annotations
@@ -120,7 +123,9 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, s
               for row in root.commits.read_part(entry["part"]) if row.provenance and "stopped" in row.provenance]
     return {
         "generated": generated, "ledger": account, "kept_rows": kept_rows, "rows": len(frame), "wall_s": wall,
-        "cpu_s": cpu, "onset_tokens": int(sum(max(o, 0) for o in onsets)), "aborted": int(counter(fleet, "sglang:num_aborted_requests_total") - aborted0),
+        "cpu_s": cpu, "aborted": int(counter(fleet, "sglang:num_aborted_requests_total") - aborted0),
+        # Tokens the stopped rows had before their loops began (the watch's onset; negative: inside a prefix).
+        "onset_tokens": int(sum(max(onset, 0) for onset in onsets)),
         # The fleet's slot-time spent generating, in simulated seconds, per slot: GPU time, whatever the client's
         # speed (on this 2-core machine the client and the stand-ins share the CPU, so wall time is the CPU's).
         "fleet_s": (counter(fleet, "tracegen_sim:busy_slot_seconds_total") - busy0) / fleet.slots,
