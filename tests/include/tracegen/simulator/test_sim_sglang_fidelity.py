@@ -47,10 +47,14 @@ def client(seedlike):
 
 
 def test_chat_completions_are_what_sglangs_models_serialize(client):
+    # Each sample calls a tool with probability 0.5 (sim_tool_call_rate), drawn afresh per request: ask until
+    # one has (at least 12 requests; 40 without one would be a 1e-12 chance).
     bodies = []
-    for i in range(12):
+    for i in range(40):
         bodies.append(client.post("/v1/chat/completions", json={"messages": user(f"q{i}"), "tools": TOOLS,
                                                                 "max_tokens": 4000}).json())  # fmt: skip
+        if i >= 11 and any(b["choices"][0]["finish_reason"] == "tool_calls" for b in bodies):
+            break
     bodies.append(client.post("/v1/chat/completions", json={"messages": user(), "max_tokens": 3}).json())
     bodies.append(client.post("/v1/chat/completions", json={"messages": user(), "max_tokens": 500,
                                                             "return_token_ids": True}).json())  # fmt: skip
