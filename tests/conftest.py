@@ -30,26 +30,3 @@ sys.path.insert(0, str(ROOT / "tests"))
 # PostgreSQL + Redis for the distributed e2e tests (started at first use, stopped at the session end).
 pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixtures.services"]
 
-
-# The modules that take a minute or more of a worker, longest first (`pytest --durations` on the CI machine's
-# two cores). `make test` hands modules to xdist workers in collection order (`--no-loadscope-reorder`; by
-# default xdist orders them by test count, which put the few-test end-to-end modules last, running alone at
-# the end): these start first, and the hundred short modules fill in around them.
-LONG_MODULES = (
-    "tests/e2e/test_distributed.py",
-    "tests/e2e/test_cap_review.py",
-    "tests/e2e/test_generate_dag.py",
-    "tests/include/tracegen/generate/test_engine_crash.py",
-    "tests/include/tracegen/export/test_export_trainer_conversations.py",
-    "tests/plugins/test_review_page.py",
-    "tests/e2e/test_raise_cap.py",
-    "tests/include/tracegen/export/test_export_trainer_loaders.py",
-    "tests/dags/test_dag_locations.py",
-    "tests/include/tracegen/generate/test_fencing.py",
-    "tests/include/tracegen/test_export_exclusive.py",
-)
-
-
-def pytest_collection_modifyitems(session, config, items) -> None:
-    rank = {module: i for i, module in enumerate(LONG_MODULES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order

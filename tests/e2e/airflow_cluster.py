@@ -328,9 +328,6 @@ class AirflowCluster:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             # New DAG files show up within seconds instead of minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            # The DAG files do not change while a cluster runs: each is parsed when it shows up, not again every
-            # 30 s (about a second of CPU per parse of the folder, on a machine the cluster's tasks share).
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
             # A task whose worker died is noticed within ~20 s instead of 5 min, then retried.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "3",
