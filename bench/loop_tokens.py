@@ -187,11 +187,11 @@ def main() -> int:
     ]
     print(f"\n  the whole client's gen/kept is {whole['ratio'] - base['ratio']:+.4f} from the no-loop run's")
     done, whole_run = results[runs[2][0]], results[runs[1][0]]
-    per_row = (done["runaway"] / max(done["ledger"]["stopped_rows"], 1)) / (whole_run["runaway"] / max(
-        whole_run["ledger"]["runaway"] // CAP, 1))
-    print(f"  runaway tokens a looping row: run 3 {per_row:.1%} of run 2's ({done['ledger']['stopped_rows']:,} stopped rows"
-          f" against {whole_run['ledger']['runaway'] // CAP:,} run to the cap)")
     stopped_rows = max(done["ledger"]["stopped_rows"], 1)
+    capped_rows = max(whole_run["ledger"]["runaway"] // CAP, 1)  # run 2's runaways all run to the cap
+    per_row = (done["runaway"] / stopped_rows) / (whole_run["runaway"] / capped_rows)
+    print(f"  runaway tokens a looping row: run 3 {per_row:.1%} of run 2's ({done['ledger']['stopped_rows']:,} stopped rows"
+          f" against {capped_rows:,} run to the cap)")
     print(f"  run 3's runaways: {done['ledger']['runaway'] / stopped_rows:,.0f} tokens a stopped row up to the client's "
           f"stop, {(done['runaway'] - done['ledger']['runaway']) / stopped_rows:,.0f} more generated before the abort landed;"
           f" {done['onset_tokens'] / stopped_rows:,.0f} of them before the loop began (the watch's estimate), so a stop at"
