@@ -30,3 +30,30 @@ sys.path.insert(0, str(ROOT / "tests"))
 # PostgreSQL + Redis for the distributed e2e tests (started at first use, stopped at the session end).
 pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixtures.services"]
 
+
+
+# The modules that take a minute or more of a worker, longest first (`pytest --durations` on the CI machine's
+# two cores), in the order `make test` hands them to its three xdist workers (`--no-loadscope-reorder`; by
+# default xdist orders modules by test count, which puts the few-test end-to-end modules last, running
+# alone at the end). xdist gives worker k the k-th and (k+3)-th module at the start, then one module to
+# whichever worker is free: the order keeps the Airflow clusters' start-ups (test_distributed, test_cap_review,
+# test_raise_cap) apart, so no two of them start on two busy cores at the same moment, and the hundred short
+# modules fill in around the long ones at the end.
+LONG_MODULES = (
+    "tests/e2e/test_distributed.py",
+    "tests/include/tracegen/export/test_export_trainer_conversations.py",
+    "tests/e2e/test_generate_dag.py",
+    "tests/e2e/test_cap_review.py",
+    "tests/dags/test_dag_locations.py",
+    "tests/e2e/test_raise_cap.py",
+    "tests/plugins/test_review_page.py",
+    "tests/include/tracegen/test_export_exclusive.py",
+    "tests/include/tracegen/export/test_export_trainer_loaders.py",
+    "tests/include/tracegen/generate/test_fencing.py",
+    "tests/include/tracegen/generate/test_engine_crash.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    rank = {module: i for i, module in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order

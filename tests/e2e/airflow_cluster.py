@@ -146,14 +146,23 @@ def _redis(services: Services, db: int = 0):
     return client
 
 
+# The key a cluster sets in the Redis DB it takes; stop() flushes the DB, the key with it.
+REDIS_CLAIM_KEY = "tracegen-e2e:claimed-by"
+
+
 def pick_redis_db(services: Services) -> int:
-    """An empty Redis DB number other than 0, so the cluster's broker queue is nobody else's."""
+    """An empty Redis DB number other than 0, claimed, so the cluster's broker queue is nobody else's.
+
+    Empty is not enough: clusters that start at the same moment (one per xdist worker) would all see the
+    same DB empty. The claim is a SET NX in the DB itself, which exactly one of them wins."""
     client = _redis(services)
     count = int(client.config_get("databases").get("databases", 16))
     candidates = list(range(1, count))
     secrets.SystemRandom().shuffle(candidates)
+    claim = f"{os.getpid()}-{uuid.uuid4().hex}"
     for db in candidates:
-        if _redis(services, db).dbsize() == 0:
+        candidate = _redis(services, db)
+        if candidate.dbsize() == 0 and candidate.set(REDIS_CLAIM_KEY, claim, nx=True):
             return db
     raise ClusterError(f"Redis at {services.redis_host}:{services.redis_port}: no empty DB among 1..{count - 1}")
 

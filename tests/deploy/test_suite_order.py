@@ -1,0 +1,27 @@
+"""The order `make test` hands modules to its workers (tests/conftest.py `LONG_MODULES`) names modules that exist,
+and the Makefile keeps xdist from reordering them: a renamed module would silently fall back to the end."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _long_modules() -> tuple[str, ...]:
+    # Read from the file: several conftest.py exist, so `import conftest` may give another one.
+    for node in ast.parse((ROOT / "tests" / "conftest.py").read_text()).body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["LONG_MODULES"]:
+            return ast.literal_eval(node.value)
+    raise AssertionError("tests/conftest.py defines no LONG_MODULES")
+
+
+def test_every_long_module_exists_and_make_test_keeps_the_order() -> None:
+    long_modules = _long_modules()
+    missing = [m for m in long_modules if not (ROOT / m).is_file()]
+    assert not missing, f"tests/conftest.py LONG_MODULES names modules that do not exist: {missing}"
+    assert len(set(long_modules)) == len(long_modules)
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe and "--dist loadfile --no-loadscope-reorder" in recipe.group(1), recipe
