@@ -1,6 +1,6 @@
-"""The review app: the pages assembled, errors answered as pages or JSON, and the views the plugin registers.
+"""The review app: the pages assembled, and errors answered as pages or JSON.
 
-`plugins/tracegen_review.py` mounts it into Airflow's api-server under `/tracegen`. It only reads what
+`plugins/tracegen_review.py` mounts it into Airflow's api-server under `/tracegen` (`registration`). It only reads what
 `tracegen.run.run_report.audit_and_report` stored and the run's record, through `tracegen.store.storage`, so
 local and s3:// output roots look the same.
 """
@@ -19,7 +19,8 @@ from tracegen.review import files_page, progress_page, run_tab, runs_page
 from tracegen.review.access import AirflowRun, airflow_runs, require_airflow_access
 from tracegen.review.page import html_response, render_page, wants_html
 from tracegen.review.read_model import StoredFileError
-from tracegen.review.roots import URL_PREFIX, Site, configured_roots
+from tracegen.review.registration import URL_PREFIX
+from tracegen.review.roots import Site, configured_roots
 
 
 @asynccontextmanager
@@ -70,12 +71,3 @@ def create_app(roots: Callable[[], list[str]] = configured_roots,
         raise HTTPException(404, f"no tracegen page at {path!r}; the run list is at {URL_PREFIX}/")
 
     return app
-
-
-# The `external_views` the plugin registers: a menu entry, and a tab on every DAG run showing its report.
-# The menu entry has no `url_route`: it opens the run list as a page of its own, outside the UI's frame.
-EXTERNAL_VIEWS = [
-    {"name": "tracegen reports", "href": f"{URL_PREFIX}/", "destination": "nav", "category": "browse"},
-    {"name": "tracegen report", "href": f"{URL_PREFIX}/runs/{{RUN_ID}}?dag_id={{DAG_ID}}", "destination": "dag_run",
-     "url_route": "tracegen-run-report"},
-]

@@ -23,11 +23,11 @@ from fastapi.exceptions import HTTPException
 
 from tracegen.config import RUN_ID_PATTERN, ConfigError, safe_run_id, stored_as
 from tracegen.review.access import GENERATE_DAG, AirflowRun
+from tracegen.review.registration import URL_PREFIX
 from tracegen.review.summary import RunSummary, summarise_run
 
 log = logging.getLogger(__name__)
 
-URL_PREFIX = "/tracegen"
 MAX_RUNS_PER_ROOT = 200  # newest first; an output root rarely has more, and each run costs two reads
 _ROOT_KEY_RE = re.compile(r"[0-9a-f]{12}")
 
