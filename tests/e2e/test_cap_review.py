@@ -458,11 +458,9 @@ def _watch_while_running(cluster: AirflowCluster, api: AirflowApi, run_id: str, 
         for t in api.task_instances(GENERATE, run_id):
             if t["map_index"] >= 0 and t["state"] == "running":
                 seen["labels"][(t["task_id"], t["map_index"])] = t.get("rendered_map_index")
-        tab = httpx.get(f"{cluster.api_url}/tracegen/runs/{quoted}", headers=api.client.headers, timeout=30,
-                        follow_redirects=False)
+        tab = api.client.get(f"{cluster.api_url}/tracegen/runs/{quoted}", follow_redirects=False)
         if tab.status_code == 303 and tab.headers["location"].endswith("/progress"):
-            doc = httpx.get(cluster.api_url + tab.headers["location"] + ".json", headers=api.client.headers,
-                            timeout=30).json()
+            doc = api.client.get(cluster.api_url + tab.headers["location"] + ".json").json()
             seen["progress"].append(doc)
         if api.run(GENERATE, run_id)["state"] in ("success", "failed"):
             return seen

@@ -47,8 +47,10 @@ def record(root: OutputRoot, run_id: str, urls: Sequence[str], headers: Mapping[
     """Ask every server for /model_info and /server_info and keep what they say as runs/<run>/servers.json."""
     import httpx
 
+    from tracegen.common.tls import client_tls
+
     per_server: dict[str, dict[str, Any]] = {}
-    with httpx.Client(headers=dict(headers or {}), timeout=timeout_s) as client:
+    with httpx.Client(headers=dict(headers or {}), timeout=timeout_s, verify=client_tls()) as client:
         for url in urls:
             base = url.rstrip("/")
             model_info = client.get(f"{base}/model_info").raise_for_status().json()

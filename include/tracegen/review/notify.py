@@ -323,7 +323,9 @@ class WebhookChannel:
     async def _post(self, message: QuestionMessage, deadline_s: float) -> Any:
         import httpx
 
-        async with httpx.AsyncClient(timeout=SEND_TIMEOUT_S, follow_redirects=False) as client:
+        from tracegen.common.tls import client_tls
+
+        async with httpx.AsyncClient(timeout=SEND_TIMEOUT_S, follow_redirects=False, verify=client_tls()) as client:
             try:
                 return await asyncio.wait_for(
                     client.post(self.url, content=json.dumps(message.webhook_body()),

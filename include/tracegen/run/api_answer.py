@@ -72,10 +72,13 @@ class ApiAnswerer:
         `AnswerFailed` otherwise: 409 when someone answered first, 403 when this user may not answer."""
         import httpx
 
+        from tracegen.common.tls import client_tls
+
         path = (f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
                 f"{quote(task_id, safe='')}/{map_index}/hitlDetails")
         try:
-            with httpx.Client(base_url=self.base_url, timeout=TIMEOUT_S, follow_redirects=False) as client:
+            with httpx.Client(base_url=self.base_url, timeout=TIMEOUT_S, follow_redirects=False,
+                              verify=client_tls()) as client:
                 token = client.post("/auth/token", json={"username": self.login, "password": self.password})
                 if token.status_code not in (200, 201) or "access_token" not in _json(token):
                     raise AnswerFailed(f"{self.where}: /auth/token refused user {self.login!r}: HTTP "

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from tracegen.common.locations import shown_location
+from tracegen.common.tls import client_tls
 from tracegen.sglang.retry import FatalClientError
 from tracegen.sglang.settings import ClientConfig
 from tracegen.sglang.wire import PATH, MalformedResponse, parse_completion
@@ -174,8 +175,7 @@ class ServerPool:
         if duplicates:
             raise ValueError(f"server urls must be distinct, repeated: {[shown_location(u) for u in duplicates]}")
         self.config = config
-        # One TLS context for all clients: httpx loads the CA bundle per context (~20 ms each).
-        tls = ssl.create_default_context()
+        tls = client_tls()
         self.servers = [ServerState(e, config, tls) for e in endpoints]
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._rotate = 0
