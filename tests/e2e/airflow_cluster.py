@@ -337,6 +337,9 @@ class AirflowCluster:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             # New DAG files show up within seconds instead of minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            # The DAG files do not change while a cluster runs, and no DAG has a callback for the processor to
+            # run: each file is parsed when it shows up, not again every 30 s in a process of its own.
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
             # A task whose worker died is noticed within ~20 s instead of 5 min, then retried.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "3",
@@ -404,18 +407,20 @@ class AirflowCluster:
     def wait_healthy(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
         last: Any = None
-        while time.monotonic() < deadline:
-            dead = [name for name, c in self.components.items() if not c.alive]
-            if dead:
-                raise ClusterError(f"{dead[0]} exited during start-up:\n{self.components[dead[0]].tail()}")
-            try:
-                last = httpx.get(f"{self.api_url}/api/v2/monitor/health", timeout=5).json()
-                if all(last.get(k, {}).get("status") == "healthy"
-                       for k in ("metadatabase", "scheduler", "triggerer", "dag_processor")):
-                    return
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(1)
+        # One client for the whole wait: a client per poll loads the CA store each time.
+        with httpx.Client(timeout=5) as client:
+            while time.monotonic() < deadline:
+                dead = [name for name, c in self.components.items() if not c.alive]
+                if dead:
+                    raise ClusterError(f"{dead[0]} exited during start-up:\n{self.components[dead[0]].tail()}")
+                try:
+                    last = client.get(f"{self.api_url}/api/v2/monitor/health").json()
+                    if all(last.get(k, {}).get("status") == "healthy"
+                           for k in ("metadatabase", "scheduler", "triggerer", "dag_processor")):
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                time.sleep(1)
         raise ClusterError(f"the cluster did not become healthy in {wait_s:.0f} s; last health: {last}\n"
                            f"api-server log:\n{self.components['api-server'].tail()}")
 
