@@ -8,5 +8,6 @@ into Airflow's api-server under `/tracegen`.
 - pages: `runs_page` (the run list), `run_tab` (the DAG run's tab), `files_page` (a run's report files),
   `progress_page` (live progress), over `page` (templates, CSP, URLs) and `next_step` (what to do next);
   their HTML is the autoescaped jinja2 templates in `templates/`, over one base (head, CSS) and shared macros
-  (navigation, badges).
+  (navigation, badges);
+- `registration`: what the plugin registers besides the app (URL prefix, menu entry, run tab), import-light.
 """
