@@ -61,7 +61,7 @@ unit: venv
 test: venv system-deps lint
 	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder
 
-# The reference job's 4096 -> 8192 pivot through the real DAG, on a simulated fleet, in about two minutes.
+# The reference job's 4096 -> 8192 pivot through the real DAG, on a simulated fleet, in about a minute.
 demo: venv
 	$(PY) -m tracegen.demo
 
