@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixtures.services"]
 
 
-
 # The modules that take a minute or more of a worker, longest first (`pytest --durations` on the CI machine's
 # two cores), in the order `make test` hands them to its three xdist workers (`--no-loadscope-reorder`; by
 # default xdist orders modules by test count, which puts the few-test end-to-end modules last, running

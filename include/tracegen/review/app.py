@@ -1,8 +1,8 @@
 """The review app: the pages assembled, and errors answered as pages or JSON.
 
-`plugins/tracegen_review.py` mounts it into Airflow's api-server under `/tracegen` (`registration`). It only reads what
-`tracegen.run.run_report.audit_and_report` stored and the run's record, through `tracegen.store.storage`, so
-local and s3:// output roots look the same.
+`plugins/tracegen_review.py` builds it when the api-server asks for it and mounts it under `/tracegen`. It only
+reads what `tracegen.run.run_report.audit_and_report` stored and the run's record, through
+`tracegen.store.storage`, so local and s3:// output roots look the same.
 """
 
 from __future__ import annotations

@@ -18,4 +18,3 @@ EXTERNAL_VIEWS = [
     {"name": "tracegen report", "href": f"{URL_PREFIX}/runs/{{RUN_ID}}?dag_id={{DAG_ID}}", "destination": "dag_run",
      "url_route": "tracegen-run-report"},
 ]
-
