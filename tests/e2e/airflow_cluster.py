@@ -153,8 +153,9 @@ REDIS_CLAIM_KEY = "tracegen-e2e:claimed-by"
 def pick_redis_db(services: Services) -> int:
     """An empty Redis DB number other than 0, claimed, so the cluster's broker queue is nobody else's.
 
-    Empty is not enough: clusters that start at the same moment (one per xdist worker) would all see the
-    same DB empty. The claim is a SET NX in the DB itself, which exactly one of them wins."""
+    Empty is not enough where clusters share a Redis the environment names (TRACEGEN_REDIS_PORT/HOST: two
+    pytest runs, a benchmark beside the tests): starting at the same moment, they would all see one DB empty.
+    The claim is a SET NX in the DB itself, which exactly one of them wins."""
     client = _redis(services)
     count = int(client.config_get("databases").get("databases", 16))
     candidates = list(range(1, count))
