@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tracegen.common.tls import client_tls
 from tracegen.store.root import OutputRoot
 
 SERVERS_FILE = "servers.json"
@@ -46,8 +47,6 @@ def record(root: OutputRoot, run_id: str, urls: Sequence[str], headers: Mapping[
            timeout_s: float = 10.0) -> dict[str, Any]:
     """Ask every server for /model_info and /server_info and keep what they say as runs/<run>/servers.json."""
     import httpx
-
-    from tracegen.common.tls import client_tls
 
     per_server: dict[str, dict[str, Any]] = {}
     with httpx.Client(headers=dict(headers or {}), timeout=timeout_s, verify=client_tls()) as client:

@@ -51,6 +51,7 @@ from tracegen.common.http_connection import (
     http_url,
 )
 from tracegen.common.locations import shown_location
+from tracegen.common.tls import client_tls
 from tracegen.run.api_answer import ASSIGNED_USERS_ENV
 
 NOTIFY_ENV = "TRACEGEN_QUESTION_NOTIFY"
@@ -322,8 +323,6 @@ class WebhookChannel:
 
     async def _post(self, message: QuestionMessage, deadline_s: float) -> Any:
         import httpx
-
-        from tracegen.common.tls import client_tls
 
         async with httpx.AsyncClient(timeout=SEND_TIMEOUT_S, follow_redirects=False, verify=client_tls()) as client:
             try:

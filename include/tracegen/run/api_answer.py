@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 from tracegen.common.http_connection import ConnectionMisconfigured, http_url
 from tracegen.common.locations import shown_location
+from tracegen.common.tls import client_tls
 
 API_CONN_ENV = "TRACEGEN_API_CONN"
 # Names the users who alone may answer the gate's question (`review.notify.assigned_users` reads it); a raise
@@ -71,8 +72,6 @@ class ApiAnswerer:
         the Required Actions form does. Returns what Airflow recorded (responded_by, responded_at, ...);
         `AnswerFailed` otherwise: 409 when someone answered first, 403 when this user may not answer."""
         import httpx
-
-        from tracegen.common.tls import client_tls
 
         path = (f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}/taskInstances/"
                 f"{quote(task_id, safe='')}/{map_index}/hitlDetails")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -99,7 +98,6 @@ class ServerState:
         "extensions",
         "max_in_flight",
         "limit",
-        "tls",
         "in_flight",
         "consecutive_failures",
         "quarantined",
@@ -114,7 +112,7 @@ class ServerState:
         "quarantines",
     )
 
-    def __init__(self, endpoint: ServerEndpoint, config: ClientConfig, tls: ssl.SSLContext) -> None:
+    def __init__(self, endpoint: ServerEndpoint, config: ClientConfig) -> None:
         self.endpoint = endpoint
         self.url = endpoint.url
         # What logs, errors and the ledger's `server` column show: the URL without any credentials in it.
@@ -128,7 +126,7 @@ class ServerState:
         size = config.pool_size
         n_pools = -(-endpoint.max_in_flight // size)
         self.pools = [
-            httpx.AsyncHTTPTransport(limits=_limits(config, size), verify=tls, retries=0) for _ in range(n_pools)
+            httpx.AsyncHTTPTransport(limits=_limits(config, size), verify=client_tls(), retries=0) for _ in range(n_pools)
         ]
         # One entry per slot, naming the pool that serves it; acquire pops, release pushes back.
         self.free_pools = [i % n_pools for i in range(endpoint.max_in_flight)]
@@ -141,13 +139,12 @@ class ServerState:
             headers=self.headers,
             limits=_limits(config, 1),
             timeout=_timeouts(config),
-            verify=tls,
+            verify=client_tls(),
         )
         self.max_in_flight = endpoint.max_in_flight
         # Autotune hook (tracegen.sglang.autotune): the in-flight limit routing obeys. Starts at max_in_flight;
         # ServerPool.set_limit moves it (and grows the connection pools when it rises above them).
         self.limit = endpoint.max_in_flight
-        self.tls = tls
         self.in_flight = 0
         self.consecutive_failures = 0
         self.quarantined = False
@@ -175,8 +172,7 @@ class ServerPool:
         if duplicates:
             raise ValueError(f"server urls must be distinct, repeated: {[shown_location(u) for u in duplicates]}")
         self.config = config
-        tls = client_tls()
-        self.servers = [ServerState(e, config, tls) for e in endpoints]
+        self.servers = [ServerState(e, config) for e in endpoints]
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._rotate = 0
         self._all_down_since: float | None = None
@@ -198,7 +194,7 @@ class ServerPool:
         while server.max_in_flight < limit:
             # One more pool of `size` slots; its slot entries join the free list like the first ones.
             server.pools.append(
-                httpx.AsyncHTTPTransport(limits=_limits(self.config, size), verify=server.tls, retries=0)
+                httpx.AsyncHTTPTransport(limits=_limits(self.config, size), verify=client_tls(), retries=0)
             )
             server.free_pools.extend([len(server.pools) - 1] * size)
             server.max_in_flight += size
