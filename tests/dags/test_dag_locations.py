@@ -8,7 +8,6 @@ and wrote whatever `output_uri` named. Now each is refused, naming the param and
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from e2e.airflow_cluster import free_port
-from engine_support.helpers import make_config, prepare, root_of, write_dataset
+from engine_support.helpers import dags_test_argv, make_config, prepare, root_of, write_dataset
 
 from tracegen.export import export_dataset
 from tracegen.store.records import OK, GeneratedRow, pack_token_ids
@@ -49,8 +48,7 @@ def airflow_env(tmp_path_factory):
 
 
 def _dags_test(env: dict[str, str], dag_id: str, conf: dict) -> str:
-    done = subprocess.run([sys.executable, "-m", "airflow", "dags", "test", dag_id, "--conf", json.dumps(conf)],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(dags_test_argv(dag_id, conf), env=env, capture_output=True, text=True, timeout=300)
     return done.stdout + done.stderr
 
 

@@ -23,6 +23,12 @@ def test_dags_import_without_errors(dagbag):
     assert set(dagbag.dag_ids) == EXPECTED
 
 
+def test_each_dag_lives_in_a_file_of_its_name(dagbag):
+    # The tests run `airflow dags test` on that one file (engine_support.helpers.dags_test_argv).
+    for dag_id in dagbag.dag_ids:
+        assert Path(dagbag.dags[dag_id].fileloc) == DAGS / f"{dag_id}.py", dag_id
+
+
 def test_scheduling_policy_is_explicit(dagbag):
     for dag_id in dagbag.dag_ids:
         dag = dagbag.dags[dag_id]

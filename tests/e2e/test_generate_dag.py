@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from engine_support.helpers import dags_test_argv
 from fixtures.ports import free_port
 
 from tracegen.config import SAMPLE_DATASET, RunConfig
@@ -92,10 +93,7 @@ def fleet(tmp_path_factory, sshd):
 
 
 def dags_test(env, dag_id: str, conf: dict | None = None, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "airflow", "dags", "test", dag_id]
-    if conf is not None:
-        args += ["--conf", json.dumps(conf)]
-    return subprocess.run(args, env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=600)
+    return subprocess.run(dags_test_argv(dag_id, conf), env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=600)
 
 
 def base_conf(dataset: str, output: str, fleet: Path, **overrides) -> dict:
