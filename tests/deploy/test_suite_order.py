@@ -1,5 +1,6 @@
 """The order `make test` hands modules to its workers (tests/conftest.py `LONG_MODULES`) names modules that exist,
-and the Makefile keeps xdist from reordering them: a renamed module would silently fall back to the end."""
+and the Makefile keeps xdist from reordering them: a renamed module would silently fall back to the end. And
+`make test` and `make demo` compile tracegen's bytecode before they start the processes that import it."""
 
 from __future__ import annotations
 
@@ -25,3 +26,12 @@ def test_every_long_module_exists_and_make_test_keeps_the_order() -> None:
     assert len(set(long_modules)) == len(long_modules)
     recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
     assert recipe and "--dist loadfile --no-loadscope-reorder" in recipe.group(1), recipe
+
+
+def test_make_test_and_demo_compile_tracegens_bytecode_first() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("test", "demo"):
+        prerequisites = re.search(rf"^{target}:(.*)$", makefile, re.M)
+        assert prerequisites and "bytecode" in prerequisites.group(1).split(), target
+    recipe = re.search(r"^bytecode:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe and "compileall" in recipe.group(1) and {"include", "dags", "plugins"} <= set(recipe.group(1).split())
