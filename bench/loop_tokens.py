@@ -15,10 +15,10 @@ puts 18% of the natural rows past 4096 once the loops are added.
 
 Printed per run: tokens generated (the fleet's own counter) / tokens in the rows the export keeps; tokens spent
 on runaways (the fleet's count less the ledger's non-runaway tokens: what a stopped loop generated before its
-abort landed included); kept rows per second of fleet time (the stand-ins' busy slot-seconds, simulated, per
-slot: the GPU time the run used), and per wall second (on a 2-core machine the client and the stand-ins share
-the CPU, so this one is the CPU's); client CPU per completion (this process's CPU time: the stand-ins are
-subprocesses). Then the issue's four targets for (3), each met or not.
+abort landed included); kept rows per second of fleet time (simulated seconds per stand-in with a request
+running: the GPU time the run used; the mean batch beside it), and per wall second (on a 2-core machine the
+client and the stand-ins share the CPU, so this one is the CPU's); client CPU per completion (this process's CPU
+time: the stand-ins are subprocesses). Then the issue's four targets for (3), each met or not.
 
     .venv/bin/python bench/loop_tokens.py [--rows 4000] [--servers 2] [--time-scale 50] [--sim-seed 0]
 
@@ -109,7 +109,7 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, s
                  for i, u in enumerate(fleet.urls)]
     root = open_root(config.output_uri, config.aws_conn_id)
     tokens0, aborted0 = counter(fleet, "sglang:generation_tokens_total"), counter(fleet, "sglang:num_aborted_requests_total")
-    busy0 = counter(fleet, "tracegen_sim:busy_slot_seconds_total")
+    busy0, slot0 = counter(fleet, "tracegen_sim:busy_seconds_total"), counter(fleet, "tracegen_sim:busy_slot_seconds_total")
     cpu0, wall0 = time.process_time(), time.monotonic()
     for w in work:
         run_chunk(spec, root=root, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
@@ -126,9 +126,12 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, s
         "cpu_s": cpu, "aborted": int(counter(fleet, "sglang:num_aborted_requests_total") - aborted0),
         # Tokens the stopped rows had before their loops began (the watch's onset; negative: inside a prefix).
         "onset_tokens": int(sum(max(onset, 0) for onset in onsets)),
-        # The fleet's slot-time spent generating, in simulated seconds, per slot: GPU time, whatever the client's
-        # speed (on this 2-core machine the client and the stand-ins share the CPU, so wall time is the CPU's).
-        "fleet_s": (counter(fleet, "tracegen_sim:busy_slot_seconds_total") - busy0) / fleet.slots,
+        # The fleet's time, in simulated seconds per GPU with a request running: what the GPUs cost, whatever the
+        # client's speed (on this 2-core machine the client and the stand-ins share the CPU, so wall time is the
+        # CPU's). Not slot-seconds: a decode step costs every running request its step time, which grows with the
+        # batch, so slot-seconds per token fall when the client leaves the batch part empty.
+        "fleet_s": (counter(fleet, "tracegen_sim:busy_seconds_total") - busy0) / len(fleet.urls),
+        "slot_s": counter(fleet, "tracegen_sim:busy_slot_seconds_total") - slot0,
         # What the fleet generated that no kept, cut or superseded row holds: the runaways, as generated.
         "runaway": generated - account["kept"] - account["truncated_left_out"] - account["superseded"],
     }
@@ -170,14 +173,16 @@ def main() -> int:
             fleet.stop()
 
     print(f"\n  {'run':<18} {'gen/kept':>9} {'runaway tok':>12} {'(ledger)':>10} {'rows/fleet-s':>13} "
-          f"{'rows/wall-s':>12} {'CPU ms/row':>11} {'kept rows':>10}")
+          f"{'batch':>6} {'rows/wall-s':>12} {'CPU ms/row':>11} {'kept rows':>10}")
     figures = {}
     for name, r in results.items():
         kept = r["ledger"]["kept"]
         figures[name] = f = {"ratio": r["generated"] / kept, "runaway": r["runaway"], "rate": r["kept_rows"] / r["fleet_s"],
                              "wall_rate": r["kept_rows"] / r["wall_s"], "cpu": 1000 * r["cpu_s"] / r["rows"]}
+        # The mean batch: requests running per GPU while it ran any (slot-seconds over GPU-seconds).
+        batch = r["slot_s"] / max(r["fleet_s"] * args.servers, 1e-9)
         print(f"  {name:<18} {f['ratio']:9.4f} {f['runaway']:12,} {r['ledger']['runaway']:10,} {f['rate']:13.2f} "
-              f"{f['wall_rate']:12.1f} {f['cpu']:11.2f} {r['kept_rows']:10,}")
+              f"{batch:6.1f} {f['wall_rate']:12.1f} {f['cpu']:11.2f} {r['kept_rows']:10,}")
     base, whole, stopped = (figures[n] for n, _, _ in runs)
     checks = [
         ("runaway tokens <= 15% of the whole client's", stopped["runaway"] / max(whole["runaway"], 1), "<=", 0.15),

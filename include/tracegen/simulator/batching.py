@@ -97,6 +97,9 @@ class BatchEngine:
         # Occupancy accounting starts when the server is warm (start_accounting).
         self.accounting_since: float | None = None
         self.busy_slot_s = 0.0
+        # Simulated seconds with a request running: the GPU's time, which a step costs whatever the batch. Slot-
+        # seconds are not: a step costs each running request its step time, which grows with the batch.
+        self.busy_s = 0.0
         self.tokens_done = 0
         self.finished_count = 0
         self.aborted_count = 0
@@ -143,6 +146,7 @@ class BatchEngine:
         self.advance(t)
         self.accounting_since = self.now
         self.busy_slot_s = 0.0
+        self.busy_s = 0.0
 
     def submit(self, job: Job, t: float) -> list[Job]:
         """Add `job` at simulated time t; returns jobs that finished while advancing to t."""
@@ -208,6 +212,7 @@ class BatchEngine:
             return
         if self.accounting_since is not None:
             self.busy_slot_s += len(self.running) * dt
+            self.busy_s += dt if self.running else 0.0
         self.v += rate * dt
         self.now += dt
 

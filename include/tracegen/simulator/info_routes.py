@@ -53,6 +53,7 @@ def occupancy(state: State) -> dict[str, Any]:
     available = e.available_slot_s()
     return {
         "busy_slot_sim_s": round(e.busy_slot_s, 6),
+        "busy_sim_s": round(e.busy_s, 6),
         "available_slot_sim_s": round(available, 6),
         "occupancy": round(e.busy_slot_s / available, 6) if available > 0 else 0.0,
         "tokens_generated": e.tokens_generated(),
@@ -162,6 +163,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     }
     sim = {
         "busy_slot_seconds_total": occ["busy_slot_sim_s"],
+        "busy_seconds_total": occ["busy_sim_s"],
         "available_slot_seconds_total": occ["available_slot_sim_s"],
         "occupancy": occ["occupancy"],
         "generated_tokens_total": occ["tokens_generated"],

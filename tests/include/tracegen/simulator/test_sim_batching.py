@@ -111,6 +111,21 @@ def test_occupancy_accounting():
     assert engine.busy_slot_s == pytest.approx(end)
     assert engine.available_slot_s() == pytest.approx(4 * 2 * end)
     assert engine.tokens_generated() == 10
+    assert engine.busy_s == pytest.approx(end)
+
+
+def test_gpu_time_is_the_time_a_request_runs_whatever_the_batch():
+    # Two requests side by side: the GPU is busy for the longer one's time, while the slots count both.
+    engine = BatchEngine(4, STEP)
+    engine.start_accounting(0.0)
+    engine.submit(Job(rid="a", target=10), 0.0)
+    engine.submit(Job(rid="b", target=20), 0.0)
+    first = engine.next_event_time()
+    engine.advance(first)
+    second = engine.next_event_time()
+    engine.advance(second + 5.0)  # then idle: neither counts it
+    assert engine.busy_s == pytest.approx(second)
+    assert engine.busy_slot_s == pytest.approx(first + second)
 
 
 def test_progress_is_linear_between_events():

@@ -561,6 +561,7 @@ def test_metrics_names(client):
         "sglang:e2e_request_latency_seconds_count",
         "sglang:queue_time_seconds_sum",
         "tracegen_sim:busy_slot_seconds_total",
+        "tracegen_sim:busy_seconds_total",
         "tracegen_sim:available_slot_seconds_total",
         "tracegen_sim:generated_tokens_total",
     ):
