@@ -115,6 +115,8 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, s
         run_chunk(spec, root=root, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
                   endpoints=endpoints, options=ChunkOptions(spool_dir=str(spool)))
     wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+    gpu_s = counter(fleet, "tracegen_sim:busy_seconds_total") - busy0
+    slot_s = counter(fleet, "tracegen_sim:busy_slot_seconds_total") - slot0
     frame = root.snapshots.frame()
     account = token_account(frame)
     generated = int(counter(fleet, "sglang:generation_tokens_total") - tokens0)
@@ -130,8 +132,9 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, s
         # client's speed (on this 2-core machine the client and the stand-ins share the CPU, so wall time is the
         # CPU's). Not slot-seconds: a decode step costs every running request its step time, which grows with the
         # batch, so slot-seconds per token fall when the client leaves the batch part empty.
-        "fleet_s": (counter(fleet, "tracegen_sim:busy_seconds_total") - busy0) / len(fleet.urls),
-        "slot_s": counter(fleet, "tracegen_sim:busy_slot_seconds_total") - slot0,
+        "fleet_s": gpu_s / len(fleet.urls),
+        # The mean batch: requests running on a GPU while it ran any.
+        "batch": slot_s / max(gpu_s, 1e-9),
         # What the fleet generated that no kept, cut or superseded row holds: the runaways, as generated.
         "runaway": generated - account["kept"] - account["truncated_left_out"] - account["superseded"],
     }
@@ -179,10 +182,8 @@ def main() -> int:
         kept = r["ledger"]["kept"]
         figures[name] = f = {"ratio": r["generated"] / kept, "runaway": r["runaway"], "rate": r["kept_rows"] / r["fleet_s"],
                              "wall_rate": r["kept_rows"] / r["wall_s"], "cpu": 1000 * r["cpu_s"] / r["rows"]}
-        # The mean batch: requests running per GPU while it ran any (slot-seconds over GPU-seconds).
-        batch = r["slot_s"] / max(r["fleet_s"] * args.servers, 1e-9)
         print(f"  {name:<18} {f['ratio']:9.4f} {f['runaway']:12,} {r['ledger']['runaway']:10,} {f['rate']:13.2f} "
-              f"{batch:6.1f} {f['wall_rate']:12.1f} {f['cpu']:11.2f} {r['kept_rows']:10,}")
+              f"{r['batch']:6.1f} {f['wall_rate']:12.1f} {f['cpu']:11.2f} {r['kept_rows']:10,}")
     base, whole, stopped = (figures[n] for n, _, _ in runs)
     checks = [
         ("runaway tokens <= 15% of the whole client's", stopped["runaway"] / max(whole["runaway"], 1), "<=", 0.15),
