@@ -9,6 +9,7 @@ import pytest
 
 from tracegen.audit.loop_stop import DEFAULT_RULE, REPEATED_NEEDED, LoopRule, LoopWatch, repeated_share
 from tracegen.audit.runaway import NGRAM, RUNAWAY_THRESHOLD, TAIL_WINDOW, is_runaway, runaway_score
+from tracegen.fleet.sources import STREAM_INTERVAL
 from tracegen.simulator import loop_cases
 from tracegen.simulator.lengths import build_model, fresh_sample
 from tracegen.simulator.protocol import output_ids, plan_request
@@ -75,6 +76,21 @@ def test_every_loop_is_stopped_soon_after_its_onset(loops):
         assert abs(case.prefix + verdict.onset - case.onset) <= 2 * NGRAM, case.name
         assert verdict.at_token % DEFAULT_RULE.judge_every == 0
     assert missed == [] and late == []
+
+
+def test_at_the_bundled_fleets_stream_interval_every_loop_ends_within_two_periods_and_a_window(loops):
+    # The client reads an event per STREAM_INTERVAL ids and stops the request at the end of the event in which
+    # the watch fires, up to an interval past the verdict: the interval chosen for the client's CPU must still
+    # end every loop within two periods plus the judging window of its onset.
+    late = []
+    for case in loops:
+        w, response = LoopWatch(case.ids[: case.prefix]), case.response
+        ends = range(STREAM_INTERVAL, len(response) + STREAM_INTERVAL, STREAM_INTERVAL)
+        stop = next((min(end, len(response)) for end in ends if w.feed(response[end - STREAM_INTERVAL : end])), None)
+        assert stop is not None, case.name
+        if case.prefix + stop - case.onset > 2 * case.period + TAIL_WINDOW:
+            late.append((case.name, case.prefix + stop - case.onset))
+    assert late == []
 
 
 def test_the_stand_ins_rows_streamed_at_a_high_cap():
