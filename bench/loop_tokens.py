@@ -1,7 +1,7 @@
 """Where the GPU time goes when rows loop: one load, three runs, tokens generated against tokens kept.
 
 On SGLang stand-ins (reference-job length law: 18% of the natural rows past 4096; a fresh sample per request,
-as SGLang draws one; time-scaled), launched streaming incrementally as the bundled fleet is (`--stream-interval` 64),
+as SGLang draws one; time-scaled), launched streaming incrementally as the bundled fleet is (its `--stream-interval`),
 the same dataset is generated at `max_tokens` 16384 with `runaway_policy=drop`, each run from a fresh output
 root through tracegen's own functions (`run.prepare.prepare_run` + `generate.chunk.run_chunk`):
 
@@ -20,10 +20,11 @@ running: the GPU time the run used; the mean batch beside it), and per wall seco
 client and the stand-ins share the CPU, so this one is the CPU's); client CPU per completion (this process's CPU
 time: the stand-ins are subprocesses). Then the issue's four targets for (3), each met or not.
 
-    .venv/bin/python bench/loop_tokens.py [--rows 4000] [--servers 2] [--time-scale 50] [--sim-seed 0]
+    .venv/bin/python bench/loop_tokens.py [--rows 4000] [--servers 2] [--time-scale 10] [--sim-seed 0]
 
 The time scale compresses the stand-ins' GPU time, not the client's: each wall second between a loop's token
-arriving and its abort landing on the server costs `time scale` times the tokens it would on a GPU. So the tokens
+arriving and its abort landing on the server costs `time scale` times the tokens it would on a GPU, and at 50 the
+2-core machine's client can no longer keep the stand-ins' batches full; 10 is the default for both. So the tokens
 generated past the client's stop are printed apart (3 a row at scale 10, about 280 at 50), with the tokens each stopped
 row had before its loop began: what even a stop at a loop's first token would spend. Which rows loop differs
 between runs (a fresh sample per request), so the runaway tokens are also printed per looping row.
@@ -146,7 +147,7 @@ def main() -> int:
     p.add_argument("--sim-seed", type=int, default=0)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--max-running", type=int, default=128)
-    p.add_argument("--time-scale", type=float, default=50.0)
+    p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--stream-interval", type=int, default=STREAM_INTERVAL)
     args = p.parse_args()
 
