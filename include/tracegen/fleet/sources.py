@@ -31,8 +31,8 @@ LISTED_FLEETS_ENV = "TRACEGEN_FLEETS"
 # Decoded tokens per streamed event of the bundled fleet, chosen from the client CPU each event costs (a
 # wake-up, an httpcore read, a decode: ~0.2 ms): against 64, 38% less CPU a streamed row, and past 256 it
 # hardly falls. A stop comes up to an interval late (the watch judges every 64 ids, an event's points in turn),
-# ~90 tokens more a looping row; every loop of the test set still ends within two periods and a window of its
-# onset (docs/benchmarks.md, "Where the tokens of looping rows go").
+# 96 tokens more a looping row on average; every loop of the test set still ends within two periods and a
+# window of its onset (docs/benchmarks.md, "Where the tokens of looping rows go").
 STREAM_INTERVAL = 256
 
 
