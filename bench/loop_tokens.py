@@ -93,8 +93,14 @@ def start(n: int, max_running: int, time_scale: float, seed: int, runaway_rate: 
     return Fleet(urls, procs, max_running, time_scale)
 
 
-def counter(fleet: Fleet, name: str) -> float:
-    return sum(parse_metrics(httpx.get(u + "/metrics", timeout=10).text).get(name, 0.0) for u in fleet.urls)
+COUNTERS = ("sglang:generation_tokens_total", "sglang:num_aborted_requests_total",
+            "tracegen_sim:busy_seconds_total", "tracegen_sim:busy_slot_seconds_total")
+
+
+def counters(fleet: Fleet) -> dict[str, float]:
+    """The fleet's COUNTERS, summed over its stand-ins: one /metrics read a stand-in."""
+    pages = [parse_metrics(httpx.get(u + "/metrics", timeout=10).text) for u in fleet.urls]
+    return {name: sum(page.get(name, 0.0) for page in pages) for name in COUNTERS}
 
 
 def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, spool: Path) -> dict:
@@ -109,24 +115,23 @@ def run(fleet: Fleet, dataset: Path, out: Path, run_id: str, stop_loops: bool, s
     endpoints = [ServerEndpoint(u, max_in_flight=fleet.max_running, name=f"sim:gpu{i}")
                  for i, u in enumerate(fleet.urls)]
     root = open_root(config.output_uri, config.aws_conn_id)
-    tokens0, aborted0 = counter(fleet, "sglang:generation_tokens_total"), counter(fleet, "sglang:num_aborted_requests_total")
-    busy0, slot0 = counter(fleet, "tracegen_sim:busy_seconds_total"), counter(fleet, "tracegen_sim:busy_slot_seconds_total")
+    before = counters(fleet)
     cpu0, wall0 = time.process_time(), time.monotonic()
     for w in work:
         run_chunk(spec, root=root, chunk=w.chunk, label=f"{run_id} {w.label}", indices=np.arange(w.start, w.stop),
                   endpoints=endpoints, options=ChunkOptions(spool_dir=str(spool)))
     wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
-    gpu_s = counter(fleet, "tracegen_sim:busy_seconds_total") - busy0
-    slot_s = counter(fleet, "tracegen_sim:busy_slot_seconds_total") - slot0
+    delta = {name: value - before[name] for name, value in counters(fleet).items()}
+    gpu_s, slot_s = delta["tracegen_sim:busy_seconds_total"], delta["tracegen_sim:busy_slot_seconds_total"]
     frame = root.snapshots.frame()
     account = token_account(frame)
-    generated = int(counter(fleet, "sglang:generation_tokens_total") - tokens0)
+    generated = int(delta["sglang:generation_tokens_total"])
     kept_rows = int(((frame["status"] == "ok") & frame["finish_reason"].isin(("stop", "tool_calls"))).sum())
     onsets = [row.provenance["stopped"]["onset"] for _, entry in root.commits.read_entries(root.commits.entries())
               for row in root.commits.read_part(entry["part"]) if row.provenance and "stopped" in row.provenance]
     return {
         "generated": generated, "ledger": account, "kept_rows": kept_rows, "rows": len(frame), "wall_s": wall,
-        "cpu_s": cpu, "aborted": int(counter(fleet, "sglang:num_aborted_requests_total") - aborted0),
+        "cpu_s": cpu, "aborted": int(delta["sglang:num_aborted_requests_total"]),
         # Tokens the stopped rows had before their loops began (the watch's onset; negative: inside a prefix).
         "onset_tokens": int(sum(max(onset, 0) for onset in onsets)),
         # The fleet's time, in simulated seconds per GPU with a request running: what the GPUs cost, whatever the

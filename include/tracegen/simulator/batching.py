@@ -212,7 +212,8 @@ class BatchEngine:
             return
         if self.accounting_since is not None:
             self.busy_slot_s += len(self.running) * dt
-            self.busy_s += dt if self.running else 0.0
+            if self.running:
+                self.busy_s += dt
         self.v += rate * dt
         self.now += dt
 
