@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from e2e.airflow_cluster import free_port
-from engine_support.helpers import dags_test_argv, make_config, prepare, root_of, write_dataset
+from engine_support.dags_test import DagsTest
+from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
 from tracegen.export import export_dataset
 from tracegen.store.records import OK, GeneratedRow, pack_token_ids
@@ -44,11 +45,12 @@ def airflow_env(tmp_path_factory):
     }
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True,
                    timeout=300)
-    return home, env
+    with DagsTest(env, ROOT / "dags") as dags:
+        yield home, dags
 
 
-def _dags_test(env: dict[str, str], dag_id: str, conf: dict) -> str:
-    done = subprocess.run(dags_test_argv(dag_id, conf), env=env, capture_output=True, text=True, timeout=300)
+def _dags_test(dags: DagsTest, dag_id: str, conf: dict) -> str:
+    done = dags.run(dag_id, conf, timeout=300)
     return done.stdout + done.stderr
 
 
@@ -70,16 +72,16 @@ def _files(path: Path) -> dict[str, bytes]:
 
 
 def test_the_export_dag_writes_nothing_outside_the_prefixes(airflow_env, monkeypatch):
-    home, env = airflow_env
+    home, dags = airflow_env
     root = _root(home / "allowed", "root-x", 3, monkeypatch)
     dest = home / "elsewhere" / "export"
-    log = _dags_test(env, "tracegen_export", {"output_uri": str(root), "dest_uri": str(dest)})
+    log = _dags_test(dags, "tracegen_export", {"output_uri": str(root), "dest_uri": str(dest)})
     assert "dest_uri" in log and "TRACEGEN_WRITE_PREFIXES" in log, log[-3000:]
     assert not dest.exists() and not dest.parent.exists()
 
 
 def test_the_export_dag_never_replaces_another_roots_export(airflow_env, monkeypatch):
-    home, env = airflow_env
+    home, dags = airflow_env
     allowed = home / "allowed"
     dest = allowed / "drafter"
     published = export_dataset(str(_root(allowed, "root-a", 9, monkeypatch)), str(dest), layout="tokens")
@@ -88,9 +90,9 @@ def test_the_export_dag_never_replaces_another_roots_export(airflow_env, monkeyp
     other = _root(allowed, "root-b", 2, monkeypatch)
 
     # The conf default does not replace; asked to, it still refuses another root's export.
-    log = _dags_test(env, "tracegen_export", {"output_uri": str(other), "dest_uri": str(dest)})
+    log = _dags_test(dags, "tracegen_export", {"output_uri": str(other), "dest_uri": str(dest)})
     assert "is not empty" in log and "replace_existing_export" in log, log[-3000:]
-    log = _dags_test(env, "tracegen_export", {"output_uri": str(other), "dest_uri": str(dest),
+    log = _dags_test(dags, "tracegen_export", {"output_uri": str(other), "dest_uri": str(dest),
                                               "replace_existing_export": True})
     assert "holds the export of another output root" in log, log[-3000:]
     assert _files(dest) == before
@@ -98,7 +100,7 @@ def test_the_export_dag_never_replaces_another_roots_export(airflow_env, monkeyp
 
 @pytest.mark.parametrize("field", ["output_uri", "dataset_uri"])
 def test_the_generate_dag_refuses_a_location_outside_the_prefixes_before_any_write(airflow_env, field):
-    home, env = airflow_env
+    home, dags = airflow_env
     (home / "datasets").mkdir(exist_ok=True)
     dataset = write_dataset(home / "datasets" / "prompts.jsonl", 5)
     outside = {"output_uri": str(home / "elsewhere" / "out"),
@@ -106,7 +108,7 @@ def test_the_generate_dag_refuses_a_location_outside_the_prefixes_before_any_wri
     # teardown: were the run to go on, its stand-ins would not outlive it.
     conf = {"dataset_uri": str(dataset), "output_uri": str(home / "allowed" / f"out-{field}"), "pilot_size": 0,
             "teardown": True, field: outside[field]}
-    log = _dags_test(env, "tracegen_generate", conf)
+    log = _dags_test(dags, "tracegen_generate", conf)
     assert f"{field}: " in log and "outside the prefixes" in log, log[-3000:]
     assert not (home / "elsewhere").exists() and not (home / "allowed" / f"out-{field}").exists()
     assert not (home / "state" / "fleet").exists()  # no server was launched either

@@ -24,7 +24,7 @@ def test_dags_import_without_errors(dagbag):
 
 
 def test_each_dag_lives_in_a_file_of_its_name(dagbag):
-    # The tests run `airflow dags test` on that one file (engine_support.helpers.dags_test_argv).
+    # The tests run `airflow dags test` on that one file (engine_support.dags_test).
     for dag_id in dagbag.dag_ids:
         assert Path(dagbag.dags[dag_id].fileloc) == DAGS / f"{dag_id}.py", dag_id
 

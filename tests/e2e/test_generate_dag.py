@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from engine_support.helpers import dags_test_argv
+from engine_support.dags_test import DagsTest
 from fixtures.ports import free_port
 
 from tracegen.config import SAMPLE_DATASET, RunConfig
@@ -53,6 +53,13 @@ def airflow_env(tmp_path_factory, sshd, s3):
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
                    capture_output=True)
     return env
+
+
+@pytest.fixture(scope="module")
+def dags(airflow_env):
+    """`airflow dags test` of this project's DAGs with that environment (engine_support.dags_test)."""
+    with DagsTest(airflow_env, ROOT / "dags") as runner:
+        yield runner
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +99,6 @@ def fleet(tmp_path_factory, sshd):
     teardown(FleetSpec.from_dict(spec))
 
 
-def dags_test(env, dag_id: str, conf: dict | None = None, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(dags_test_argv(dag_id, conf), env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=600)
-
-
 def base_conf(dataset: str, output: str, fleet: Path, **overrides) -> dict:
     conf = {"dataset_uri": dataset, "output_uri": output, "fleet": str(fleet), "pilot_size": 300,
             "chunk_size": 200, "max_tokens": 200}
@@ -132,13 +135,13 @@ def _has(root: OutputRoot, run_id: str, name: str) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dataset, fleet, s3_uri, tmp_path):
+def test_gate_stops_then_the_pivot_resumes_without_regenerating(dags, dataset, fleet, s3_uri, tmp_path):
     # 1. The reference job's cap: the pilot gate stops the run (gate_mode=stop: an unattended run, nobody to ask).
     # Six chunks of 100: the first three run beside the pilot (and stop with its gate), the other three
     # wait for the gate and never start.
     # measure_tail="never": this test is about the pivot continuing what the pilot cut at 100. Measuring the
     # tail (the default, and cheap at 4 x 100 tokens) would already have continued those rows.
-    result = dags_test(airflow_env, "tracegen_generate",
+    result = dags.run("tracegen_generate",
                        base_conf(dataset, s3_uri, fleet, max_tokens=100, chunk_size=100, gate_mode="stop",
                                  measure_tail="never"))
     # Stopped by the gate is not a failure: the gate's task and the chunks after it are skipped.
@@ -160,7 +163,7 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
 
     # 2. The pivot, with the default policy: a higher cap continues what was truncated from its tokens
     # and generates what was never generated.
-    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=200))
+    result = dags.run("tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=200))
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
     root = root_of(s3_uri)
@@ -186,12 +189,12 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(airflow_env, dat
 
     # 3. Same cap again: nothing left, nothing generated, the run still succeeds.
     before = len(frame)
-    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=200))
+    result = dags.run("tracegen_generate", base_conf(dataset, s3_uri, fleet, max_tokens=200))
     assert result.returncode == 0, result.stdout[-3000:]
     assert len(root_of(s3_uri).snapshots.frame()) == before
 
 
-def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_uri):
+def test_a_server_dying_mid_run_loses_nothing(dags, dataset, fleet, s3_uri):
     spec = FleetSpec.from_json(fleet.read_text())
     first = spec.hosts[0].port(0)
     # Make sure the servers are up (reused by the run), then arm GPU 0 to crash after 80 requests.
@@ -199,7 +202,7 @@ def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_ur
 
     crashing_pid = provision(spec)[0].pid
     httpx.post(f"http://127.0.0.1:{first}/sim/faults", json={"crash_after": 80}, timeout=10).raise_for_status()
-    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0))
+    result = dags.run("tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0))
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
     assert not Path(f"/proc/{crashing_pid}").exists(), "the armed server never crashed: the test proved nothing"
@@ -210,12 +213,12 @@ def test_a_server_dying_mid_run_loses_nothing(airflow_env, dataset, fleet, s3_ur
 
 
 @pytest.mark.timeout(600)  # three `airflow dags test` runs of 600 and 400 rows: 150-360 s on 2 cores
-def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow_env, dataset, fleet, s3_uri):
+def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(dags, dataset, fleet, s3_uri):
     from tracegen.fleet import provision
 
     spec = FleetSpec.from_json(fleet.read_text())
     pids = [h.pid for h in provision(spec)]  # the servers this run reuses
-    result = dags_test(airflow_env, "tracegen_generate",
+    result = dags.run("tracegen_generate",
                        base_conf(dataset, s3_uri, fleet, pilot_size=0, teardown=True))
     assert result.returncode == 0, result.stdout[-3000:]
     # teardown=true: every server's process group is gone, checked by pid.
@@ -241,18 +244,18 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(airflow
     # The scheduled DAG relaunches the operator's fleet (TRACEGEN_FLEET: the same file the run recorded by
     # digest) and finishes both chunks with the run's own config.
     roots = {"AIRFLOW_VAR_TRACEGEN_OUTPUT_ROOTS": json.dumps([s3_uri]), "TRACEGEN_FLEET": str(fleet)}
-    result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
+    result = dags.run("tracegen_rerun_failed", extra_env=roots)
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
 
     # Nothing failed any more: the scheduled DAG finds no work and maps nothing.
     before = len(root_of(s3_uri).snapshots.frame())
-    result = dags_test(airflow_env, "tracegen_rerun_failed", extra_env=roots)
+    result = dags.run("tracegen_rerun_failed", extra_env=roots)
     assert result.returncode == 0, result.stdout[-3000:]
     assert len(root_of(s3_uri).snapshots.frame()) == before
 
 
-def test_a_bad_fleet_flag_fails_the_run_naming_it_before_anything_starts(airflow_env, dataset, fleet, tmp_path):
+def test_a_bad_fleet_flag_fails_the_run_naming_it_before_anything_starts(dags, dataset, fleet, tmp_path):
     # prepare_run validates the params before it writes anything, and nothing is launched before it.
     spec = json.loads(fleet.read_text())
     port = free_port(2)
@@ -261,7 +264,7 @@ def test_a_bad_fleet_flag_fails_the_run_naming_it_before_anything_starts(airflow
     bad_fleet = tmp_path / "bad-fleet.json"
     bad_fleet.write_text(json.dumps(spec))
     output = tmp_path / "out"
-    result = dags_test(airflow_env, "tracegen_generate", base_conf(dataset, str(output), bad_fleet))
+    result = dags.run("tracegen_generate", base_conf(dataset, str(output), bad_fleet))
     assert result.returncode != 0
     logs = result.stdout + result.stderr
     assert "sglang_flags[--max-running-requests]: 'lots' must be a positive integer" in logs, logs[-3000:]

@@ -35,14 +35,6 @@ from tracegen.store.records import FAILED
 from tracegen.store.root import OutputRoot, open_root
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def dags_test_argv(dag_id: str, conf: dict | None = None) -> list[str]:
-    """`airflow dags test DAG_ID` on the one file that defines it (`dags/DAG_ID.py`, which
-    tests/dags/test_dagbag.py holds every DAG to): without `--dagfile-path` each call parses and serializes
-    every DAG of the folder, about 2 s of CPU a call on the CI machine."""
-    argv = [sys.executable, "-m", "airflow", "dags", "test", dag_id, "--dagfile-path", str(ROOT / "dags" / f"{dag_id}.py")]
-    return argv if conf is None else [*argv, "--conf", json.dumps(conf)]
 DRIVER = Path(__file__).resolve().parent / "chunk_driver.py"
 MODEL = "sim/Qwen3-test"
 
