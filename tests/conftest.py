@@ -43,13 +43,13 @@ LONG_MODULES = (
     "tests/include/tracegen/export/test_export_trainer_conversations.py",
     "tests/e2e/test_generate_dag.py",
     "tests/e2e/test_cap_review.py",
-    "tests/dags/test_dag_locations.py",
     "tests/e2e/test_raise_cap.py",
     "tests/plugins/test_review_page.py",
     "tests/include/tracegen/test_export_exclusive.py",
     "tests/include/tracegen/export/test_export_trainer_loaders.py",
     "tests/include/tracegen/generate/test_fencing.py",
     "tests/include/tracegen/generate/test_engine_crash.py",
+    "tests/dags/test_dag_locations.py",
 )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,8 +43,10 @@ class DagsTest:
         self.dags_dir = dags_dir
         self.workdir = Path(tempfile.mkdtemp(prefix="dags-test-"))
         self._log = (self.workdir / "server.log").open("w")
+        # Unbuffered: answers are read whole lines at a time off the pipe, never left in a buffer select() misses.
         self._server = subprocess.Popen([sys.executable, __file__], env=self.env, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self._log, text=True)
+                                        stdout=subprocess.PIPE, stderr=self._log, bufsize=0)
+        self._pending = b""
         self._runs = 0
         self._read(timeout=300)  # {"ready": true}
 
@@ -58,24 +61,31 @@ class DagsTest:
             args += ["--conf", json.dumps(conf)]
         self._runs += 1
         out = self.workdir / f"run-{self._runs}.log"
-        self._server.stdin.write(json.dumps({"args": args, "env": env, "out": str(out)}) + "\n")
-        self._server.stdin.flush()
+        request = memoryview(json.dumps({"args": args, "env": env, "out": str(out)}).encode() + b"\n")
+        while request:
+            request = request[os.write(self._server.stdin.fileno(), request):]
         pid = self._read(timeout=60)["pid"]
         try:
             rc = self._read(timeout=timeout)["rc"]
         except TimeoutError:
             os.kill(pid, signal.SIGKILL)
+            self._read(timeout=30)  # the killed child's exit status: the next run's answers come after it
             raise subprocess.TimeoutExpired(["airflow", *args], timeout, out.read_text(errors="replace")) from None
         return subprocess.CompletedProcess(["airflow", *args], rc, out.read_text(errors="replace"), "")
 
     def _read(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while True:
+            line, newline, rest = self._pending.partition(b"\n")
+            if newline:
+                self._pending = rest
+                return json.loads(line)
             ready, _, _ = select.select([self._server.stdout], [], [], max(0.0, deadline - time.monotonic()))
             if ready:
-                line = self._server.stdout.readline()
-                if line:
-                    return json.loads(line)
+                chunk = os.read(self._server.stdout.fileno(), 65536)
+                if chunk:
+                    self._pending += chunk
+                    continue
                 self._server.wait()
                 self._log.flush()
                 tail = (self.workdir / "server.log").read_text(errors="replace")[-3000:]
@@ -92,6 +102,7 @@ class DagsTest:
                 self._server.kill()
                 self._server.wait()
         self._log.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> DagsTest:
         return self
