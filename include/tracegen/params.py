@@ -23,6 +23,14 @@ FLEET_PARAM = {
     f"'{LOCAL_SIM}' for the bundled simulated fleet: one the operator listed (TRACEGEN_FLEET, TRACEGEN_FLEETS); "
     "any other is refused before it is read.",
 }
+# The JSON Schema draft the forms' fields are written in, named in each field. Airflow validates every field of
+# every task's copy of the params each time it serializes the DAG (the dag-processor at each parse, `airflow
+# dags test` several times a run), and jsonschema first checks the field's schema against its draft's
+# metaschema: 1.46 ms a field against 2020-12, the default when none is named, 0.35 ms against draft-07, which
+# holds every keyword the fields use. Serializing tracegen_generate: 0.90 s of CPU against 2020-12, 0.27 s
+# against draft-07.
+SCHEMA_DRAFT = {"$schema": "http://json-schema.org/draft-07/schema#"}
+
 TEARDOWN_PARAM = {
     "type": "boolean", "title": "Stop servers at the end",
     "description": "Stop the SGLang servers when the run ends (they are reused by later runs otherwise).",
@@ -57,9 +65,10 @@ def trigger_params() -> dict[str, Any]:
     form: dict[str, Any] = {}
     for name in CONFIG_PARAMS:
         rule = rule_of(name)
-        form[name] = Param(defaults[name], title=rule.title, description=rule.description, **rule.schema())
-    form["fleet"] = Param(defaults["fleet"], **FLEET_PARAM)
-    form["teardown"] = Param(defaults["teardown"], **TEARDOWN_PARAM)
+        form[name] = Param(defaults[name], title=rule.title, description=rule.description, **rule.schema(),
+                           **SCHEMA_DRAFT)
+    form["fleet"] = Param(defaults["fleet"], **FLEET_PARAM, **SCHEMA_DRAFT)
+    form["teardown"] = Param(defaults["teardown"], **TEARDOWN_PARAM, **SCHEMA_DRAFT)
     return form
 
 
@@ -104,10 +113,10 @@ def raise_cap_params() -> dict[str, Any]:
     return {
         "run_id": Param("", type="string", minLength=1, title="Run id",
                         description="The running tracegen_generate run to raise the cap of (its run id, as the "
-                                    "Airflow UI shows it)."),
+                                    "Airflow UI shows it).", **SCHEMA_DRAFT),
         "max_tokens": Param(8192, title="New cap (max_tokens)",
                             description="Above the run's current cap and below the servers' context length "
                                         f"(at most {HIGHEST:,}). Chunks starting from now generate at it; "
                                         "rows already truncated are extended to it from their tokens after "
-                                        "the first fan-out.", **rule.schema()),
+                                        "the first fan-out.", **rule.schema(), **SCHEMA_DRAFT),
     }

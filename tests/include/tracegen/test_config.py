@@ -98,3 +98,25 @@ def test_the_trigger_forms_cap_fields_are_the_one_cap_rules():
         RunConfig(**BASE, max_tokens=10**10)
     with pytest.raises(ConfigError, match="max_tokens of about 401 digits is too large"):
         RunConfig(**BASE, max_tokens=10**400)
+
+
+def test_every_form_field_names_draft_07_and_uses_only_its_keywords():
+    """The forms' fields name JSON Schema draft-07 (`params.SCHEMA_DRAFT`: cheaper for Airflow to check at each
+    serialization). A validator ignores keywords its draft does not know, so a field using a later draft's
+    keyword (`prefixItems`, `dependentRequired`, ...) would silently stop being checked: each field must be a
+    valid draft-07 schema whose keywords draft-07 defines, and must still refuse a value out of its range."""
+    from airflow.sdk.exceptions import ParamValidationError
+    from jsonschema.validators import Draft7Validator
+
+    from tracegen.params import SCHEMA_DRAFT, raise_cap_params, trigger_params
+
+    known = set(Draft7Validator.META_SCHEMA["properties"]) | {"$schema"}
+    for form in (trigger_params(), raise_cap_params()):
+        for name, param in form.items():
+            assert {k: param.schema[k] for k in SCHEMA_DRAFT} == SCHEMA_DRAFT, name
+            Draft7Validator.check_schema(param.schema)
+            assert set(param.schema) <= known, (name, set(param.schema) - known)
+            for sub in param.schema.get("allOf", []):
+                assert set(sub) <= known, (name, set(sub) - known)
+    with pytest.raises(ParamValidationError, match="less than the minimum of 1"):
+        trigger_params()["max_tokens"].resolve(0)
