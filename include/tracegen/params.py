@@ -23,6 +23,7 @@ FLEET_PARAM = {
     f"'{LOCAL_SIM}' for the bundled simulated fleet: one the operator listed (TRACEGEN_FLEET, TRACEGEN_FLEETS); "
     "any other is refused before it is read.",
 }
+
 # The JSON Schema draft the forms' fields are written in, named in each field. Airflow validates every field of
 # every task's copy of the params each time it serializes the DAG (the dag-processor at each parse, `airflow
 # dags test` several times a run), and jsonschema first checks the field's schema against its draft's
