@@ -126,6 +126,17 @@ def newest_run(root: OutputRoot) -> str:
     return max(runs, key=runs.get)
 
 
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process. One that has exited stays a zombie (state Z, its /proc entry still there)
+    until its parent reaps it: for a server launched over SSH that is the machine's init, which may take a
+    moment. The fleet's own stop check skips zombies the same way (tracegen.fleet.command)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(") ", 1)[1].split()[0] != "Z"
+
+
 def _has(root: OutputRoot, run_id: str, name: str) -> bool:
     try:
         root.run_files.get(run_id, name)
@@ -142,8 +153,8 @@ def test_gate_stops_then_the_pivot_resumes_without_regenerating(dags, dataset, f
     # measure_tail="never": this test is about the pivot continuing what the pilot cut at 100. Measuring the
     # tail (the default, and cheap at 4 x 100 tokens) would already have continued those rows.
     result = dags.run("tracegen_generate",
-                       base_conf(dataset, s3_uri, fleet, max_tokens=100, chunk_size=100, gate_mode="stop",
-                                 measure_tail="never"))
+                      base_conf(dataset, s3_uri, fleet, max_tokens=100, chunk_size=100, gate_mode="stop",
+                                measure_tail="never"))
     # Stopped by the gate is not a failure: the gate's task and the chunks after it are skipped.
     assert result.returncode == 0, result.stdout[-3000:]
     root = root_of(s3_uri)
@@ -205,7 +216,7 @@ def test_a_server_dying_mid_run_loses_nothing(dags, dataset, fleet, s3_uri):
     result = dags.run("tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0))
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
-    assert not Path(f"/proc/{crashing_pid}").exists(), "the armed server never crashed: the test proved nothing"
+    assert not _running(crashing_pid), "the armed server never crashed: the test proved nothing"
     frame = root_of(s3_uri).snapshots.frame()
     assert frame["index"].is_unique  # every row exactly once
     # Rows name the GPU that made them, not the task's SSH tunnel port.
@@ -218,13 +229,12 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(dags, d
 
     spec = FleetSpec.from_json(fleet.read_text())
     pids = [h.pid for h in provision(spec)]  # the servers this run reuses
-    result = dags.run("tracegen_generate",
-                       base_conf(dataset, s3_uri, fleet, pilot_size=0, teardown=True))
+    result = dags.run("tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0, teardown=True))
     assert result.returncode == 0, result.stdout[-3000:]
     # teardown=true: every server's process group is gone, checked by pid.
     assert [s.healthy for s in status(spec)] == [False, False]
     for pid in pids:
-        assert not Path(f"/proc/{pid}").exists(), f"server pid {pid} outlived teardown"
+        assert not _running(pid), f"server pid {pid} outlived teardown"
 
     root = root_of(s3_uri)
     run = newest_run(root)
