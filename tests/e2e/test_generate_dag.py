@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from engine_support.dags_test import DagsTest
 from fixtures.ports import free_port
+from fixtures.procs import is_alive
 
 from tracegen.config import SAMPLE_DATASET, RunConfig
 from tracegen.export import export_dataset
@@ -126,17 +127,6 @@ def newest_run(root: OutputRoot) -> str:
     return max(runs, key=runs.get)
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process. One that has exited stays a zombie (state Z, its /proc entry still there)
-    until its parent reaps it: for a server launched over SSH that is the machine's init, which may take a
-    moment. The fleet's own stop check skips zombies the same way (tracegen.fleet.command)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(") ", 1)[1].split()[0] != "Z"
-
-
 def _has(root: OutputRoot, run_id: str, name: str) -> bool:
     try:
         root.run_files.get(run_id, name)
@@ -216,7 +206,7 @@ def test_a_server_dying_mid_run_loses_nothing(dags, dataset, fleet, s3_uri):
     result = dags.run("tracegen_generate", base_conf(dataset, s3_uri, fleet, pilot_size=0))
     assert result.returncode == 0, result.stdout[-3000:]
     assert_complete_and_clean(s3_uri)
-    assert not _running(crashing_pid), "the armed server never crashed: the test proved nothing"
+    assert not is_alive(crashing_pid), "the armed server never crashed: the test proved nothing"
     frame = root_of(s3_uri).snapshots.frame()
     assert frame["index"].is_unique  # every row exactly once
     # Rows name the GPU that made them, not the task's SSH tunnel port.
@@ -234,7 +224,7 @@ def test_teardown_then_rerun_failed_repairs_injected_failures_then_idles(dags, d
     # teardown=true: every server's process group is gone, checked by pid.
     assert [s.healthy for s in status(spec)] == [False, False]
     for pid in pids:
-        assert not _running(pid), f"server pid {pid} outlived teardown"
+        assert not is_alive(pid), f"server pid {pid} outlived teardown"
 
     root = root_of(s3_uri)
     run = newest_run(root)

@@ -7,19 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+from fixtures.procs import proc_stat
+
 from tracegen.fleet import FleetSpec
 
 HERE = Path(__file__).resolve().parent
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, pgid) of a process, or None when it does not exist."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = raw[raw.rindex(") ") + 2 :].split()
-    return fields[0], int(fields[2])
 
 
 def live_group_members(pgid: int) -> list[int]:
@@ -31,11 +23,6 @@ def live_group_members(pgid: int) -> list[int]:
             if st and st[1] == pgid and st[0] != "Z":
                 members.append(int(entry))
     return members
-
-
-def is_alive(pid: int) -> bool:
-    st = proc_stat(pid)
-    return st is not None and st[0] != "Z"
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):

@@ -4,7 +4,8 @@ import json
 import subprocess
 
 import pytest
-from fleet_helpers import is_alive, live_group_members, probe_spec, wait_for
+from fixtures.procs import is_alive
+from fleet_helpers import live_group_members, probe_spec, wait_for
 
 from tracegen.fleet import (
     FleetConnection,

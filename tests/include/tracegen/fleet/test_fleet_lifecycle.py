@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 from fixtures.ports import free_port
-from fleet_helpers import is_alive, live_group_members
+from fixtures.procs import is_alive
+from fleet_helpers import live_group_members
 
 from tracegen.fleet import FleetConnection, FleetError, FleetSpec, provision, status, teardown
 from tracegen.fleet.server import model_matches

@@ -13,7 +13,8 @@ import httpx
 import pytest
 from fixtures import sglang_reference as sglang_ref
 from fixtures.ports import free_port
-from fleet_helpers import is_alive, live_group_members, probe_spec, wait_for
+from fixtures.procs import is_alive
+from fleet_helpers import live_group_members, probe_spec, wait_for
 
 from tracegen.fleet import (
     FleetConnection,
