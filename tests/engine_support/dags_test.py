@@ -151,6 +151,8 @@ def _serve() -> None:
                     code = 0
                 except SystemExit as exc:
                     code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                    if not isinstance(exc.code, int) and exc.code is not None:
+                        print(exc.code, file=sys.stderr)  # as the interpreter prints SystemExit("message")
             except BaseException:
                 import traceback
 
