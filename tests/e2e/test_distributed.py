@@ -247,6 +247,10 @@ def test_the_rerun_never_races_a_live_run_and_finishes_a_crashed_one(cluster: Ai
     finishers = [r["dag_run_id"] for r in _rerun_runs(api) if r["dag_run_id"] not in before
                  and r["dag_run_id"] not in live and _generated(api, r["dag_run_id"])]
     assert finishers, "rows were finished, but by no rerun task"
+    # The first rerun that found work began once the dead tasks' leases had expired: no other writer was
+    # left, so none of its chunk tasks yielded (the tasks of one rerun run share the root).
+    first = [t for t in api.task_instances(RERUN, finishers[0]) if t["task_id"] == "rerun_unfinished"]
+    assert all(t["state"] == "success" for t in first), [(t["map_index"], t["state"]) for t in first]
     output_root = OutputRoot(open_storage(str(output)))
     assert output_root.repair.check_invariants(deep=True) == []
     frame = output_root.snapshots.frame()

@@ -24,7 +24,7 @@ from tracegen.common import locations
 from tracegen.run import plan
 from tracegen.run.run_record import recorded_airflow_run, stopped_at_gate
 from tracegen.run.run_spec import RunSpec
-from tracegen.store.lease import fresh_holders, lease_ttl_s
+from tracegen.store.lease import fresh_holders, lease_ttl_s, owner_digest
 from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.snapshots import COMPACT_OVER
 
@@ -124,12 +124,14 @@ def _airflow_key(root: OutputRoot, run_id: str) -> str:
     return recorded_airflow_run(root, run_id) or run_id
 
 
-def root_owner(root: OutputRoot, newest: RootRun | None) -> str | None:
+def root_owner(root: OutputRoot, newest: RootRun | None, writer: str | None = None) -> str | None:
     """Who owns the root now, so the rerun must not write: the newest run while Airflow has it queued or
-    running, or the holder of a fresh lease. None: nobody."""
+    running, or the holder of a fresh lease of another owner than `writer` (the lease owner the asking
+    task writes as: the other tasks of its own rerun run share the root with it). None: nobody."""
     if newest is not None and newest.live:
         return f"run {newest.spec.run_id} is {newest.state} in Airflow"
-    holders = fresh_holders(root.storage, lease_ttl_s())
+    ours = None if writer is None else owner_digest(writer)
+    holders = [h for h in fresh_holders(root.storage, lease_ttl_s()) if h.digest != ours]
     if holders:
         return "a writer holds a lease on it: " + "; ".join(h.describe() for h in holders[:3])
     return None
@@ -175,10 +177,11 @@ def unfinished_work(output_uri: str, airflow: AirflowRuns, aws_conn_id: str = "a
 
 
 def run_for_rerun(item: RerunWork, airflow: AirflowRuns, aws_conn_id: str = "aws_default", *,
-                  root: OutputRoot | None = None) -> RunSpec:
+                  root: OutputRoot | None = None, writer: str | None = None) -> RunSpec:
     """The run a rerun task generates for, as Airflow knows it, rebased onto the item's root. Raises
     `RerunRefused` naming why when it no longer may: Airflow does not know it, or the root has an owner.
-    `root`: the item's output root, when the task has opened it already."""
+    `root`: the item's output root, when the task has opened it already. `writer`: the lease owner the
+    task writes as, whose leases (its sibling tasks') do not make the root another's."""
     refused = _outside_prefixes(item.output_uri)
     if refused is not None:
         raise RerunRefused(refused)
@@ -186,7 +189,7 @@ def run_for_rerun(item: RerunWork, airflow: AirflowRuns, aws_conn_id: str = "aws
     newest = newest_known_run(root, item.output_uri, airflow)
     if newest is None or newest.spec.run_id != item.run_id:
         raise RerunRefused(f"{item.output_uri}: run {item.run_id} is no longer the newest run Airflow knows there")
-    owner = root_owner(root, newest)
+    owner = root_owner(root, newest, writer)
     if owner is not None:
         raise RerunRefused(f"{item.output_uri}: {owner}")
     return newest.spec.rebased(item.output_uri, aws_conn_id)

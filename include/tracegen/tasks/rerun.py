@@ -76,8 +76,10 @@ def rerun_chunk(api, work: dict[str, Any]) -> dict[str, Any]:
     api.label(item.label)
     # The spec the rerun generates for is rebased onto this same root and connection.
     root = open_root(item.output_uri)
+    # Every task of this rerun run writes as one lease owner: they share the root, others yield to them.
+    writer = f"tracegen_rerun_failed run {api.run_id}"
     try:
-        spec = run_for_rerun(item, AirflowRunsView(api), root=root)
+        spec = run_for_rerun(item, AirflowRunsView(api), root=root, writer=writer)
     except RerunRefused as exc:
         raise Skip(f"{item.label}: {exc}") from None
     try:
@@ -86,7 +88,7 @@ def rerun_chunk(api, work: dict[str, Any]) -> dict[str, Any]:
         # Not retried: the operator's fleet must change back (or a new run start) before this can succeed.
         raise Refuse(f"{item.label}: {exc}") from None
     try:
-        options = ChunkOptions(writer=f"tracegen_rerun_failed run {api.run_id}", lease_wait_s=0,
+        options = ChunkOptions(writer=writer, lease_wait_s=0,
                                attempt=api.attempt())
         summary = generate_chunk_work(spec, item.work, fleet=fleet, root=root, options=options)
     except (RootHeld, GateClosed) as exc:

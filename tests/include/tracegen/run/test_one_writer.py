@@ -103,6 +103,23 @@ def test_a_fresh_lease_of_another_writer_holds_the_root_until_it_expires(tmp_pat
     assert sum(w.work.remaining for w in unfinished_work(spec.config.output_uri, known)) == N_ROWS
 
 
+def test_the_tasks_of_one_rerun_run_share_the_root_and_another_rerun_yields_to_them(tmp_path) -> None:
+    """A rerun run maps one task per chunk, all writing as one lease owner: a task that starts while its
+    siblings generate goes on (it would otherwise skip its chunk until the next scheduled rerun); a task of
+    another owner yields, naming the holder."""
+    spec = run(tmp_path)
+    output_root = root_of(spec.config)
+    known = KnownRuns(output_root, {"run-1": "failed"})
+    first, second, *_ = unfinished_work(spec.config.output_uri, known)
+    sibling = RootLease(output_root.storage, "tracegen_rerun_failed run R", "chunk 0000", ttl_s=300)
+    sibling.acquire()
+    assert run_for_rerun(second, known, writer="tracegen_rerun_failed run R").run_id == "run-1"
+    with pytest.raises(RerunRefused, match="chunk 0000"):
+        run_for_rerun(second, known, writer="tracegen_rerun_failed run S")
+    with pytest.raises(RerunRefused, match="chunk 0000"):
+        run_for_rerun(first, known)  # no owner of its own: every fresh lease is another's
+
+
 def test_a_planted_lease_delays_by_one_ttl_at_most_and_chooses_nothing(tmp_path) -> None:
     storage = open_storage(str(tmp_path / "out"))
     key = f"{LEASE_PREFIX}{'0' * 16}.{'1' * 32}.json"
