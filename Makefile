@@ -66,7 +66,7 @@ unit: venv
 # Three workers on the CI machine's two cores: the end-to-end modules spend most of their time waiting on their
 # Airflow clusters. --dist loadfile keeps a module on one worker, so its module fixtures (a cluster) start once.
 test: venv system-deps lint bytecode
-	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --no-loadscope-reorder
 
 # The reference job's 4096 -> 8192 pivot through the real DAG, on a simulated fleet, in about a minute.
 demo: venv bytecode

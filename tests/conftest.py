@@ -32,12 +32,13 @@ pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixture
 
 
 # The modules that take a minute or more of a worker, longest first (`pytest --durations` on the CI machine's
-# two cores), in the order `make test` hands them to its three xdist workers (`--no-loadscope-reorder`; by
+# two cores), in the order `make test` hands them to its four xdist workers (`--no-loadscope-reorder`; by
 # default xdist orders modules by test count, which puts the few-test end-to-end modules last, running
-# alone at the end). xdist gives worker k the k-th and (k+3)-th module at the start, then one module to
-# whichever worker is free: the order keeps the Airflow clusters' start-ups (test_distributed, test_cap_review,
-# test_raise_cap) apart, so no two of them start on two busy cores at the same moment, and the hundred short
-# modules fill in around the long ones at the end.
+# alone at the end). xdist gives worker k the k-th and (k+4)-th module at the start, then one module to
+# whichever worker is free: the longest start first, the third Airflow cluster (test_raise_cap) starts only
+# once the trainers' check ends, and the hundred short modules fill in around the long ones at the end. Four
+# workers on two cores: the end-to-end modules spend much of their time waiting on Airflow's scheduler and
+# the stand-ins' clock, which a fourth worker fills with work.
 LONG_MODULES = (
     "tests/e2e/test_distributed.py",
     "tests/include/tracegen/export/test_export_trainer_conversations.py",
