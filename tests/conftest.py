@@ -54,6 +54,22 @@ LONG_MODULES = (
 )
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, except that the modules sharing one Airflow cluster (`e2e.shared_cluster`) are one
+    unit of work, so one worker runs them in turn and the cluster starts once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from e2e.shared_cluster import SHARED_CLUSTER_MODULES
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedClusterScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SHARED_CLUSTER_MODULES[0] if scope in SHARED_CLUSTER_MODULES else scope
+
+    return SharedClusterScheduling(config, log)
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:
     rank = {module: i for i, module in enumerate(LONG_MODULES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order

@@ -2,7 +2,8 @@
 `tracegen_export` run publishes an export and emits an Asset event through the AssetAlias
 `tracegen_export`, resolving to the destination's manifest; a downstream DAG scheduled on that alias
 (tests/e2e/dags/tracegen_export_consumer.py, added to the cluster as a DAG bundle of its own: a test's DAG
-never ships with the project's) runs after it and reads the manifest the event names.
+never ships with the project's) runs after it and reads the manifest the event names. The cluster is the
+one this module shares with test_raise_cap (`e2e.shared_cluster`).
 """
 
 from __future__ import annotations
@@ -13,30 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.airflow_cluster import ClusterError, running_cluster
+from e2e.airflow_cluster import ClusterError
 from engine_support.helpers import make_config, prepare, root_of, write_dataset
 
 from tracegen.store.records import OK, GeneratedRow, pack_token_ids
 
 EXPORT, CONSUMER = "tracegen_export", "tracegen_export_consumer"
-TEST_DAGS = Path(__file__).resolve().parent / "dags"
 N_ROWS = 12
 
 
-def _bundles(project_dags: str) -> str:
-    local = "airflow.dag_processing.bundles.local.LocalDagBundle"
-    return json.dumps([{"name": "dags-folder", "classpath": local, "kwargs": {"path": project_dags}},
-                       {"name": "tracegen-tests", "classpath": local, "kwargs": {"path": str(TEST_DAGS)}}])
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    from tracegen.config import PROJECT_DIR
-
-    root = tmp_path_factory.mktemp("export-cluster")
-    extra_env = {"AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": _bundles(str(PROJECT_DIR / "dags"))}
-    with running_cluster(root, workers=1, worker_concurrency=2, extra_env=extra_env) as cluster:
-        yield cluster
+def cluster(shared_cluster):
+    return shared_cluster
 
 
 def _root(tmp: Path) -> Path:

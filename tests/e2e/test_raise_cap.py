@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e.airflow_cluster import AirflowApi, AirflowCluster, running_cluster, sample_prompts
+from e2e.airflow_cluster import AirflowApi, AirflowCluster, sample_prompts
 
 from tracegen.config import safe_run_id
 from tracegen.run.cap_raise import variable_key
@@ -29,12 +29,10 @@ CONF = {"max_tokens": 4096, "pilot_size": 0, "chunk_size": 20, "gate_mode": "war
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("raise-cluster")
-    # Slow enough that chunks are still to start when the raise lands; a worker slot beyond the three
-    # chunk tasks runs the raise itself.
-    with running_cluster(root, workers=1, worker_concurrency=4, extra_env={"TRACEGEN_SIM_TIME_SCALE": "20"}) as cluster:
-        yield cluster
+def cluster(shared_cluster: AirflowCluster) -> AirflowCluster:
+    # e2e.shared_cluster: the stand-ins' clock at 20x, slow enough that chunks are still to start when the
+    # raise lands; a worker slot beyond the three chunk tasks runs the raise itself.
+    return shared_cluster
 
 
 @pytest.fixture(scope="module")
