@@ -28,6 +28,15 @@ def test_every_long_module_exists_and_make_test_keeps_the_order() -> None:
     assert recipe and "--dist loadfile --no-loadscope-reorder" in recipe.group(1), recipe
 
 
+def test_the_modules_sharing_a_cluster_exist_and_ask_for_it() -> None:
+    """A renamed module would start a cluster of its own, on whichever worker gets it."""
+    from e2e.shared_cluster import SHARED_CLUSTER_MODULES
+
+    for module in SHARED_CLUSTER_MODULES:
+        assert (ROOT / module).is_file(), f"e2e.shared_cluster names a module that does not exist: {module}"
+        assert "shared_cluster" in (ROOT / module).read_text(), f"{module} does not use the shared cluster"
+
+
 def test_make_test_and_demo_compile_tracegens_bytecode_first() -> None:
     makefile = (ROOT / "Makefile").read_text()
     for target in ("test", "demo"):
