@@ -63,8 +63,9 @@ lint: venv
 unit: venv
 	$(PY) -m pytest -q
 
-# Three workers on the CI machine's two cores: the end-to-end modules spend most of their time waiting on their
-# Airflow clusters. --dist loadfile keeps a module on one worker, so its module fixtures (a cluster) start once.
+# Four workers on the CI machine's two cores: the end-to-end modules spend most of their time waiting on their
+# Airflow clusters (five measured slower: more contention). --dist loadfile keeps a module on one worker, so its
+# module fixtures (a cluster) start once; tests/conftest.py makes the modules that share a cluster one unit.
 test: venv system-deps lint bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --no-loadscope-reorder
 
