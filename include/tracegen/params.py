@@ -32,6 +32,14 @@ FLEET_PARAM = {
 # against draft-07.
 SCHEMA_DRAFT = {"$schema": "http://json-schema.org/draft-07/schema#"}
 
+
+def form_field(default: Any, **schema: Any) -> Any:
+    """One field of a trigger form: an Airflow `Param` whose schema names `SCHEMA_DRAFT`."""
+    from airflow.sdk import Param
+
+    return Param(default, **schema, **SCHEMA_DRAFT)
+
+
 TEARDOWN_PARAM = {
     "type": "boolean", "title": "Stop servers at the end",
     "description": "Stop the SGLang servers when the run ends (they are reused by later runs otherwise).",
@@ -58,18 +66,15 @@ def default_fleet_source() -> str:
 def trigger_params() -> dict[str, Any]:
     """`Param`s for the trigger form: each RunConfig param's type, range, enum, title and description
     come from its rule, so whatever the form accepts RunConfig accepts, and the reverse."""
-    from airflow.sdk import Param
-
     from tracegen.config import rule_of
 
     defaults = default_params()
     form: dict[str, Any] = {}
     for name in CONFIG_PARAMS:
         rule = rule_of(name)
-        form[name] = Param(defaults[name], title=rule.title, description=rule.description, **rule.schema(),
-                           **SCHEMA_DRAFT)
-    form["fleet"] = Param(defaults["fleet"], **FLEET_PARAM, **SCHEMA_DRAFT)
-    form["teardown"] = Param(defaults["teardown"], **TEARDOWN_PARAM, **SCHEMA_DRAFT)
+        form[name] = form_field(defaults[name], title=rule.title, description=rule.description, **rule.schema())
+    form["fleet"] = form_field(defaults["fleet"], **FLEET_PARAM)
+    form["teardown"] = form_field(defaults["teardown"], **TEARDOWN_PARAM)
     return form
 
 
@@ -105,19 +110,17 @@ def raise_cap_params() -> dict[str, Any]:
     """`tracegen_raise_cap`'s form: which running run, and its new cap. The field is the run's own
     max_tokens field (`config.Cap`, `tracegen.common.cap_rule`'s bounds); the rest of the one cap rule (above
     the run's cap, below the servers' context length) is applied when the raise is made and read."""
-    from airflow.sdk import Param
-
     from tracegen.common.cap_rule import HIGHEST
     from tracegen.config import rule_of
 
     rule = rule_of("max_tokens")
     return {
-        "run_id": Param("", type="string", minLength=1, title="Run id",
-                        description="The running tracegen_generate run to raise the cap of (its run id, as the "
-                                    "Airflow UI shows it).", **SCHEMA_DRAFT),
-        "max_tokens": Param(8192, title="New cap (max_tokens)",
-                            description="Above the run's current cap and below the servers' context length "
-                                        f"(at most {HIGHEST:,}). Chunks starting from now generate at it; "
-                                        "rows already truncated are extended to it from their tokens after "
-                                        "the first fan-out.", **rule.schema(), **SCHEMA_DRAFT),
+        "run_id": form_field("", type="string", minLength=1, title="Run id",
+                             description="The running tracegen_generate run to raise the cap of (its run id, as "
+                                         "the Airflow UI shows it)."),
+        "max_tokens": form_field(8192, title="New cap (max_tokens)",
+                                 description="Above the run's current cap and below the servers' context length "
+                                             f"(at most {HIGHEST:,}). Chunks starting from now generate at it; "
+                                             "rows already truncated are extended to it from their tokens after "
+                                             "the first fan-out.", **rule.schema()),
     }

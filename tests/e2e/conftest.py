@@ -9,9 +9,7 @@ from e2e.shared_cluster import SHARED, shares_the_cluster
 
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory):
-    if SHARED.cluster is None:
-        return SHARED.get(tmp_path_factory.mktemp("shared-cluster"))
-    return SHARED.cluster
+    return SHARED.cluster or SHARED.get(tmp_path_factory.mktemp("shared-cluster"))
 
 
 @pytest.hookimpl(hookwrapper=True)
