@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tracegen.common.tls import client_tls
+from tracegen.common.tls import tls_for
 from tracegen.fleet import command
 from tracegen.fleet.spec import SECRET_CONNECTION_TYPES, FleetSpec, HostSpec, SecretRef
 from tracegen.fleet.transport import FleetError, Transport, open_transport
@@ -345,7 +345,7 @@ def probe(url: str, spec: FleetSpec, headers: dict[str, str], timeout: float = P
     """Healthy = `/health` answers 200 and `/model_info` names the configured model."""
     try:
         with httpx.Client(base_url=url, timeout=timeout, headers=headers, trust_env=False,
-                          verify=client_tls()) as client:
+                          verify=tls_for(url)) as client:
             health = client.get("/health")
             if health.status_code != 200:
                 return Probe(False, None, f"/health answered {health.status_code}")
@@ -373,7 +373,7 @@ def served_context_length(url: str, headers: dict[str, str], model: str, timeout
     where = f"{url}: context length"
     try:
         with httpx.Client(base_url=url, headers=headers, timeout=timeout, trust_env=False,
-                          verify=client_tls()) as client:
+                          verify=tls_for(url)) as client:
             info = client.get("/server_info")
             info.raise_for_status()
             value = info.json().get("context_length")

@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 from tracegen.common.http_connection import ConnectionMisconfigured, http_url
 from tracegen.common.locations import shown_location
-from tracegen.common.tls import client_tls
+from tracegen.common.tls import tls_for
 
 API_CONN_ENV = "TRACEGEN_API_CONN"
 # Names the users who alone may answer the gate's question (`review.notify.assigned_users` reads it); a raise
@@ -77,7 +77,7 @@ class ApiAnswerer:
                 f"{quote(task_id, safe='')}/{map_index}/hitlDetails")
         try:
             with httpx.Client(base_url=self.base_url, timeout=TIMEOUT_S, follow_redirects=False,
-                              verify=client_tls()) as client:
+                              verify=tls_for(self.base_url)) as client:
                 token = client.post("/auth/token", json={"username": self.login, "password": self.password})
                 if token.status_code not in (200, 201) or "access_token" not in _json(token):
                     raise AnswerFailed(f"{self.where}: /auth/token refused user {self.login!r}: HTTP "

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from tracegen.common.locations import shown_location
-from tracegen.common.tls import client_tls
+from tracegen.common.tls import tls_for
 from tracegen.sglang.retry import FatalClientError
 from tracegen.sglang.settings import ClientConfig
 from tracegen.sglang.wire import PATH, MalformedResponse, parse_completion
@@ -126,7 +126,8 @@ class ServerState:
         size = config.pool_size
         n_pools = -(-endpoint.max_in_flight // size)
         self.pools = [
-            httpx.AsyncHTTPTransport(limits=_limits(config, size), verify=client_tls(), retries=0) for _ in range(n_pools)
+            httpx.AsyncHTTPTransport(limits=_limits(config, size), verify=tls_for(endpoint.url), retries=0)
+            for _ in range(n_pools)
         ]
         # One entry per slot, naming the pool that serves it; acquire pops, release pushes back.
         self.free_pools = [i % n_pools for i in range(endpoint.max_in_flight)]
@@ -139,7 +140,7 @@ class ServerState:
             headers=self.headers,
             limits=_limits(config, 1),
             timeout=_timeouts(config),
-            verify=client_tls(),
+            verify=tls_for(endpoint.url),
         )
         self.max_in_flight = endpoint.max_in_flight
         # Autotune hook (tracegen.sglang.autotune): the in-flight limit routing obeys. Starts at max_in_flight;
@@ -194,7 +195,7 @@ class ServerPool:
         while server.max_in_flight < limit:
             # One more pool of `size` slots; its slot entries join the free list like the first ones.
             server.pools.append(
-                httpx.AsyncHTTPTransport(limits=_limits(self.config, size), verify=client_tls(), retries=0)
+                httpx.AsyncHTTPTransport(limits=_limits(self.config, size), verify=tls_for(server.url), retries=0)
             )
             server.free_pools.extend([len(server.pools) - 1] * size)
             server.max_in_flight += size
