@@ -9,9 +9,9 @@ across threads), and every client verifies against the same store: the system's,
 A client that only ever speaks plain HTTP (a server on loopback or through an SSH tunnel: `tls_for`) never
 uses its context, yet httpx wants one: it gets one that loads no store. That context still requires a
 certificate and checks host names, against an empty store, so it trusts no server: were it ever used for
-an https URL, the handshake would fail rather than go unverified. Every task process that provisions or
-probes the fleet saves the store's load (about 45 ms of CPU on a 2-core VM), paid once per thread that
-asked first before the lock below.
+an https URL, the handshake would fail rather than go unverified. A task that probes a plain-HTTP fleet
+from two threads spent 132 ms of CPU on it with each thread loading the store (45 ms a load on a 2-core VM),
+44 ms without.
 """
 
 from __future__ import annotations
