@@ -3,7 +3,8 @@
 The prompt is rendered with the chat template and tokenized; the completion is a fresh sample of it. The
 text is split as SGLang's chat route splits it: thinking by the reasoning parser (`--reasoning-parser`, unless
 the request asks for the raw text), then tool calls out of the answer (`--tool-call-parser`, unless
-`tool_choice` is "none"). The deltas of a stream add up to the message of the same request unstreamed.
+`tool_choice` is "none"). The deltas of a stream add up to the message of the same request unstreamed. The
+ids a request asks for in `sglext` come at the response's level, streamed in a chunk after the last delta.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     if (refused := refuse_if_draining(request, state)) is not None:
         return refused
-    req = p.parse_chat(p.parse_json_object(await request.read()))
+    req = p.sglext_asked(p.parse_chat(p.parse_json_object(await request.read())), request.headers)
     ctx = state.settings.context_length
     ids = chat_prompt_ids(req.messages, req.tools, req.enable_thinking, req.tool_choice, req.continue_final_message)
     n_prompt = len(ids)
@@ -136,12 +137,15 @@ async def _complete(r: _Reply) -> web.Response:
         choice["prompt_token_ids"] = r.ids
     if r.req.return_token_ids:
         choice["response_token_ids"] = p.output_ids(r.plan, n)
-    return json_response({
+    body: dict[str, Any] = {
         "id": r.job.rid, "object": "chat.completion", "created": p.now(), "model": r.model,
         "choices": [choice],
         "usage": p.usage(len(r.ids), n, r.reasoning_tokens(n)),
         "metadata": {"weight_version": r.state.args["weight_version"] or "default"},
-    })  # fmt: skip
+    }  # fmt: skip
+    if r.req.asks_sglext_ids and (ext := p.sglext_ids(r.req, r.ids, p.output_ids(r.plan, n))):
+        body["sglext"] = ext
+    return json_response(body)
 
 
 def _chunk(r: _Reply, created: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -173,6 +177,15 @@ async def _stream_chat(request: web.Request, r: _Reply) -> web.StreamResponse:
     if calls:
         final_delta["tool_calls"] = p.tool_calls(r.plan, calls)
     await send_event(resp, _chunk(r, created, final_delta, finish))
+    # The ids come after the last delta, as SGLang sends them: the whole output so far, also when the request
+    # was aborted by /abort_request (an abort without an error status).
+    if r.req.asks_sglext_ids and (ext := p.sglext_ids(r.req, r.ids, p.output_ids(r.plan, job.tokens))):
+        ids_chunk = {"id": job.rid, "object": "chat.completion.chunk", "created": created, "model": r.model,
+                     "choices": [], "usage": None, "sglext": ext}
+        if r.req.sglext_ids_framed:
+            await resp.write(b"event: sglext_ids\n" + sse(ids_chunk))
+        else:
+            await send_event(resp, ids_chunk)
     if r.req.include_usage:
         await send_event(
             resp,

@@ -15,7 +15,7 @@ import math
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tracegen.dataset.request_rules import (
@@ -146,6 +146,39 @@ class ChatRequest:
     tool_choice: str | dict[str, Any] = "none"
     priority: int | None = None
     continue_final_message: bool = False
+    # SGLang's `sglext` ids: the prompt's and the output's ids at the response's level, whole or streamed (a last
+    # chunk of their own); asked in the body or by the `x-sglext-return-*-ids: 1` headers (`sglext_asked`).
+    return_input_ids_in_sglext: bool = False
+    return_output_ids_in_sglext: bool = False
+    sglext_ids_framed: bool = False  # `x-sglext-ids-framed: 1`: the streamed ids chunk is an `event: sglext_ids`
+
+    @property
+    def asks_sglext_ids(self) -> bool:
+        return self.return_input_ids_in_sglext or self.return_output_ids_in_sglext
+
+
+SGLEXT_INPUT_HEADER, SGLEXT_OUTPUT_HEADER, SGLEXT_FRAMED_HEADER = (
+    "x-sglext-return-input-ids", "x-sglext-return-output-ids", "x-sglext-ids-framed")
+
+
+def sglext_asked(req: ChatRequest, headers: Mapping[str, str]) -> ChatRequest:
+    """`req` with SGLang's header opt-ins applied: a header whose value is exactly "1" turns its flag on."""
+    return replace(
+        req,
+        return_input_ids_in_sglext=req.return_input_ids_in_sglext or headers.get(SGLEXT_INPUT_HEADER) == "1",
+        return_output_ids_in_sglext=req.return_output_ids_in_sglext or headers.get(SGLEXT_OUTPUT_HEADER) == "1",
+        sglext_ids_framed=headers.get(SGLEXT_FRAMED_HEADER) == "1",
+    )
+
+
+def sglext_ids(req: ChatRequest, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
+    """The response-level `sglext` of the ids `req` asked for (`req.asks_sglext_ids`)."""
+    ext: dict[str, Any] = {}
+    if req.return_input_ids_in_sglext and prompt_ids:
+        ext["input_ids"] = list(prompt_ids)
+    if req.return_output_ids_in_sglext:
+        ext["output_ids"] = [list(output_ids)]
+    return ext
 
 
 def _tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> str | dict[str, Any]:
@@ -224,6 +257,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         tool_choice=tool_choice,
         priority=priority,
         continue_final_message=continue_final_message,
+        return_input_ids_in_sglext=_bool(body, "return_input_ids_in_sglext", False),
+        return_output_ids_in_sglext=_bool(body, "return_output_ids_in_sglext", False),
     )
 
 

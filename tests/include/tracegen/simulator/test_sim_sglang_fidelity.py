@@ -77,6 +77,38 @@ def test_streamed_chunks_validate_against_sglangs_stream_model(client):
         sglang_ref.sglang().protocol.ChatCompletionStreamResponse.model_validate_json(chunk)
 
 
+def test_ids_asked_in_sglext_come_at_the_responses_level_as_sglang_sends_them(client):
+    # Whole: the prompt's and the output's ids, the same as the choice's own token-id fields.
+    asked = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
+    body = client.post("/v1/chat/completions", json={"messages": user("ids"), "max_tokens": 300, **asked,
+                                                     "return_token_ids": True}).json()  # fmt: skip
+    assert sglang_ref.as_sglang_serializes("ChatCompletionResponse", body) == body
+    choice = body["choices"][0]
+    assert body["sglext"] == {"input_ids": choice["prompt_token_ids"], "output_ids": [choice["response_token_ids"]]}
+    assert "sglext" not in client.post("/v1/chat/completions", json={"messages": user(), "max_tokens": 3}).json()
+    # Streamed, asked by SGLang's headers: one chunk of its own after the last delta, before the usage; with
+    # x-sglext-ids-framed the ids chunk is a named event.
+    stream = {"messages": user("stream ids"), "max_tokens": 300, "stream": True,
+              "stream_options": {"include_usage": True}}  # fmt: skip
+    for framed in (False, True):
+        headers = {"x-sglext-return-input-ids": "1", "x-sglext-return-output-ids": "1"}
+        if framed:
+            headers["x-sglext-ids-framed"] = "1"
+        with client.stream("POST", "/v1/chat/completions", json=stream, headers=headers) as r:
+            lines = [line for line in r.iter_lines() if line]
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        for chunk in chunks:
+            sglang_ref.sglang().protocol.ChatCompletionStreamResponse.model_validate(chunk)
+        *deltas, ids, usage = chunks
+        # SGLang writes this chunk with the stream model's model_dump_json().
+        assert sglang_ref.as_sglang_serializes("ChatCompletionStreamResponse", ids) == ids
+        assert deltas[-1]["choices"][0]["finish_reason"] in ("stop", "length") and ids["choices"] == []
+        assert len(ids["sglext"]["input_ids"]) == usage["usage"]["prompt_tokens"]
+        assert len(ids["sglext"]["output_ids"][0]) == usage["usage"]["completion_tokens"]
+        at = lines.index("data: " + json.dumps(ids))
+        assert (lines[at - 1] == "event: sglext_ids") == framed and lines[-1] == "data: [DONE]"
+
+
 def test_models_and_errors_are_what_sglang_serializes(client):
     models = client.get("/v1/models").json()
     assert sglang_ref.as_sglang_serializes("ModelList", models) == models

@@ -172,6 +172,30 @@ def test_abort_request_ends_a_stream_with_abort_and_its_slot_goes_to_the_queue(s
     assert _running(sim) == (0, 0) and _counts(sim.url) == (2, 1)
 
 
+def test_a_chat_stream_aborted_by_rid_still_sends_the_ids_it_asked_for(sim_server):
+    # SGLang's chat route sends the sglext ids after a graceful abort (one without an error status) as after a
+    # finish: what the request generated until the abort, as many as its usage counts.
+    sim = sim_server(**LONG)
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=sim.url, timeout=30) as c:
+            body = {"messages": [{"role": "user", "content": "loop"}], "rid": "chat-row", "stream": True,
+                    "max_tokens": 100000, "return_output_ids_in_sglext": True,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
+            async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                lines = r.aiter_lines()
+                head = [await anext(lines), await anext(lines)]  # the role chunk, then the first delta
+                assert (await c.post("/abort_request", json={"rid": "chat-row"})).status_code == 200
+                return head + [line async for line in lines]
+
+    evs, last = events(asyncio.run(scenario()))
+    *deltas, ids, usage = evs
+    assert last == "data: [DONE]" and deltas[-1]["choices"][0]["finish_reason"] == "abort"
+    assert ids["choices"] == [] and list(ids["sglext"]) == ["output_ids"]
+    assert len(ids["sglext"]["output_ids"][0]) == usage["usage"]["completion_tokens"] > 0
+    assert _running(sim) == (0, 0)
+
+
 def test_a_closed_stream_is_aborted_and_frees_its_slot(sim_server):
     sim = sim_server(**LONG)
     body = {"text": "gone", "stream": True, "sampling_params": {"max_new_tokens": 100000}}
