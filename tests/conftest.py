@@ -59,13 +59,13 @@ def pytest_xdist_make_scheduler(config, log):
     unit of work, so one worker runs them in turn and the cluster starts once."""
     if config.getvalue("dist") != "loadfile":
         return None
-    from e2e.shared_cluster import SHARED_CLUSTER_MODULES
+    from e2e.shared_cluster import SHARED_CLUSTER_MODULES, shares_the_cluster
     from xdist.scheduler import LoadFileScheduling
 
     class SharedClusterScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
-            return SHARED_CLUSTER_MODULES[0] if scope in SHARED_CLUSTER_MODULES else scope
+            return SHARED_CLUSTER_MODULES[0] if shares_the_cluster(scope) else scope
 
     return SharedClusterScheduling(config, log)
 

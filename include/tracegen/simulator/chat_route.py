@@ -155,6 +155,12 @@ def _chunk(r: _Reply, created: int, delta: dict[str, Any], finish: str | None = 
             "usage": None}  # fmt: skip
 
 
+def _chunk_without_choices(r: _Reply, created: int, **fields: Any) -> dict[str, Any]:
+    """A chunk about the whole response (its ids, its usage), after the last delta."""
+    return {"id": r.job.rid, "object": "chat.completion.chunk", "created": created, "model": r.model,
+            "choices": [], **fields}
+
+
 async def _stream_chat(request: web.Request, r: _Reply) -> web.StreamResponse:
     resp = await open_event_stream(request)
     created = p.now()
@@ -180,24 +186,14 @@ async def _stream_chat(request: web.Request, r: _Reply) -> web.StreamResponse:
     # The ids come after the last delta, as SGLang sends them: the whole output so far, also when the request
     # was aborted by /abort_request (an abort without an error status).
     if r.req.asks_sglext_ids and (ext := p.sglext_ids(r.req, r.ids, p.output_ids(r.plan, job.tokens))):
-        ids_chunk = {"id": job.rid, "object": "chat.completion.chunk", "created": created, "model": r.model,
-                     "choices": [], "usage": None, "sglext": ext}
+        ids_chunk = _chunk_without_choices(r, created, usage=None, sglext=ext)
         if r.req.sglext_ids_framed:
             await resp.write(b"event: sglext_ids\n" + sse(ids_chunk))
         else:
             await send_event(resp, ids_chunk)
     if r.req.include_usage:
-        await send_event(
-            resp,
-            {
-                "id": job.rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": r.model,
-                "choices": [],
-                "usage": p.usage(len(r.ids), job.tokens, r.reasoning_tokens(job.tokens)),
-            },
-        )
+        usage = p.usage(len(r.ids), job.tokens, r.reasoning_tokens(job.tokens))
+        await send_event(resp, _chunk_without_choices(r, created, usage=usage))
     await send_event(resp, "[DONE]")
     await resp.write_eof()
     return resp
