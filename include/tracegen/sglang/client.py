@@ -120,20 +120,6 @@ def _call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-async def _send(transport: httpx.AsyncHTTPTransport, request: httpx.Request,
-                read_200: Callable[[httpx.Response], Any] | None = None) -> tuple[int, Any]:
-    """POST on a transport: (status, body). `read_200`: reads a 200 response itself (a stream), and its
-    result stands for the body. Raises httpx's transport errors (timeouts, disconnects)."""
-    response = await transport.handle_async_request(request)
-    try:
-        if read_200 is not None and response.status_code == 200:
-            return 200, await read_200(response)
-        raw = await response.aread()
-    finally:
-        await response.aclose()
-    return response.status_code, raw
-
-
 @dataclass(frozen=True, slots=True)
 class _Stream:
     """A streamed /generate: the body for a request id (fresh per attempt: `/abort_request` matches rids by
@@ -303,14 +289,14 @@ class SGLangClient:
         attempt = 0
         while attempt < self.config.max_attempts:
             try:
-                server, http = await pool.acquire(avoid=previous)
+                server = await pool.acquire(avoid=previous)
             except FatalClientError as exc:
                 self._fatal = exc
                 raise
             attempt += 1
             started = time.monotonic()
             try:
-                result = await self._attempt(server, http, call, started)
+                result = await self._attempt(server, call, started)
             except TransientError as exc:
                 last_error = f"{server.shown_url}: {exc}"
             else:
@@ -319,7 +305,7 @@ class SGLangClient:
                 latency = time.monotonic() - started
                 return Outcome(result, attempt=attempt, server=server.name, latency_s=latency)
             finally:
-                pool.release(server, http)
+                pool.release(server)
             previous = server
             if attempt < self.config.max_attempts:
                 await asyncio.sleep(
@@ -327,25 +313,16 @@ class SGLangClient:
                 )
         return Outcome(failed=f"{attempt} attempts failed; last: {last_error}", attempt=attempt)
 
-    async def _attempt(
-        self, server: ServerState, http: httpx.AsyncHTTPTransport, call: _Call[T], started: float
-    ) -> T | _Rejected:
+    async def _attempt(self, server: ServerState, call: _Call[T], started: float) -> T | _Rejected:
         """One HTTP attempt of `call` on `server`, started at `started` (monotonic). Returns the parsed
         body (ok) or a `_Rejected` (the server's message); raises TransientError (retry) or
         FatalClientError (stop)."""
         pool = self._pool
-        # The chat URL is built once per server: it is on the hot path of every row.
-        url = server.chat_url if call.path == PATH else httpx.URL(server.url + call.path)
-        content, read_200 = call.body, None
         if call.stream is not None:
-            rid, stream = uuid.uuid4().hex, call.stream
-            content = stream.body(rid)
-
-            async def read_200(response: httpx.Response) -> Generated:
-                return await self._read_stream(server, response, stream, rid)
-
-        request = httpx.Request(call.method, url, headers=server.headers, content=content, extensions=server.extensions)
-        task = asyncio.create_task(_send(http, request, read_200))
+            sending = self._stream(server, call.path, call.stream)
+        else:
+            sending = server.http.whole(call.method, call.path, call.body or b"")
+        task = asyncio.create_task(sending)
         server.tasks.add(task)
         try:
             response = await task
@@ -421,26 +398,36 @@ class SGLangClient:
         server.consecutive_failures = 0
         return _Rejected(f"HTTP {status}: {message}")
 
-    async def _read_stream(self, server: ServerState, response: httpx.Response,
-                           stream: _Stream, rid: str) -> Generated:
-        """A streamed /generate's events put together, each new id fed to the attempt's watch; aborted as
-        soon as the watch says so. Raises `stream.StreamFailed` (transient), `StreamRejected`, `_Aborted`."""
+    async def _stream(self, server: ServerState, path: str, stream: _Stream) -> tuple[int, Any]:
+        """A streamed /generate: (status, body), a 200's body being its events put together (`Generated`), each
+        new id fed to the attempt's watch as the events arrive; aborted as soon as the watch says so. Raises
+        `stream.StreamFailed` (transient), `StreamRejected`, `_Aborted`, and httpx's transport errors."""
+        rid = uuid.uuid4().hex
         assembly, reader, watch = StreamAssembly(), EventReader(), stream.watch()
-        async for chunk in response.stream:
+        verdict = None
+
+        def on_body(chunk: bytes) -> bool:
+            nonlocal verdict
             for data in reader.feed(chunk):
-                new = assembly.feed_event(data)
-                verdict = watch.feed(new) if new else None
-                if verdict is not None:
-                    await self._abort(server, rid)
-                    return assembly.stopped(verdict)
                 if assembly.done:
                     break
-            if assembly.done:
-                break
+                new = assembly.feed_event(data)
+                if new:
+                    verdict = watch.feed(new)
+                    if verdict is not None:
+                        return True
+            return False
+
+        status, raw = await server.http.request("POST", path, stream.body(rid), on_body)
+        if status != 200:
+            return status, raw
+        if verdict is not None:
+            await self._abort(server, rid)
+            return 200, assembly.stopped(verdict)
         generated = assembly.result(max_new_tokens=stream.max_new_tokens)
         if generated.finish_reason == "abort":
             raise _Aborted
-        return generated
+        return 200, generated
 
     async def _abort(self, server: ServerState, rid: str) -> None:
         """Ask the server to abort request `rid` now. Sent on the server's probe connection, not the slot's pool,

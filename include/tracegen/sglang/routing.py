@@ -22,6 +22,7 @@ import httpx
 
 from tracegen.common.locations import shown_location
 from tracegen.common.tls import tls_for
+from tracegen.sglang.connections import ServerConnections
 from tracegen.sglang.retry import FatalClientError
 from tracegen.sglang.settings import ClientConfig
 from tracegen.sglang.wire import PATH, MalformedResponse, parse_completion
@@ -90,12 +91,9 @@ class ServerState:
         "url",
         "shown_url",
         "name",
-        "pools",
-        "free_pools",
+        "http",
         "probe_http",
-        "chat_url",
         "headers",
-        "extensions",
         "max_in_flight",
         "limit",
         "in_flight",
@@ -118,22 +116,12 @@ class ServerState:
         # What logs, errors and the ledger's `server` column show: the URL without any credentials in it.
         self.shown_url = shown_location(endpoint.url)
         self.name = endpoint.name or self.shown_url
-        # httpcore's pool does O(requests x connections) work on every request event, which costs ~4 ms CPU
-        # per completion at 64 connections. Small pools keep that term constant: the in-flight slots are
-        # spread over ceil(max_in_flight / pool_size) clients, each sized to its share of slots.
-        # Completions go straight to httpx transports: httpx.AsyncClient's per-request URL/header/cookie
-        # merging costs ~0.25 ms CPU, a quarter of the client's whole budget; see bench/client_overhead.py.
-        size = config.pool_size
-        n_pools = -(-endpoint.max_in_flight // size)
-        self.pools = [
-            httpx.AsyncHTTPTransport(limits=_limits(config, size), verify=tls_for(endpoint.url), retries=0)
-            for _ in range(n_pools)
-        ]
-        # One entry per slot, naming the pool that serves it; acquire pops, release pushes back.
-        self.free_pools = [i % n_pools for i in range(endpoint.max_in_flight)]
-        self.chat_url = httpx.URL(endpoint.url + PATH)
         self.headers = _headers(endpoint)
-        self.extensions = {"timeout": _timeouts(config).as_dict()}
+        # Every request of a row's generation: connections read by callbacks (`connections`), at most one a slot.
+        self.http = ServerConnections(
+            endpoint.url, headers=self.headers, tls=tls_for(endpoint.url), connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.request_deadline_s, keepalive_expiry_s=config.keepalive_expiry_s,
+            max_idle=endpoint.max_in_flight)
         # Probes are rare: the convenient client is fine for them.
         self.probe_http = httpx.AsyncClient(
             base_url=endpoint.url,
@@ -144,7 +132,7 @@ class ServerState:
         )
         self.max_in_flight = endpoint.max_in_flight
         # Autotune hook (tracegen.sglang.autotune): the in-flight limit routing obeys. Starts at max_in_flight;
-        # ServerPool.set_limit moves it (and grows the connection pools when it rises above them).
+        # ServerPool.set_limit moves it.
         self.limit = endpoint.max_in_flight
         self.in_flight = 0
         self.consecutive_failures = 0
@@ -187,18 +175,13 @@ class ServerPool:
         return sum(s.limit for s in self.servers)
 
     def set_limit(self, server: ServerState, limit: int) -> None:
-        """Autotune hook: change one server's in-flight limit. Raising it above the slots the pools were
-        built for adds pools; lowering it lets requests in flight finish and sends no new ones past it."""
+        """Autotune hook: change one server's in-flight limit. Raising it lets that many requests run at once (each
+        on a connection of its own); lowering it lets requests in flight finish and sends no new ones past it."""
         if type(limit) is not int or limit < 1:
             raise ValueError(f"in-flight limit for {server.shown_url} must be an integer >= 1, got {limit!r}")
-        size = self.config.pool_size
-        while server.max_in_flight < limit:
-            # One more pool of `size` slots; its slot entries join the free list like the first ones.
-            server.pools.append(
-                httpx.AsyncHTTPTransport(limits=_limits(self.config, size), verify=tls_for(server.url), retries=0)
-            )
-            server.free_pools.extend([len(server.pools) - 1] * size)
-            server.max_in_flight += size
+        if limit > server.max_in_flight:
+            server.max_in_flight = limit
+            server.http.max_idle = limit
         grew = limit > server.limit
         server.limit = limit
         if grew:
@@ -222,11 +205,9 @@ class ServerPool:
                 best = s
         return best or fallback
 
-    async def acquire(
-        self, avoid: ServerState | None = None
-    ) -> tuple[ServerState, httpx.AsyncHTTPTransport]:
-        """Reserve a slot on the best server, waiting while every server is full or quarantined.
-        Returns the server and the connection pool to send on; hand both back with `release`.
+    async def acquire(self, avoid: ServerState | None = None) -> ServerState:
+        """Reserve a slot on the best server, waiting while every server is full or quarantined; hand it back
+        with `release`.
 
         `avoid` (the server the previous attempt failed on) is used only when no other server has room.
         """
@@ -238,7 +219,7 @@ class ServerPool:
             if server is not None:
                 server.in_flight += 1
                 server.sent += 1
-                return server, server.pools[server.free_pools.pop()]
+                return server
             timeout = None
             if self._all_down_since is not None:
                 timeout = self._all_down_since + self.config.all_down_fatal_s - time.monotonic()
@@ -262,9 +243,8 @@ class ServerPool:
                 if not waiter.done():
                     waiter.cancel()
 
-    def release(self, server: ServerState, http: httpx.AsyncHTTPTransport) -> None:
+    def release(self, server: ServerState) -> None:
         server.in_flight -= 1
-        server.free_pools.append(server.pools.index(http))
         if self._waiters:
             self._wake_one()
 
@@ -414,5 +394,7 @@ class ServerPool:
             task.cancel()
         await asyncio.gather(*probes, return_exceptions=True)
         self._wake_all()
-        clients = [c for s in self.servers for c in (*s.pools, s.probe_http)]
+        for server in self.servers:
+            server.http.close()
+        clients = [s.probe_http for s in self.servers]
         await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)

@@ -60,8 +60,6 @@ class ClientConfig:
     probe_timeout_s: float = 60.0
     # Every server quarantined for this long -> FatalClientError: the fleet is gone, stop the chunk.
     all_down_fatal_s: float = 900.0
-    # Connections per httpx client: a server's slots are spread over several small pools (see routing).
-    pool_size: int = 8
     # Seed for the backoff jitter (tests); None = fresh randomness.
     jitter_seed: int | None = None
     # Autotune hook (tracegen.sglang.autotune): adjust each server's in-flight limit from its /metrics, starting
@@ -83,7 +81,7 @@ class ClientConfig:
             "autotune_interval_s",
         ):
             _positive(name, getattr(self, name))
-        for name in ("max_attempts", "quarantine_after", "pool_size", "autotune_ceiling"):
+        for name in ("max_attempts", "quarantine_after", "autotune_ceiling"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -4,8 +4,6 @@ server reached with it is refused, never talked to unverified."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import threading
 import time
@@ -13,30 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from fixtures.certs import self_signed
 
 from tracegen.common import tls
-
-
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 @pytest.fixture
@@ -44,7 +21,7 @@ def https_server(tmp_path: Path):
     """An HTTPS server on loopback answering every request 200 'ok', and the certificate it presents."""
     import http.server
 
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
 
     class Ok(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
