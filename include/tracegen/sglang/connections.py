@@ -186,7 +186,8 @@ class ServerConnections:
     def _idle_connection(self) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed and conn.loop.time() - conn.idle_since < self.keepalive_expiry_s:
+            if (not conn.closed and not conn.transport.is_closing()  # type: ignore[union-attr]
+                    and conn.loop.time() - conn.idle_since < self.keepalive_expiry_s):
                 return conn
             conn.close()
         return None
