@@ -29,7 +29,7 @@ __all__ = ["LOCAL_SIM", "FleetChangedError", "FleetNotListed", "listed_fleet", "
 DEFAULT_FLEET_ENV = "TRACEGEN_FLEET"  # read by `params.default_fleet_source`
 LISTED_FLEETS_ENV = "TRACEGEN_FLEETS"
 # Decoded tokens per streamed event of the bundled fleet, chosen from the client CPU each event costs (a read in
-# the event loop, a decode, the watch's feed): against 64, 20-30% less CPU a streamed row, and 256 is the cheapest
+# the event loop, a decode, the watch's feed): against 64, 15-30% less CPU a streamed row, and 256 is the cheapest
 # measured. A stop comes up to an interval late (the watch judges every 64 ids, an event's points in turn),
 # 96 tokens more a looping row on average; every loop of the test set still ends within two periods and a
 # window of its onset (docs/benchmarks.md, "Where the tokens of looping rows go").

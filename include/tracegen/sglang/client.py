@@ -430,9 +430,10 @@ class SGLangClient:
         return 200, generated
 
     async def _abort(self, server: ServerState, rid: str) -> None:
-        """Ask the server to abort request `rid` now. Sent on the server's probe connection, not the slot's pool,
-        which the streams in flight may fill. Best effort: closing the stream right after makes SGLang abort it
-        too (once it notices the disconnect), so a failure here costs seconds of decoding, never a row."""
+        """Ask the server to abort request `rid` now, on the server's probe connection (the slot stays held until it
+        is answered, so no new request waits on it). Best effort: the stream's connection is closed already, which
+        makes SGLang abort it too once it notices the disconnect, so a failure here costs seconds of decoding, never
+        a row."""
         try:
             response = await asyncio.wait_for(server.probe_http.post(ABORT_PATH, json={"rid": rid}), ABORT_WAIT_S)
         except (httpx.HTTPError, TimeoutError) as exc:
