@@ -74,14 +74,14 @@ class _Connection(asyncio.Protocol):
                     if self._status != 200:
                         self._body.append(event.data)
                     elif self._on_body(event.data):  # type: ignore[misc]
-                        self._finish(stopped=True)
+                        self._finish()  # stopped: the response is not done, so `request` closes the connection
                         return
                 elif event is h11.NEED_DATA:
                     return
                 elif kind is h11.Response:
                     self._status = event.status_code
                 elif kind is h11.EndOfMessage:
-                    self._finish(stopped=False)
+                    self._finish()
                     return
                 elif kind is h11.ConnectionClosed:
                     raise httpx.RemoteProtocolError("the server closed the connection before the response ended")
@@ -111,10 +111,8 @@ class _Connection(asyncio.Protocol):
         else:
             self._timer = self.loop.call_at(due, self._check_deadline)
 
-    def _finish(self, *, stopped: bool) -> None:
+    def _finish(self) -> None:
         self._cancel_timer()
-        if stopped:
-            self.close()
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result((self._status, b"".join(self._body)))
 
