@@ -130,9 +130,11 @@ def build_body(request: ChatRequest, *, return_token_ids: bool = False) -> bytes
 
 
 def _encode(body: dict[str, Any]) -> bytes:
+    # msgspec, not json.dumps: a body carries a prompt's or a response's token ids, thousands of them, and the
+    # encoding is the client's own CPU a request (several times json.dumps's speed; UTF-8, no ASCII escapes).
     try:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    except (TypeError, ValueError) as exc:
+        return msgspec.json.encode(body)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ValueError(f"request body is not JSON-serialisable: {exc}") from exc
 
 
