@@ -34,6 +34,7 @@ and onset checks only when the score does. About 0.1 µs a token fed in chunks o
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,10 +105,10 @@ class LoopWatch:
 
     def __init__(self, prefix_ids: Sequence[int] = (), *, rule: LoopRule = DEFAULT_RULE) -> None:
         self.rule = rule
-        # The last ids, prefix first, at least `history` of them, as one int64 array (compact: a client holds
+        # The last ids, prefix first, at least `history` of them, as one uint64 array (compact: a client holds
         # one watch per request in flight); ids fed since the last judging point wait in a list, which takes
         # a few ids far more cheaply than an array does. _base is the absolute position of _ids[0].
-        self._ids = np.zeros(0, dtype=np.int64)
+        self._ids = np.zeros(0, dtype=np.uint64)
         self._pending: list[int] = []
         self._base = 0
         self._fed = 0  # response ids fed
@@ -149,12 +150,13 @@ class LoopWatch:
             self._base += drop
 
     def _take(self, ids: list[int]) -> None:
+        # Through an unsigned C array: a fifth of np.array's time on a list of ints, and it refuses negatives.
         try:
-            new = np.array(ids, dtype=np.int64)
+            new = np.frombuffer(array("Q", ids), dtype=np.uint64)
         except OverflowError:
-            raise ValueError("token ids must be 64-bit integers") from None
-        if new.size and new.min() < 0:
-            raise ValueError("token ids must be non-negative")
+            raise ValueError("token ids must be non-negative 64-bit integers") from None
+        except TypeError as exc:
+            raise ValueError(f"token ids must be integers: {exc}") from None
         self._ids = np.concatenate([self._ids, new])
 
     # -- judging --------------------------------------------------------------------------------------
@@ -235,16 +237,30 @@ _MIX = np.uint64(0xBF58476D1CE4E5B9)
 def gram_keys(token_ids: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
     """A 64-bit key for every n-gram of `token_ids`, for any n (`runaway_score`'s hash stops at 8): a
     polynomial hash through a prefix sum, O(len) whatever n."""
-    ids = np.asarray(token_ids, dtype=np.int64).astype(np.uint64)
+    ids = np.asarray(token_ids)
+    ids = ids.astype(np.uint64, copy=False) if ids.dtype.kind in "iu" else np.asarray(token_ids, dtype=np.uint64)
     m = ids.size - n + 1
     if n < 1 or m < 1:
         return np.zeros(0, dtype=np.uint64)
     x = (ids + np.uint64(1)) * _MIX
     x ^= x >> np.uint64(31)
-    powers = np.cumprod(np.full(ids.size, _BASE, dtype=np.uint64)) * _BASE_INV  # BASE**j
-    inverse = np.cumprod(np.full(m, _BASE_INV, dtype=np.uint64)) * _BASE  # BASE**-j
-    prefix = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(x * powers, dtype=np.uint64)])
-    return (prefix[n:] - prefix[:m]) * inverse
+    powers, inverse = _powers(ids.size)
+    prefix = np.concatenate([np.zeros(1, dtype=np.uint64), np.cumsum(x * powers[: ids.size], dtype=np.uint64)])
+    return (prefix[n:] - prefix[:m]) * inverse[:m]
+
+
+_POWERS = (np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64))
+
+
+def _powers(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """BASE**j and BASE**-j for j < at least `size`: computed once for the longest sequence hashed so far (a
+    watch hashes its tail at every judging point; the two products were half of that work)."""
+    global _POWERS
+    if _POWERS[0].size < size:
+        size = max(size, 2 * TAIL_WINDOW)
+        _POWERS = (np.cumprod(np.full(size, _BASE, dtype=np.uint64)) * _BASE_INV,
+                   np.cumprod(np.full(size, _BASE_INV, dtype=np.uint64)) * _BASE)
+    return _POWERS
 
 
 def repeated_share(token_ids: Sequence[int] | np.ndarray, n: int) -> float:

@@ -189,11 +189,11 @@ def test_repeated_share_is_runaway_scores_quantity_at_any_length(loops):
 
 def test_ids_out_of_range_are_refused():
     # Ids are checked as they are taken in, at the next judging point.
-    for bad in (-1, 2**63):
+    for bad in (-1, 2**64, 1.5):
         with pytest.raises(ValueError):
             LoopWatch().feed([5] * (DEFAULT_RULE.judge_every - 1) + [bad])
     with pytest.raises(ValueError):
-        LoopWatch([2**63])
+        LoopWatch([2**64])
 
 
 def test_a_watch_holds_a_bounded_state_however_long_the_row(legit):
