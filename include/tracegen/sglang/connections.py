@@ -7,6 +7,8 @@ whole request pays the same machinery on every read and write. Here a read is on
 own HTTP/1.1 parser) frames the bytes, the caller's callback takes them (for a stream, `SGLangClient` puts the
 events together and feeds its loop watch there), and the waiting coroutine wakes once, when the response has ended
 or the callback says stop (docs/benchmarks.md, "Where the tokens of looping rows go", has the CPU this saves).
+Past the head of a 200 in chunks (how SGLang's uvicorn sends every event stream and every large answer), the
+chunks are unframed here (`_Chunks`): h11's per-chunk events cost about as much as decoding the event they carry.
 
 Failures are raised as httpx's exception types, so the client handles them as it always has: a read that waits
 past the deadline is `httpx.ReadTimeout`, a dropped connection `httpx.RemoteProtocolError` or `httpx.ReadError`, a
@@ -43,6 +45,7 @@ class _Connection(asyncio.Protocol):
         self._read_timeout = 0.0
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._chunks: _Chunks | None = None  # a 200's chunked body, read past h11
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -64,6 +67,9 @@ class _Connection(asyncio.Protocol):
         self._read(data)
 
     def _read(self, data: bytes) -> None:
+        if self._chunks is not None:
+            self._read_chunks(data)
+            return
         http = self.http
         try:
             http.receive_data(data)
@@ -80,6 +86,10 @@ class _Connection(asyncio.Protocol):
                     return
                 elif kind is h11.Response:
                     self._status = event.status_code
+                    if self._status == 200 and _plain_chunked(event):
+                        self._chunks = _Chunks()
+                        self._read_chunks(http.trailing_data[0])  # what h11 received past the head
+                        return
                 elif kind is h11.EndOfMessage:
                     self._finish()
                     return
@@ -90,6 +100,22 @@ class _Connection(asyncio.Protocol):
             self._fail(httpx.RemoteProtocolError(f"malformed HTTP response: {exc}"))
         except Exception as exc:  # the callback's own: the stream is wrong, say so to the waiting caller
             self._fail(exc)
+
+    def _read_chunks(self, data: bytes) -> None:
+        chunks = self._chunks
+        try:
+            for piece in chunks.feed(data):  # type: ignore[union-attr]
+                if self._on_body(piece):  # type: ignore[misc]
+                    self._finish()  # stopped: the body is not done, so `request` closes the connection
+                    return
+        except _BadChunk as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed HTTP response: {exc}"))
+            return
+        except Exception as exc:  # the callback's own
+            self._fail(exc)
+            return
+        if chunks.done:  # type: ignore[union-attr]
+            self._finish()
 
     # -- one request -----------------------------------------------------------------------------------
     def start(self, request: bytes, on_body: OnBody, read_timeout: float) -> asyncio.Future[tuple[int, bytes]]:
@@ -129,6 +155,11 @@ class _Connection(asyncio.Protocol):
 
     def reusable(self) -> bool:
         """Whether the last request ended cleanly on a connection both sides keep open; readies it for the next."""
+        if self._chunks is not None:  # a body read past h11: done when its last chunk and trailer came, no more
+            clean = self._chunks.done and not self._chunks.rest and not self.closed
+            self._chunks = None
+            self.http = h11.Connection(h11.CLIENT)  # h11 saw only the head: the next request starts afresh
+            return clean
         if self.closed or self.http.our_state is not h11.DONE or self.http.their_state is not h11.DONE:
             return False
         self.http.start_next_cycle()
@@ -138,6 +169,85 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+def _plain_chunked(response: h11.Response) -> bool:
+    """An HTTP/1.1 response in chunks that leaves the connection open: its body can be read past h11 (any other
+    stays with h11, which knows what a close or HTTP/1.0 means for the connection)."""
+    chunked = closing = False
+    for name, value in response.headers:  # h11 gives names lower-cased
+        if name == b"transfer-encoding":
+            chunked = value.lower() == b"chunked"
+        elif name == b"connection":
+            closing = closing or b"close" in value.lower()
+    return chunked and not closing and response.http_version == b"1.1"
+
+
+class _BadChunk(Exception):
+    pass
+
+
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_LINE_LIMIT = 4096  # a chunk-size line or trailer line longer than this is not HTTP from a server
+
+
+class _Chunks:
+    """A chunked body's framing (RFC 9112 7.1): `feed` takes bytes as they arrive, returns the data they carry;
+    `done` once the last chunk and the trailer section have come; `rest`: bytes past the body (none from a server
+    that answers one request at a time)."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.rest = b""
+        self._held = b""  # an incomplete size or trailer line
+        self._left = 0  # data bytes of the current chunk still to come
+        self._crlf = False  # the CRLF after a chunk's data is next
+        self._trailer = False  # past the last chunk: trailer lines until an empty one
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self.done:
+            self.rest += data
+            return []
+        buf = self._held + data if self._held else data
+        self._held = b""
+        out: list[bytes] = []
+        pos, end = 0, len(buf)
+        while pos < end:
+            if self._left:
+                take = min(self._left, end - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                self._left -= take
+                continue
+            if self._crlf:
+                if end - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise _BadChunk("a chunk's data is not followed by CRLF")
+                pos += 2
+                self._crlf = False
+                continue
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            if eol - pos > _LINE_LIMIT:
+                raise _BadChunk("a chunk-size or trailer line is too long")
+            line, pos = buf[pos:eol], eol + 2
+            if self._trailer:
+                if not line:
+                    self.done, self.rest = True, buf[pos:]
+                    return out
+                continue
+            size = line.split(b";", 1)[0].strip()
+            if not size or len(size) > 16 or not _HEX.issuperset(size):
+                raise _BadChunk(f"bad chunk size {line[:40]!r}")
+            self._left = int(size, 16)
+            self._crlf = self._left > 0
+            self._trailer = self._left == 0
+        if end - pos > _LINE_LIMIT:
+            raise _BadChunk("a chunk-size or trailer line is too long")
+        self._held = buf[pos:]
+        return out
 
 
 class ServerConnections:

@@ -111,6 +111,80 @@ def test_a_body_split_anywhere_arrives_whole_and_the_connection_is_reused():
     assert "host: 127.0.0.1:" in head and "content-length: 8" in head
 
 
+def test_chunk_extensions_and_trailers_are_read_and_the_connection_still_reused():
+    # RFC 9112 7.1: a size line may carry extensions, the last chunk may be followed by trailer fields.
+    framed = SSE_HEAD + b"5;name=value\r\ndata:\r\n4 \r\n 1\n\n\r\n0;last\r\nx-trailer: 1\r\nx-other: 2\r\n\r\n"
+
+    async def main():
+        async def handler(reader, writer):
+            while True:
+                await _read_request(reader)
+                for i in range(0, len(framed), 3):
+                    writer.write(framed[i:i + 3])
+                    await writer.drain()
+                    await asyncio.sleep(0)
+
+        async with Server(handler) as server:
+            conns = _conns(server.url())
+            bodies = []
+            for _ in range(2):
+                got, on_body = _collect()
+                bodies.append((await conns.request("POST", "/generate", b"{}", on_body), b"".join(got)))
+            conns.close()
+            return bodies, server.connections
+
+    bodies, connections = asyncio.run(main())
+    assert bodies == [((200, b""), b"data: 1\n\n")] * 2 and connections == 1
+
+
+@pytest.mark.parametrize("framing", [b"zz\r\nhello\r\n0\r\n\r\n", b"5\r\nhelloXX0\r\n\r\n",
+                                     b"1" * 5000, b"\r\n", b"-5\r\nhello\r\n0\r\n\r\n"],
+                         ids=["not hex", "no CRLF after data", "endless size line", "empty size", "negative"])
+def test_a_malformed_chunk_framing_is_a_protocol_error_and_the_connection_closed(framing):
+    async def main():
+        async def handler(reader, writer):
+            await _read_request(reader)
+            writer.write(SSE_HEAD + framing)
+            await writer.drain()
+            await asyncio.sleep(5)
+
+        async with Server(handler) as server:
+            conns = _conns(server.url(), read_timeout_s=2.0)
+            got, on_body = _collect()
+            with pytest.raises(httpx.RemoteProtocolError, match="malformed"):
+                await conns.request("POST", "/generate", b"{}", on_body)
+            return conns._idle
+
+    assert asyncio.run(main()) == []
+
+
+@pytest.mark.parametrize("answer", [
+    # bytes after the last chunk: the connection carries something nobody asked for
+    SSE_HEAD + _chunked(b"data: 1\n\n") + b"HTTP/1.1 200 OK\r\n",
+    # the server says it closes: h11 reads the body and the connection is not kept
+    b"HTTP/1.1 200 OK\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n" + _chunked(b"data: 1\n\n"),
+], ids=["bytes past the body", "connection close"])
+def test_a_connection_the_server_will_not_carry_on_is_not_reused(answer):
+    async def main():
+        async def handler(reader, writer):
+            while True:
+                await _read_request(reader)
+                writer.write(answer)
+                await writer.drain()
+
+        async with Server(handler) as server:
+            conns = _conns(server.url())
+            results = []
+            for _ in range(2):
+                got, on_body = _collect()
+                results.append((await conns.request("POST", "/generate", b"{}", on_body), b"".join(got)))
+            conns.close()
+            return results, server.connections
+
+    results, connections = asyncio.run(main())
+    assert results == [((200, b""), b"data: 1\n\n")] * 2 and connections == 2
+
+
 def test_an_error_status_is_returned_with_its_body_and_never_fed_to_the_callback():
     async def main():
         async def handler(reader, writer):
