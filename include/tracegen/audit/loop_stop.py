@@ -112,11 +112,15 @@ class LoopWatch:
         self._pending: list[int] = []
         self._base = 0
         self._fed = 0  # response ids fed
-        self._next = rule.judge_every  # the next judging point (response ids) that can fire
         self._verdict: LoopVerdict | None = None
         self._take(prefix_ids.tolist() if isinstance(prefix_ids, np.ndarray) else list(prefix_ids))
         self._prefix = self._ids.size
         self._trim()
+        # The next judging point (response ids) that can fire. A tail repeats fewer n-grams than it has, so none
+        # fires before the prefix and the response hold REPEATED_NEEDED + NGRAM ids: a third of a natural row's
+        # judgements were of tails too short to.
+        step = rule.judge_every
+        self._next = max(1, -(-(REPEATED_NEEDED + NGRAM - self._prefix) // step)) * step
 
     @property
     def verdict(self) -> LoopVerdict | None:

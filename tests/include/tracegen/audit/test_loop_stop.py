@@ -188,10 +188,10 @@ def test_repeated_share_is_runaway_scores_quantity_at_any_length(loops):
 
 
 def test_ids_out_of_range_are_refused():
-    # Ids are checked as they are taken in, at the next judging point.
+    # Ids are checked as they are taken in, at the next judging point (none before a window's worth of ids).
     for bad in (-1, 2**64, 1.5):
         with pytest.raises(ValueError):
-            LoopWatch().feed([5] * (DEFAULT_RULE.judge_every - 1) + [bad])
+            LoopWatch().feed([5] * (TAIL_WINDOW - 1) + [bad])
     with pytest.raises(ValueError):
         LoopWatch([2**64])
 
