@@ -21,14 +21,14 @@ three ways, all there so that legitimate repetition in agentic output survives:
 - **A loop that goes on.** The repetition must reach the end of the tail and span `min_copies` periods from
   its estimated onset: a long block written out twice, back to back, is not a loop of its length.
 
-Cost: a watch keeps the last `history` ids (an int64 array, about 35 KB) and judges the tail at fixed
+Cost: a watch keeps the last `history` ids (a uint64 array, about 35 KB) and judges the tail at fixed
 response-token counts (every `judge_every`), so the verdict does not depend on how the stream is chunked. Most
-judging points are skipped outright: the repeated-n-gram count rises by one a token at most, so after a tail
-that repeats c n-grams no point fires for `REPEATED_NEEDED - c` tokens, about a thousand in natural text; ids
-fed meanwhile are only appended to a list. A judged tail gets a cheap upper bound of that count first (its
-n-grams in 65,536 buckets), `runaway_score` only when the bound reaches the bar, and the period, whole-period
-and onset checks only when the score does. About 0.1 µs a token fed in chunks of 8 or more
-(`bench/bench_loop_stop.py`; docs/benchmarks.md, "Online loop stop").
+judging points are skipped outright: none comes before the tail can hold `REPEATED_NEEDED` repeated n-grams, and
+the count rises by one a token at most, so after a tail that repeats c n-grams no point fires for
+`REPEATED_NEEDED - c` tokens, about a thousand in natural text; ids fed meanwhile are only appended to a list. A
+judged tail gets a cheap upper bound of that count first (its n-grams in 65,536 buckets), `runaway_score` only
+when the bound reaches the bar, and the period, whole-period and onset checks only when the score does. Under
+0.1 µs a token fed in chunks of 8 or more (`bench/bench_loop_stop.py`; docs/benchmarks.md, "Online loop stop").
 """
 
 from __future__ import annotations
