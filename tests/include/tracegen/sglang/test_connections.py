@@ -115,26 +115,33 @@ def test_chunk_extensions_and_trailers_are_read_and_the_connection_still_reused(
     # RFC 9112 7.1: a size line may carry extensions, the last chunk may be followed by trailer fields.
     framed = SSE_HEAD + b"5;name=value\r\ndata:\r\n4 \r\n 1\n\n\r\n0;last\r\nx-trailer: 1\r\nx-other: 2\r\n\r\n"
 
-    async def main():
-        async def handler(reader, writer):
-            while True:
-                await _read_request(reader)
-                for i in range(0, len(framed), 3):
-                    writer.write(framed[i:i + 3])
-                    await writer.drain()
-                    await asyncio.sleep(0)
+    async def handler(reader, writer):
+        while True:
+            await _read_request(reader)
+            for i in range(0, len(framed), 3):
+                writer.write(framed[i:i + 3])
+                await writer.drain()
+                await asyncio.sleep(0)
 
+    bodies, connections = _two_requests(handler)
+    assert bodies == [((200, b""), b"data: 1\n\n")] * 2 and connections == 1
+
+
+def _two_requests(handler: Handler) -> tuple[list[tuple[tuple[int, bytes], bytes]], int]:
+    """Two POSTs on one server's connections: each one's (status, body) with the bytes its callback took, and
+    how many connections the server saw."""
+
+    async def main():
         async with Server(handler) as server:
             conns = _conns(server.url())
-            bodies = []
+            results = []
             for _ in range(2):
                 got, on_body = _collect()
-                bodies.append((await conns.request("POST", "/generate", b"{}", on_body), b"".join(got)))
+                results.append((await conns.request("POST", "/generate", b"{}", on_body), b"".join(got)))
             conns.close()
-            return bodies, server.connections
+            return results, server.connections
 
-    bodies, connections = asyncio.run(main())
-    assert bodies == [((200, b""), b"data: 1\n\n")] * 2 and connections == 1
+    return asyncio.run(main())
 
 
 @pytest.mark.parametrize("framing", [b"zz\r\nhello\r\n0\r\n\r\n", b"5\r\nhelloXX0\r\n\r\n",
@@ -165,23 +172,13 @@ def test_a_malformed_chunk_framing_is_a_protocol_error_and_the_connection_closed
     b"HTTP/1.1 200 OK\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n" + _chunked(b"data: 1\n\n"),
 ], ids=["bytes past the body", "connection close"])
 def test_a_connection_the_server_will_not_carry_on_is_not_reused(answer):
-    async def main():
-        async def handler(reader, writer):
-            while True:
-                await _read_request(reader)
-                writer.write(answer)
-                await writer.drain()
+    async def handler(reader, writer):
+        while True:
+            await _read_request(reader)
+            writer.write(answer)
+            await writer.drain()
 
-        async with Server(handler) as server:
-            conns = _conns(server.url())
-            results = []
-            for _ in range(2):
-                got, on_body = _collect()
-                results.append((await conns.request("POST", "/generate", b"{}", on_body), b"".join(got)))
-            conns.close()
-            return results, server.connections
-
-    results, connections = asyncio.run(main())
+    results, connections = _two_requests(handler)
     assert results == [((200, b""), b"data: 1\n\n")] * 2 and connections == 2
 
 
