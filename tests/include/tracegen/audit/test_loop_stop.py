@@ -188,7 +188,8 @@ def test_repeated_share_is_runaway_scores_quantity_at_any_length(loops):
 
 
 def test_ids_out_of_range_are_refused():
-    # Ids are checked as they are taken in, at the next judging point (none before a window's worth of ids).
+    # Ids are checked as they are taken in, at the next judging point (the first once the tail could hold the
+    # repeated n-grams the bar asks for: about half a window).
     for bad in (-1, 2**64, 1.5):
         with pytest.raises(ValueError):
             LoopWatch().feed([5] * (TAIL_WINDOW - 1) + [bad])
