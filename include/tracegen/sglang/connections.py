@@ -120,6 +120,12 @@ class _Connection(asyncio.Protocol):
     # -- one request -----------------------------------------------------------------------------------
     def start(self, request: bytes, on_body: OnBody, read_timeout: float) -> asyncio.Future[tuple[int, bytes]]:
         self._waiter = self.loop.create_future()
+        if self.closed or self.transport.is_closing():  # type: ignore[union-attr]
+            # Closed by the server between the connect and now (a tunnel whose far end is gone accepts, then
+            # closes): nothing would ever answer, and the read deadline is minutes away. The request was not sent.
+            self._waiter.set_exception(httpx.RemoteProtocolError("the server closed the connection before the "
+                                                                 "request was sent"))
+            return self._waiter
         self._on_body, self._status, self._body = on_body, 0, []
         self._read_timeout = read_timeout
         self._last_read = self.loop.time()

@@ -301,6 +301,34 @@ def test_a_server_that_goes_wrong_ends_as_the_httpx_error_the_client_handles(fau
         assert got == [b"data: 1\n\n"] and 0.3 <= waited < 3  # the deadline counts from the last bytes read
 
 
+def test_a_connection_closed_before_its_request_is_sent_fails_at_once():
+    # A tunnel whose far end is gone accepts the connect, then closes it: a close that lands before the request
+    # is written must fail the request then, not leave it waiting for the read deadline.
+    async def main():
+        async def handler(reader, writer):
+            writer.close()
+
+        async with Server(handler) as server:
+            conns = _conns(server.url(), read_timeout_s=30.0)
+            connect = conns._connect
+
+            async def connect_then_wait():
+                conn = await connect()
+                await asyncio.sleep(0.3)  # the server's close arrives meanwhile
+                return conn
+
+            conns._connect = connect_then_wait
+            got, on_body = _collect()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(httpx.RemoteProtocolError, match="before the request was sent"):
+                await conns.request("POST", "/generate", b"{}", on_body)
+            return loop.time() - started, conns._idle
+
+    waited, idle = asyncio.run(main())
+    assert waited < 5 and idle == []
+
+
 def test_a_cancelled_read_closes_its_connection():
     async def main():
         closed = asyncio.Event()
