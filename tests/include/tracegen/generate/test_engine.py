@@ -176,7 +176,9 @@ def test_pivot_with_extend_sends_only_continuations_and_pays_only_the_new_tokens
         ids = unpack_token_ids(row.response_token_ids)
         assert ids[:4096] == unpack_token_ids(cut.response_token_ids) and len(ids) == row.completion_tokens
         assert row.prompt_token_ids == cut.prompt_token_ids and row.prompt_tokens == cut.prompt_tokens
-        assert 4096 < row.completion_tokens <= 8192 and (row.finish_reason == "length") == (row.completion_tokens == 8192)
+        # A cut row is at the cap; a row at the cap may still have stopped: SGLang's EOS beats the length cap when it
+        # is the last token the cap allows (`Req.update_finish_state`), and the stand-in samples that too.
+        assert 4096 < row.completion_tokens <= 8192 and (row.finish_reason != "length" or row.completion_tokens == 8192)
         # Seamless text: the truncated row's thinking (and answer, if it had begun) carry on unchanged. A cut
         # inside a character decodes to U+FFFD there, as SGLang's detokenizer does; the whole decoding holds
         # the character.

@@ -98,7 +98,8 @@ def test_measuring_continues_exactly_the_pilots_truncated_rows_and_pays_only_new
         # The prompt is the truncated row's, counted once; the completion counts the whole sample.
         assert row.prompt_token_ids == cut.prompt_token_ids and row.prompt_tokens == cut.prompt_tokens
         assert row.completion_tokens == len(unpack_token_ids(row.response_token_ids)) > 4096
-        assert (row.finish_reason == "length") == (row.completion_tokens == 16384)
+        # Cut rows are at the cap; a stop may land on the cap's last token too (SGLang's EOS beats the length cap).
+        assert row.finish_reason != "length" or row.completion_tokens == 16384
     o = m.outcome
     assert o["finished"] + o["still_truncated"] == len(truncated) and o["finished"] > 0
     assert read_measurement(root, spec.run_id).outcome == o
