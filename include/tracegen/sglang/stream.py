@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
-from tracegen.sglang.wire import Generated, MalformedResponse, check_usage, int_field
+from tracegen.sglang.wire import Generated, MalformedResponse, TokenId, check_usage, int_field
 
 DONE = b"[DONE]"
-TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
 
 
 class _Event(msgspec.Struct):

