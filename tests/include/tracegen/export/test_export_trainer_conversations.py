@@ -16,6 +16,7 @@ checks' own encodings are about a fifth of it).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 from pathlib import Path
@@ -28,6 +29,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 from tracegen.simulator.bpe import TOKENIZER_DIR  # noqa: E402
 
 pytest.importorskip("specforge.data.prompt_builder", reason="requirements-trainers.txt is not installed")
+
+_PROCESSES = min(2, os.cpu_count() or 1)
+_SHARED: dict = {}  # what the forked processes of the test read
 
 
 @pytest.fixture(scope="module")
@@ -62,37 +66,16 @@ def _encodings_of_expected(tok, texts: list[str], expects: list[str], encoded_te
     return out
 
 
-@pytest.mark.timeout(900)
-def test_both_trainers_tokenize_every_conversation_to_the_ledgers_ids(conversations_export, tokens_export, hf_cache):
-    """Both trainers' masks (their 1s: the generated turn they train on) hold, on every row, exactly the
-    ledger's response ids followed by the `\\n` Qwen3's template writes after `<|im_end|>` (both masks run to
-    the end-of-turn string `<|im_end|>\\n`), except on two kinds of rows, where they legitimately differ and
-    hold the tokenizer's encoding of the turn's text instead:
-
-    - **The template's rendering of reasoning** (5 to 9% of rows: the demo run differs between runs): it
-      writes `reasoning.strip("\\n")` between `<think>\\n` and `\\n</think>` and the content with its leading
-      newlines stripped, so a completion whose thinking ends (or starts) with newlines is trained on without
-      them (`_template_rendering`).
-    - **Ids that are not the tokenizer's encoding of their text** (11 to 16%): the stand-in's completions are
-      windows of a tokenized text stream, so where a window starts or ends inside a pre-token (a run of
-      spaces cut by the end of the answer, the `\\n</think>\\n\\n` it inserts), its ids spell the text with
-      other tokens than encoding it gives, as a real model's sampled ids can. Re-tokenizing text cannot give
-      them back; the `tokens` layout keeps them.
-
-    The context before the mask (the prompt) is the ledger's prompt ids in speculators' rows on every row:
-    the export writes the prompt turns and tools as the server handed them to its template
-    (`dataset/template_input.py`), so the trainer's rendering is the served prompt. SpecForge's is too on
-    rows with a system prompt; on rows without one its template injects its own (the manifest's note).
-    """
+def _check_rows(manifest: dict, rows: list[dict], ledger: dict[str, dict]) -> tuple[int, int, int]:
+    """Every check of the test on `rows` (a share of the export's rows): the counts of rows trained on exactly
+    the ledger's ids + newline, of rows whose reasoning the template re-rendered, and of rows whose ids are not
+    the tokenizer's encoding of their text."""
     from specforge.data.preprocessing import preprocess_conversations
     from specforge.data.template import TEMPLATE_REGISTRY
     from speculators.data_generation import preprocessing as speculators_pre
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
-    manifest, rows = conversations_export
-    ledger = {r["id"]: r for r in tokens_export[2]}
-    assert len(rows) == manifest["rows"] == len(ledger)
     settings = manifest["trainers"]["specforge"]
     tools = [json.loads(r["tools"]) if r["tools"] else [] for r in rows]
     specforge = preprocess_conversations(
@@ -156,6 +139,51 @@ def test_both_trainers_tokenize_every_conversation_to_the_ledgers_ids(conversati
         assert last["input_ids"][: last["loss_mask"].index(1)] == prompt, where
         if row["conversations"][0]["role"] == "system":
             assert ids[:start] == prompt, where
+    return exact, rendered, noncanonical
+
+
+def _check_share(k: int) -> tuple[int, int, int, int]:
+    """`_check_rows` on the k-th of `_PROCESSES` interleaved shares of the rows in `_SHARED`; the share's size first."""
+    share = _SHARED["rows"][k::_PROCESSES]
+    return len(share), *_check_rows(_SHARED["manifest"], share, _SHARED["ledger"])
+
+
+@pytest.mark.timeout(900)
+def test_both_trainers_tokenize_every_conversation_to_the_ledgers_ids(conversations_export, tokens_export, hf_cache):
+    """Both trainers' masks (their 1s: the generated turn they train on) hold, on every row, exactly the
+    ledger's response ids followed by the `\\n` Qwen3's template writes after `<|im_end|>` (both masks run to
+    the end-of-turn string `<|im_end|>\\n`), except on two kinds of rows, where they legitimately differ and
+    hold the tokenizer's encoding of the turn's text instead:
+
+    - **The template's rendering of reasoning** (5 to 9% of rows: the demo run differs between runs): it
+      writes `reasoning.strip("\\n")` between `<think>\\n` and `\\n</think>` and the content with its leading
+      newlines stripped, so a completion whose thinking ends (or starts) with newlines is trained on without
+      them (`_template_rendering`).
+    - **Ids that are not the tokenizer's encoding of their text** (11 to 16%): the stand-in's completions are
+      windows of a tokenized text stream, so where a window starts or ends inside a pre-token (a run of
+      spaces cut by the end of the answer, the `\\n</think>\\n\\n` it inserts), its ids spell the text with
+      other tokens than encoding it gives, as a real model's sampled ids can. Re-tokenizing text cannot give
+      them back; the `tokens` layout keeps them.
+
+    The context before the mask (the prompt) is the ledger's prompt ids in speculators' rows on every row:
+    the export writes the prompt turns and tools as the server handed them to its template
+    (`dataset/template_input.py`), so the trainer's rendering is the served prompt. SpecForge's is too on
+    rows with a system prompt; on rows without one its template injects its own (the manifest's note).
+    """
+    manifest, rows = conversations_export
+    ledger = {r["id"]: r for r in tokens_export[2]}
+    assert len(rows) == manifest["rows"] == len(ledger)
+    # Every row is checked, in shares on forked processes, one per core: the trainers' rendering and
+    # tokenization is about two minutes of one core's CPU, and a share's checks need no other share's rows.
+    # The processes inherit the rows rather than receive them pickled.
+    _SHARED.update(manifest=manifest, rows=rows, ledger=ledger)
+    try:
+        with multiprocessing.get_context("fork").Pool(_PROCESSES) as pool:
+            counts = pool.map(_check_share, range(_PROCESSES))
+    finally:
+        _SHARED.clear()
+    checked, exact, rendered, noncanonical = (sum(c) for c in zip(*counts, strict=True))
+    assert checked == len(rows)
     n = len(rows)
     assert exact >= 0.75 * n and rendered <= 0.12 * n and noncanonical <= 0.2 * n, (n, exact, rendered, noncanonical)
     print(f"\n{n} rows: {exact} trained on the ledger's ids + \\n, {rendered} reasoning re-rendered, "
