@@ -10,7 +10,8 @@ folder `simulator/tokenizer/`.
 A module of its own, beside `test_export_trainer_loaders.py`: under `--dist loadfile` it runs on another
 xdist worker (the demo run is built once per pytest run and shared, `conftest.demo_run`). About two minutes of
 one core on the CI machine, nearly all of it the trainers' own template rendering and tokenization (the
-checks' own encodings are about a fifth of it).
+checks' own encodings are about a fifth of it), spread over two forked processes that each check every other
+row.
 """
 
 from __future__ import annotations
