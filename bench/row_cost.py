@@ -27,17 +27,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "include"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from occupancy_support.fleet import free_port, wait_healthy  # noqa: E402
 
 from tracegen.audit.loop_stop import LoopWatch  # noqa: E402
 from tracegen.audit.runaway import text_token_ids  # noqa: E402
@@ -65,9 +65,7 @@ def messages(i: int) -> list[dict[str, str]]:
 
 
 def start_stand_in(max_running: int, interval: int, time_scale: float) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-m", "tracegen.simulator", "--model-path", "Qwen/Qwen3.6-27B", "--served-model-name",
             MODEL, "--port", str(port), "--max-running-requests", str(max_running), "--reasoning-parser", "qwen3",
             "--context-length", "40960", "--sim-time-scale", str(time_scale), "--sim-runaway-rate", "0",
@@ -77,18 +75,12 @@ def start_stand_in(max_running: int, interval: int, time_scale: float) -> tuple[
     env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"stand-in exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("stand-in not healthy after 30 s")
+    try:
+        wait_healthy([proc], [url])
+    except SystemExit:
+        proc.kill()
+        raise
+    return proc, url
 
 
 def request(i: int) -> ChatRequest:
