@@ -33,11 +33,10 @@ SERVER_INFO_PATH = "/server_info"
 DETOKENIZE_PATH = "/detokenize"
 TOKENIZE_PATH = "/v1/tokenize"
 ABORT_PATH = "/abort_request"  # SGLang's: {"rid"} aborts that request (and those whose rid it prefixes)
-# The finish reasons of a completion, as SGLang reports them: it ended by itself, or at the cap ("length").
 # A token id as the client takes one from a server: a non-negative integer under 2**32 (JSON `true` is not one).
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
 _TOKEN_IDS = list[TokenId]
-
+# The finish reasons of a completion, as SGLang reports them: it ended by itself, or at the cap ("length").
 FINISH_REASONS = ("stop", "tool_calls", "length")
 # What SGLang reports; `abort` is not a completion (the client retries it), the rest are.
 SERVER_FINISH_REASONS = frozenset({*FINISH_REASONS, "abort"})
