@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "include"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from client_overhead import MODEL, messages  # noqa: E402  (the same prompts as the whole-row CPU bench)
 from occupancy_support.fleet import free_port, wait_healthy  # noqa: E402
 
 from tracegen.audit.loop_stop import LoopWatch  # noqa: E402
@@ -44,7 +45,6 @@ from tracegen.audit.runaway import text_token_ids  # noqa: E402
 from tracegen.generate.watched import watched_row, watching  # noqa: E402
 from tracegen.sglang.client import ChatRequest, ClientConfig, Sampling, ServerEndpoint, SGLangClient  # noqa: E402
 
-MODEL = "sim/bench"
 CAP = 16_384
 NATURAL_PAST_4096 = 0.18  # the reference job's length law
 INSTANT = 100_000.0  # a time scale at which a whole row's events are written before the client reads the first
@@ -55,13 +55,6 @@ class _Blind:
 
     def feed(self, new_ids: object) -> None:
         return None
-
-
-def messages(i: int) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": "You are a careful coding assistant."},
-        {"role": "user", "content": f"Task {i}: explain what this function does.\n" + "def f(x):\n    return x\n" * 20},
-    ]
 
 
 def start_stand_in(max_running: int, interval: int, time_scale: float) -> tuple[subprocess.Popen[bytes], str]:
