@@ -229,9 +229,9 @@ class _S3Lock(DestinationLock):
         """One S3 call through the storage's retries; None when its condition failed."""
         from botocore.exceptions import ClientError
 
-        def call() -> dict[str, Any] | None:
+        def call(client: Any) -> dict[str, Any] | None:
             try:
-                return getattr(self.dest.client, what)(Bucket=self.dest.bucket, Key=self.dest.prefix + key, **kw)
+                return getattr(client, what)(Bucket=self.dest.bucket, Key=self.dest.prefix + key, **kw)
             except ClientError as exc:
                 error = exc.response.get("Error", {})
                 status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))

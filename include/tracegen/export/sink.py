@@ -55,7 +55,7 @@ class FileSink:
                 s3 = self.dest
                 assert isinstance(s3, S3Storage)
                 s3._call("upload_file", self.key,
-                         lambda: s3.client.upload_file(str(self.tmp), s3.bucket, s3.prefix + self.key))
+                         lambda client: client.upload_file(str(self.tmp), s3.bucket, s3.prefix + self.key))
         finally:
             self.tmp.unlink(missing_ok=True)
 

@@ -175,7 +175,14 @@ class RootLease:
             if others := self.others():
                 return others
             started = time.monotonic()
-            version = self.storage.swap(self.key, self._doc(), None)
+            try:
+                version = self.storage.swap(self.key, self._doc(), None, deadline=started + self.ttl_s / 2)
+            except Fenced as exc:
+                # Not sent within half a TTL, or sent and unanswered: withdrawn (it is ours alone) like a slow write.
+                log.warning("lease %s: not written within half its %.0fs TTL (%s); withdrawn, looking again",
+                            self.storage.uri_for(self.key), self.ttl_s, exc)
+                self.storage.delete(self.key)
+                continue
             if version is None:
                 raise StorageError(f"lease {self.storage.uri_for(self.key)} exists already (a token collision)")
             if time.monotonic() - started <= self.ttl_s / 2:
@@ -230,7 +237,13 @@ class RootLease:
         self._check_fresh()
         started = time.monotonic()
         self._renewals += 1
-        version = self.storage.swap(self.key, self._doc(), self.version)
+        try:
+            # Not sent once the lease is void: a renewal landing then would hold off a writer that may start.
+            version = self.storage.swap(self.key, self._doc(), self.version, deadline=self._renewed + self.ttl_s)
+        except Fenced as exc:
+            self.held = False
+            raise LeaseLost(f"lease {self.storage.uri_for(self.key)} could not be renewed within its "
+                            f"{self.ttl_s:.0f}s TTL ({exc})") from exc
         if version is None:
             self.held = False
             raise LeaseLost(f"lease {self.storage.uri_for(self.key)} was removed or replaced: another writer "

@@ -229,10 +229,12 @@ class LocalStorage(Storage):
     def version(self, key: str) -> str:
         return hashlib.sha256(self.get(key)).hexdigest()
 
-    def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
+    def swap(self, key: str, data: bytes, expected: str | None, *, deadline: float | None = None) -> str | None:
         with self._locked():
             if self._version_or_none(key) != expected:
                 return None
+            if deadline is not None and time.monotonic() > deadline:
+                raise Fenced(f"not writing {self.uri_for(key)}: its deadline passed")
             self.put(key, data)
         return hashlib.sha256(data).hexdigest()
 

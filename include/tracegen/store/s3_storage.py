@@ -37,6 +37,9 @@ _RETRYABLE_CODES = {
     "TooManyRequestsException",
 }
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+# botocore's retries inside each of tracegen's attempts of an unguarded call (the connection's own settings win):
+# standard mode backs off with jitter and retries the transient errors tracegen's loop would, three tries in all.
+UNGUARDED_RETRIES = {"mode": "standard", "max_attempts": 3}
 # What S3 answers a conditional write whose condition failed (another writer's object is there).
 CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict")
 
@@ -103,36 +106,76 @@ class S3Storage(Storage):
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._client = client
+        self._s3_hook: Any = None
 
     @property
     def client(self) -> Any:
+        """The client of every unguarded call: botocore's standard retry mode inside tracegen's own loop
+        (`_call`), on the Airflow connection's endpoint, credentials and botocore settings."""
         # Created lazily: building the hook reads the Airflow connection, which a constructor should not do.
         if self._client is None:
-            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+            from botocore.config import Config
 
-            self._client = S3Hook(aws_conn_id=self.aws_conn_id).get_conn()
+            hook = self._hook()
+            self._client = hook.get_client_type(config=Config(retries=UNGUARDED_RETRIES).merge(hook.config))
         return self._client
 
-    def _call(self, what: str, key: str, fn: Callable[[], T], until: float | None = None) -> T:
-        # `until` (time.monotonic()): a fenced write is not sent, nor retried, past its fence's deadline.
+    def _hook(self) -> Any:
+        if self._s3_hook is None:
+            from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+            self._s3_hook = S3Hook(aws_conn_id=self.aws_conn_id)
+        return self._s3_hook
+
+    def _guarded_client(self, time_left_s: float) -> Any:
+        """A client for one attempt of a write that must not land past its fence's deadline: no retry inside
+        botocore (its default legacy mode re-sends a PUT up to four times, the last minutes after the first),
+        and connect and read timeouts no longer than the time left, so the request is handed to the network
+        before the deadline or not at all. The connection's own botocore settings apply, but for these three.
+        Built per attempt, since its timeouts are the attempt's."""
+        from botocore.config import Config
+
+        timeout = max(time_left_s, 0.001)
+        fenced = Config(retries={"mode": "standard", "total_max_attempts": 1},
+                        connect_timeout=timeout, read_timeout=timeout)
+        hook = self._hook()
+        return hook.get_client_type(config=hook.config.merge(fenced))
+
+    def _call(self, what: str, key: str, fn: Callable[[Any], T], until: float | None = None) -> T:
+        """`fn(client)` retried with backoff on transient errors for up to `retry_deadline_s`.
+
+        `until` (time.monotonic()) makes it a guarded write: each attempt goes out on `_guarded_client`
+        (one send, timeouts within the time left) and none starts past `until`. A guarded write whose last
+        attempt went unanswered may have landed, but only as sent, before the deadline."""
         deadline = time.monotonic() + self.retry_deadline_s
         if until is not None:
             deadline = min(deadline, until)
         delay = self.backoff_initial_s
         attempt = 0
+        unanswered: BaseException | None = None
         while True:
             attempt += 1
-            if until is not None and time.monotonic() > until:
-                raise Fenced(f"not writing {self.uri + key}: its fence's deadline passed")
+            if until is not None:
+                time_left = until - time.monotonic()
+                if time_left <= 0:
+                    landed = (f"; its last attempt got no answer ({unanswered}): if it landed, it was sent "
+                              "before the deadline" if unanswered is not None else "")
+                    raise Fenced(f"not writing {self.uri + key}: its fence's deadline passed{landed}")
+                client = self._guarded_client(time_left)
+            else:
+                client = self.client
             try:
-                return fn()
+                return fn(client)
             except Exception as exc:
                 if _error_code(exc) in _MISSING_CODES:
                     raise StorageKeyError(self.uri + key) from None
                 if not _is_transient(exc):
                     raise StorageError(f"S3 {what} {self.uri + key} failed: {exc}") from exc
+                unanswered = exc
                 now = time.monotonic()
                 if now >= deadline:
+                    if until is not None and now >= until:
+                        continue  # past the fence's deadline: said as such, above
                     raise StorageError(
                         f"S3 {what} {self.uri + key} failed after {attempt} attempts over "
                         f"{self.retry_deadline_s:.0f}s (bucket {self.bucket!r}): {exc}"
@@ -147,11 +190,11 @@ class S3Storage(Storage):
 
     def put(self, key: str, data: bytes) -> None:
         # One PutObject is atomic on S3: readers see the previous object or this one.
-        self._call("put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
+        self._call("put", key, lambda c: c.put_object(Bucket=self.bucket, Key=self._key(key), Body=data))
 
     def create(self, key: str, data: bytes) -> bool:
-        def put() -> None:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+        def put(client: Any) -> None:
+            client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
 
         try:
             self._call("create", key, put)
@@ -169,14 +212,14 @@ class S3Storage(Storage):
     def version(self, key: str) -> str:
         return str(self._head(key)["ETag"])
 
-    def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
+    def swap(self, key: str, data: bytes, expected: str | None, *, deadline: float | None = None) -> str | None:
         condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
 
-        def put() -> str:
-            return str(self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)["ETag"])
+        def put(client: Any) -> str:
+            return str(client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)["ETag"])
 
         try:
-            return self._call("swap", key, put)
+            return self._call("swap", key, put, until=deadline)
         except StorageKeyError:
             return None  # If-Match on an object that is gone
         except StorageError as exc:
@@ -194,7 +237,7 @@ class S3Storage(Storage):
 
     def remove_if(self, key: str, expected: str) -> bool:
         try:
-            self._call("remove", key, lambda: self.client.delete_object(
+            self._call("remove", key, lambda c: c.delete_object(
                 Bucket=self.bucket, Key=self._key(key), IfMatch=expected))
         except StorageKeyError:
             return False
@@ -212,15 +255,15 @@ class S3Storage(Storage):
                 current = None
             if current != version:
                 raise Fenced(f"not writing {self.uri_for(key)}: {self.uri_for(guard)} was replaced or removed")
-        self._call("put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data),
+        self._call("put", key, lambda c: c.put_object(Bucket=self.bucket, Key=self._key(key), Body=data),
                    until=deadline)
 
     def modified(self, key: str) -> float:
         return self._head(key)["LastModified"].timestamp()
 
     def get(self, key: str) -> bytes:
-        def fetch() -> bytes:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        def fetch(client: Any) -> bytes:
+            return client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
 
         return self._call("get", key, fetch)
 
@@ -230,11 +273,11 @@ class S3Storage(Storage):
             self.size(key)  # still raise for a missing key
             return b""
 
-        def fetch() -> bytes:
+        def fetch(client: Any) -> bytes:
             from botocore.exceptions import ClientError
 
             try:
-                resp = self.client.get_object(
+                resp = client.get_object(
                     Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
                 )
             except ClientError as exc:
@@ -246,7 +289,7 @@ class S3Storage(Storage):
         return self._call("get_range", key, fetch)
 
     def _head(self, key: str) -> dict[str, Any]:
-        return self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key)))
+        return self._call("head", key, lambda c: c.head_object(Bucket=self.bucket, Key=self._key(key)))
 
     def exists(self, key: str) -> bool:
         try:
@@ -262,9 +305,9 @@ class S3Storage(Storage):
         _check_prefix(prefix)
         full = self.prefix + prefix
 
-        def fetch() -> list[str]:
+        def fetch(client: Any) -> list[str]:
             keys: list[str] = []
-            paginator = self.client.get_paginator("list_objects_v2")
+            paginator = client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
                 keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
             return keys
@@ -276,9 +319,9 @@ class S3Storage(Storage):
         _check_prefix(prefix)
         full = self.prefix + prefix
 
-        def fetch() -> dict[str, int]:
+        def fetch(client: Any) -> dict[str, int]:
             out: dict[str, int] = {}
-            paginator = self.client.get_paginator("list_objects_v2")
+            paginator = client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
                 out.update((obj["Key"][len(self.prefix) :], int(obj["Size"])) for obj in page.get("Contents", []))
             return out
@@ -286,7 +329,7 @@ class S3Storage(Storage):
         return dict(sorted(self._call("list", prefix, fetch).items()))
 
     def delete(self, key: str) -> None:
-        self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)))
+        self._call("delete", key, lambda c: c.delete_object(Bucket=self.bucket, Key=self._key(key)))
 
     def uri_for(self, key: str) -> str:
         return self.uri + check_key(key)

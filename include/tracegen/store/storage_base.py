@@ -43,8 +43,9 @@ class StorageLinkError(StorageKeyError):
 
 class Fenced(RuntimeError):
     """A fenced write was refused: an object it was guarded by changed or is gone (another writer took the
-    root, a newer attempt claimed the chunk), or its deadline passed. Nothing was written. Not a
-    StorageError: retrying cannot help, and callers that retry storage errors must not swallow it."""
+    root, a newer attempt claimed the chunk), or its deadline passed. Nothing was sent past the deadline; a
+    write sent before it whose answer was lost may have landed (the message says so), which is why a commit
+    of a segment whose entry exists is a no-op. Not a StorageError: retrying cannot help, and callers that retry storage errors must not swallow it."""
 
 
 class StorageRootError(StorageError):
@@ -94,11 +95,13 @@ class Storage(ABC):
         unique token and a counter, so each write of theirs has its own."""
 
     @abstractmethod
-    def swap(self, key: str, data: bytes, expected: str | None) -> str | None:
+    def swap(self, key: str, data: bytes, expected: str | None, *, deadline: float | None = None) -> str | None:
         """Compare-and-swap: write `data` only if the object's version is still `expected` (None: only if
         there is no object). The new version, or None when the condition failed (the object changed, or is
         gone). Atomic against every other swap, `remove_if` and `put_guarded` of the root (If-Match /
-        If-None-Match on S3; locally under the root's lock)."""
+        If-None-Match on S3; locally under the root's lock). With a `deadline` (`time.monotonic()`), a write
+        that is no longer worth anything past it (a lease's renewal) is sent as `put_guarded`'s is, and
+        `Fenced` when the deadline passed first."""
 
     @abstractmethod
     def remove_if(self, key: str, expected: str) -> bool:
@@ -113,9 +116,11 @@ class Storage(ABC):
         Locally the guards are compared and the object renamed into place under the root's lock, which every
         `swap` and `remove_if` also takes: a guard removed or replaced by another process either happened
         before the check (refused) or waits until the write is in place. S3 has no condition on another
-        object: the guards are read (HEAD) just before the PUT, and the PUT's retries stop at `deadline`, so
-        what remains is a writer paused, or a request held in the network, between that read and the PUT
-        landing for longer than the time left to `deadline`."""
+        object: the guards are read (HEAD) just before the PUT, and the PUT is sent only before `deadline`,
+        each attempt once (no retry inside the S3 client) with its connect and read timeouts within the time
+        left. What remains is a request sent before the deadline and held in the network (or a writer paused
+        between the HEAD and the send) for longer than the margin the lease leaves past the deadline
+        (docs/reliability.md, "Fencing")."""
 
     @abstractmethod
     def modified(self, key: str) -> float:
