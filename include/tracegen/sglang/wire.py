@@ -24,8 +24,6 @@ import msgspec
 
 from tracegen.sglang.malformed import MalformedResponse
 from tracegen.sglang.settings import Sampling
-# InconsistentUsage: re-exported, callers catch it as one of the wire's errors.
-from tracegen.sglang.usage import InconsistentUsage as InconsistentUsage
 from tracegen.sglang.usage import check_usage
 
 PATH = "/v1/chat/completions"
