@@ -135,14 +135,17 @@ class ServerHttp:
                 if on_body is None:
                     return 200, await _read_whole(response, limits.body, "response body")
                 taken = 0
-                async for piece in response.content.iter_any():
-                    taken += len(piece)
-                    if taken > limits.body:
-                        response.close()
-                        raise too_large("response body", limits.body)
-                    if on_body(piece):
-                        response.close()  # stopped mid-response: its connection cannot carry another request
-                        break
+                try:
+                    async for piece in response.content.iter_any():
+                        taken += len(piece)
+                        if taken > limits.body:
+                            raise too_large("response body", limits.body)
+                        if on_body(piece):
+                            response.close()  # stopped mid-response: its connection cannot carry another request
+                            break
+                except BaseException:
+                    response.close()  # refused or cancelled mid-response: the connection goes with it
+                    raise
                 return 200, b""
         except aiohttp.ConnectionTimeoutError:
             raise HttpTimeout(f"no connection within {self.connect_timeout_s:g} s", waited_on_server=False,
