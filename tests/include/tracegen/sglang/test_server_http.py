@@ -393,6 +393,7 @@ def test_an_https_server_is_verified_and_read_alike(tmp_path: Path):
             stranger = _conns(server.url("https"), tls=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
             with pytest.raises(ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                 await stranger.request("POST", "/generate", b"{}", on_body)
+            await stranger.close()
             return ok, got
 
     ok, got = asyncio.run(main())
