@@ -167,7 +167,7 @@ def main() -> None:
     try:
         prompt_ids = httpx.post(url + "/v1/tokenize", json={"model": MODEL, "messages": messages(0)},
                                 timeout=30, trust_env=False).json()["tokens"]
-        for name, fn in loops.items():  # warm-up: imports, connections, the stand-in's caches
+        for fn in loops.values():  # warm-up: imports, connections, the stand-in's caches
             for streamed in (True, False):
                 measure(fn, url, 8, 8, streamed, prompt_ids)
         cpu: dict[tuple[str, bool], list[float]] = {(name, s): [] for name in loops for s in (True, False)}
