@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import httpx
+from tracegen.sglang.http import HttpFailure
 
 if TYPE_CHECKING:
     from tracegen.sglang.routing import ServerPool, ServerState
@@ -184,7 +184,7 @@ class Autotuner:
 
     async def observe(self, server: ServerState, max_running: int | None) -> Observation | None:
         """One poll: /metrics gauges (SGLang names). None when the server has no /metrics."""
-        reply = await server.probe_http.get("/metrics", timeout=10.0)
+        reply = await server.http.get("/metrics", timeout=10.0)
         if reply.status_code != 200:
             return None
         m = parse_metrics(reply.text)
@@ -203,8 +203,8 @@ class Autotuner:
         """The server's batch size: --max-running-requests as its start-up resolved it (null when SGLang
         sizes the batch from KV memory), else the size its scheduler settled on, per data-parallel rank."""
         try:
-            info = (await server.probe_http.get("/server_info", timeout=10.0)).json()
-        except (httpx.HTTPError, ValueError):
+            info = (await server.http.get("/server_info", timeout=10.0)).json()
+        except (HttpFailure, ValueError):
             return None
         if not isinstance(info, dict):
             return None
@@ -232,7 +232,7 @@ class Autotuner:
         while True:
             try:
                 obs = await self.observe(server, max_running)
-            except (httpx.HTTPError, ValueError) as exc:
+            except (HttpFailure, ValueError) as exc:
                 obs = None
                 log.debug("autotune %s: poll failed: %s", server.shown_url, exc)
             else:

@@ -28,8 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import httpx
-
+from tracegen.sglang.http import HttpFailure, HttpTimeout
+from tracegen.sglang.limits import ResponseLimits
 from tracegen.sglang.retry import (
     FATAL,
     TRANSIENT,
@@ -55,6 +55,7 @@ from tracegen.sglang.wire import (
     Generated,
     MalformedResponse,
     ServerParsers,
+    build_abort_body,
     build_body,
     build_detokenize_body,
     build_generate_body,
@@ -122,8 +123,8 @@ def _call_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Stream:
-    """A streamed /generate: the body for a request id (fresh per attempt: `/abort_request` matches rids by
-    prefix, and 32 hex digits are never one another's prefix), a new watch per attempt, and the cap."""
+    """A streamed /generate: the body for a request id (fresh per attempt, so an abort names only this attempt's
+    request), a new watch per attempt, and the cap."""
 
     body: Callable[[str], bytes]
     watch: Callable[[], TokenWatch]
@@ -205,7 +206,8 @@ class SGLangClient:
         self._pool.probe_model = model
         # The response's counts are checked against its own token ids and this request's cap.
         max_tokens = request.sampling.max_tokens
-        return await self._call("POST", PATH, body, lambda raw: _chat_result(raw, max_tokens))
+        return await self._call("POST", PATH, body, lambda raw: _chat_result(raw, max_tokens),
+                                limits=ResponseLimits.for_request(len(body), max_tokens))
 
     async def generate(
         self, input_ids: list[int], *, max_new_tokens: int, sampling: Sampling, require_reasoning: bool = False,
@@ -224,16 +226,20 @@ class SGLangClient:
             return build_generate_body(input_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                                        require_reasoning=require_reasoning, rid=rid)
 
+        whole = body(None)
+        # A streamed body differs from the whole one by its rid alone: the same limits fit both.
+        limits = ResponseLimits.for_request(len(whole), max_new_tokens)
         if watch is None:
-            return await self._call("POST", GENERATE_PATH, body(None),
-                                    lambda raw: _generate_result(raw, max_new_tokens))
-        return await self._call("POST", GENERATE_PATH, None, _not_streamed, stream=_Stream(body, watch, max_new_tokens))
+            return await self._call("POST", GENERATE_PATH, whole, lambda raw: _generate_result(raw, max_new_tokens),
+                                    limits=limits)
+        return await self._call("POST", GENERATE_PATH, None, _not_streamed, limits=limits,
+                                stream=_Stream(body, watch, max_new_tokens))
 
     async def separate_reasoning(self, text: str, parser: str) -> Outcome[tuple[str, str]]:
         """SGLang's (reasoning, answer) split of raw model output, the chat route's own."""
         body = build_separate_reasoning_body(text, parser)
         return await self._call("POST", SEPARATE_REASONING_PATH, body, parse_separate_reasoning,
-                                generation=False)
+                                limits=ResponseLimits.for_request(len(body)), generation=False)
 
     async def parse_function_call(
         self, text: str, tools: list[dict[str, Any]], parser: str
@@ -241,26 +247,30 @@ class SGLangClient:
         """SGLang's (answer, tool calls) split of an answer, the chat route's own."""
         body = build_parse_function_call_body(text, tools, parser)
         return await self._call("POST", PARSE_FUNCTION_CALL_PATH, body,
-                                lambda raw: parse_function_calls(raw, _call_id), generation=False)
+                                lambda raw: parse_function_calls(raw, _call_id),
+                                limits=ResponseLimits.for_request(len(body)), generation=False)
 
     async def tokenize(self, request: ChatRequest) -> Outcome[list[int]]:
         """The prompt ids the chat route would generate `request` from (SGLang's `/v1/tokenize` of its
         messages and tools)."""
         body = build_tokenize_body(request.messages, request.tools, request.model)
-        return await self._call("POST", TOKENIZE_PATH, body, parse_tokenize, generation=False)
+        return await self._call("POST", TOKENIZE_PATH, body, parse_tokenize,
+                                limits=ResponseLimits.for_request(len(body)), generation=False)
 
     async def detokenize(self, ids: list[int]) -> Outcome[str]:
         """The server's decoding of `ids` (SGLang's `/detokenize`). A server without the route answers it
         `rejected` (HTTP 404/405), never fatal: the caller falls back to what it has."""
-        return await self._call("POST", DETOKENIZE_PATH, build_detokenize_body(ids), parse_detokenize,
-                                generation=False, optional=True)
+        body = build_detokenize_body(ids)
+        return await self._call("POST", DETOKENIZE_PATH, body, parse_detokenize,
+                                limits=ResponseLimits.for_request(len(body)), generation=False, optional=True)
 
     async def server_parsers(self) -> Outcome[ServerParsers]:
         """The reasoning and tool-call parsers the servers run (one fleet, one launch: asked once)."""
         async with self._parsers_lock:
             if self._parsers is not None:
                 return Outcome(self._parsers)
-            out = await self._call("GET", SERVER_INFO_PATH, None, parse_server_parsers, generation=False)
+            out = await self._call("GET", SERVER_INFO_PATH, None, parse_server_parsers,
+                                   limits=ResponseLimits.for_request(0), generation=False)
             self._parsers = out.value
             return out
 
@@ -271,6 +281,7 @@ class SGLangClient:
         body: bytes | None,
         parse: Callable[[bytes], T],
         *,
+        limits: ResponseLimits,
         generation: bool = True,
         optional: bool = False,
         stream: _Stream | None = None,
@@ -278,12 +289,13 @@ class SGLangClient:
         """One request with the client's routing, deadlines and retries. `generation`: a request that runs
         the model, whose success is the progress signal behind wedge detection (a wedged server still
         answers the tokenizer-side parsing routes, so those must not vouch for it). `optional`: the server may
-        not have the route; a 404 or 405 is then `rejected`, not a fatal misconfiguration."""
+        not have the route; a 404 or 405 is then `rejected`, not a fatal misconfiguration. `limits`: the largest
+        answer the request may get."""
         if self._fatal is not None:
             raise self._fatal
         self._start_tuner()
         pool = self._pool
-        call = _Call(method, path, body, parse, generation, optional, stream)
+        call = _Call(method, path, body, parse, limits, generation, optional, stream)
         last_error = ""
         previous: ServerState | None = None
         attempt = 0
@@ -319,9 +331,9 @@ class SGLangClient:
         FatalClientError (stop)."""
         pool = self._pool
         if call.stream is not None:
-            sending = self._stream(server, call.path, call.stream)
+            sending = self._stream(server, call.path, call.stream, call.limits)
         else:
-            sending = server.http.whole(call.method, call.path, call.body or b"")
+            sending = server.http.exchange(call.method, call.path, call.body or b"", limits=call.limits)
         task = asyncio.create_task(sending)
         server.tasks.add(task)
         try:
@@ -332,24 +344,22 @@ class SGLangClient:
                 # Cancelled by the pool because this server was found wedged: re-route, not a crash.
                 raise TransientError(f"server wedged ({server.reason}); request re-routed") from None
             raise
-        except httpx.TimeoutException as exc:
-            kind = type(exc).__name__
-            if isinstance(exc, httpx.ReadTimeout):
-                reason = f"no response within the {self.config.request_deadline_s:g} s deadline"
-                pool.record_timeout(server, started, reason)
+        except HttpTimeout as exc:
+            reason = str(exc)  # which deadline fired
+            if exc.waited_on_server:  # silent or trickling alike: the server holds the request and does not finish
+                pool.record_timeout(server, started, reason, exc.deadline)
             else:
-                reason = f"{kind}: {exc}"
                 pool.record_failure(server, reason)
             raise TransientError(reason) from None
-        except httpx.TransportError as exc:
-            # Dropped connections (RemoteProtocolError "Server disconnected"), refused connects, resets.
+        except HttpFailure as exc:
+            # Dropped connections, refused connects, resets, responses that are not HTTP.
             reason = f"{type(exc).__name__}: {exc}"
             pool.record_failure(server, reason)
             raise TransientError(reason) from None
         except StreamRejected as exc:  # an error event with a 4xx code: the request itself is refused
             server.consecutive_failures = 0
             return _Rejected(str(exc))
-        except (MalformedResponse, _Aborted) as exc:  # from a stream, read inside the task
+        except (MalformedResponse, _Aborted) as exc:  # from a stream read inside the task, or a body past its limit
             reason = "finish_reason abort" if isinstance(exc, _Aborted) else f"{exc.kind}: {exc}"
             pool.record_failure(server, reason)
             raise TransientError(reason) from None
@@ -398,12 +408,15 @@ class SGLangClient:
         server.consecutive_failures = 0
         return _Rejected(f"HTTP {status}: {message}")
 
-    async def _stream(self, server: ServerState, path: str, stream: _Stream) -> tuple[int, Any]:
+    async def _stream(self, server: ServerState, path: str, stream: _Stream,
+                      limits: ResponseLimits) -> tuple[int, Any]:
         """A streamed /generate: (status, body), a 200's body being its events put together (`Generated`), each
         new id fed to the attempt's watch as the events arrive; aborted as soon as the watch says so. Raises
-        `stream.StreamFailed` (transient), `StreamRejected`, `_Aborted`, and httpx's transport errors."""
+        `stream.StreamFailed` (transient), `StreamRejected`, `_Aborted`, `InconsistentUsage` (the cap or the counts
+        broken, however the stream ends), `ResponseTooLarge`, and `http`'s failures."""
         rid = uuid.uuid4().hex
-        assembly, reader, watch = StreamAssembly(), EventReader(), stream.watch()
+        assembly = StreamAssembly(cap=stream.max_new_tokens)
+        reader, watch = EventReader(limits.line), stream.watch()
         verdict = None
 
         def on_body(chunk: bytes) -> bool:
@@ -418,25 +431,31 @@ class SGLangClient:
                         return True
             return False
 
-        status, raw = await server.http.request("POST", path, stream.body(rid), on_body)
+        try:
+            status, raw = await server.http.exchange("POST", path, stream.body(rid), limits=limits, on_body=on_body)
+        except MalformedResponse:
+            # Refused mid-stream (past the cap, counts that disagree, a line past its limit): the request may
+            # still be generating on the server.
+            await self._abort(server, rid)
+            raise
         if status != 200:
             return status, raw
         if verdict is not None:
             await self._abort(server, rid)
             return 200, assembly.stopped(verdict)
-        generated = assembly.result(max_new_tokens=stream.max_new_tokens)
+        generated = assembly.result()
         if generated.finish_reason == "abort":
             raise _Aborted
         return 200, generated
 
     async def _abort(self, server: ServerState, rid: str) -> None:
-        """Ask the server to abort request `rid` now, on the server's probe connection (the slot stays held until it
-        is answered, so no new request waits on it). Best effort: the stream's connection is closed already, which
-        makes SGLang abort it too once it notices the disconnect, so a failure here costs seconds of decoding, never
-        a row."""
+        """Ask the server to abort request `rid` now (the slot stays held until it is answered, so no new request
+        waits on it). SGLang 0.5.23 answers 200 with an empty body whatever the rid, so the answer confirms nothing
+        but that the server heard. Best effort: the stream's connection is closed already, which makes SGLang abort
+        it too once it notices the disconnect, so a failure here costs seconds of decoding, never a row."""
         try:
-            response = await asyncio.wait_for(server.probe_http.post(ABORT_PATH, json={"rid": rid}), ABORT_WAIT_S)
-        except (httpx.HTTPError, TimeoutError) as exc:
+            response = await server.http.post(ABORT_PATH, build_abort_body(rid), timeout=ABORT_WAIT_S)
+        except (HttpFailure, MalformedResponse) as exc:
             log.info("%s: abort of %s not confirmed (%s); the closed stream aborts it", server.name, rid, exc)
             return
         if response.status_code != 200:
@@ -452,12 +471,13 @@ class _Rejected:
 @dataclass(frozen=True, slots=True)
 class _Call(Generic[T]):
     """One request as every attempt of it sends it: the route, the encoded body, how a 200 body is read,
-    and how its answer counts (`generation`, `optional`: see `SGLangClient._call`)."""
+    the largest answer it may get, and how its answer counts (`generation`, `optional`: see `SGLangClient._call`)."""
 
     method: str
     path: str
     body: bytes | None
     parse: Callable[[bytes], T]
+    limits: ResponseLimits
     generation: bool
     optional: bool
     stream: _Stream | None = None

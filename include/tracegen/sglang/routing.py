@@ -18,11 +18,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from tracegen.common.locations import shown_location
 from tracegen.common.tls import tls_for
-from tracegen.sglang.connections import ServerConnections
+from tracegen.sglang.http import HttpFailure, HttpTimeout, ServerHttp
 from tracegen.sglang.retry import FatalClientError
 from tracegen.sglang.settings import ClientConfig
 from tracegen.sglang.wire import PATH, MalformedResponse, parse_completion
@@ -64,25 +62,6 @@ def _headers(endpoint: ServerEndpoint) -> dict[str, str]:
     return headers
 
 
-def _timeouts(config: ClientConfig) -> httpx.Timeout:
-    # A non-streaming completion sends nothing until it is done, so the read timeout is the deadline.
-    return httpx.Timeout(
-        connect=config.connect_timeout_s,
-        read=config.request_deadline_s,
-        write=config.connect_timeout_s,
-        pool=config.request_deadline_s,
-    )
-
-
-def _limits(config: ClientConfig, connections: int) -> httpx.Limits:
-    return httpx.Limits(
-        max_connections=connections,
-        max_keepalive_connections=connections,
-        # Below uvicorn's 5 s: reusing a connection the server is closing gives "server disconnected".
-        keepalive_expiry=config.keepalive_expiry_s,
-    )
-
-
 class ServerState:
     """Live routing state of one server. Mutated only from the event loop thread."""
 
@@ -92,7 +71,6 @@ class ServerState:
         "shown_url",
         "name",
         "http",
-        "probe_http",
         "headers",
         "max_in_flight",
         "limit",
@@ -117,19 +95,11 @@ class ServerState:
         self.shown_url = shown_location(endpoint.url)
         self.name = endpoint.name or self.shown_url
         self.headers = _headers(endpoint)
-        # Every request of a row's generation: connections read by callbacks (`connections`), at most one a slot.
-        self.http = ServerConnections(
+        # Every request to this server: a row's generation, probes, aborts, /metrics.
+        self.http = ServerHttp(
             endpoint.url, headers=self.headers, tls=tls_for(endpoint.url), connect_timeout_s=config.connect_timeout_s,
-            read_timeout_s=config.request_deadline_s, keepalive_expiry_s=config.keepalive_expiry_s,
-            max_idle=endpoint.max_in_flight)
-        # Probes are rare: the convenient client is fine for them.
-        self.probe_http = httpx.AsyncClient(
-            base_url=endpoint.url,
-            headers=self.headers,
-            limits=_limits(config, 1),
-            timeout=_timeouts(config),
-            verify=tls_for(endpoint.url),
-        )
+            read_timeout_s=config.request_deadline_s, attempt_deadline_s=config.attempt_deadline,
+            keepalive_expiry_s=config.keepalive_expiry_s)
         self.max_in_flight = endpoint.max_in_flight
         # Autotune hook (tracegen.sglang.autotune): the in-flight limit routing obeys. Starts at max_in_flight;
         # ServerPool.set_limit moves it.
@@ -181,7 +151,6 @@ class ServerPool:
             raise ValueError(f"in-flight limit for {server.shown_url} must be an integer >= 1, got {limit!r}")
         if limit > server.max_in_flight:
             server.max_in_flight = limit
-            server.http.max_idle = limit
         grew = limit > server.limit
         server.limit = limit
         if grew:
@@ -285,17 +254,16 @@ class ServerPool:
         if server.consecutive_failures >= self.config.quarantine_after:
             self.quarantine(server, f"{server.consecutive_failures} consecutive failures, last: {reason}")
 
-    def record_timeout(self, server: ServerState, started: float, reason: str) -> bool:
-        """A request hit its deadline. If the server finished nothing at all since that request was sent,
+    def record_timeout(self, server: ServerState, started: float, reason: str, deadline: str) -> bool:
+        """A request hit `deadline` (the idle read timeout, or the attempt's total deadline: a server trickling
+        bytes is as stuck as a silent one). If the server finished nothing at all since that request was sent,
         it is wedged (or hopelessly stuck): quarantine it now and re-route everything it holds. Returns
         whether the server was declared wedged."""
         if server.last_completion < started:
             server.failures += 1
             if server.quarantined:
                 return True
-            self.quarantine(
-                server, f"no completion within the {self.config.request_deadline_s:g} s deadline (wedged?)"
-            )
+            self.quarantine(server, f"no completion within the {deadline} (wedged?)")
             # Its other requests were sent later and would just wait out their own deadlines.
             for task in list(server.tasks):
                 task.cancel()
@@ -344,7 +312,7 @@ class ServerPool:
         Otherwise, what is wrong."""
         timeout = self.config.probe_timeout_s
         try:
-            health = await server.probe_http.get("/health", timeout=timeout)
+            health = await server.http.get("/health", timeout=timeout)
             if health.status_code != 200:
                 return f"/health answered {health.status_code}"
             body = json.dumps(
@@ -354,11 +322,11 @@ class ServerPool:
                     "max_tokens": 1,
                     "temperature": 0.0,
                 }
-            )
-            reply = await server.probe_http.post(PATH, content=body, timeout=timeout)
-        except httpx.TimeoutException:
-            return f"no answer within {timeout:g} s"
-        except httpx.TransportError as exc:
+            ).encode()
+            reply = await server.http.post(PATH, body, timeout=timeout)
+        except HttpTimeout as exc:
+            return f"no answer within {timeout:g} s ({exc})"
+        except (HttpFailure, MalformedResponse) as exc:  # a body past its limit included
             return f"{type(exc).__name__}: {exc}"
         if reply.status_code != 200:
             return f"probe completion answered HTTP {reply.status_code}"
@@ -394,7 +362,4 @@ class ServerPool:
             task.cancel()
         await asyncio.gather(*probes, return_exceptions=True)
         self._wake_all()
-        for server in self.servers:
-            server.http.close()
-        clients = [s.probe_http for s in self.servers]
-        await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)
+        await asyncio.gather(*(s.http.aclose() for s in self.servers), return_exceptions=True)

