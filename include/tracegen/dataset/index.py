@@ -57,6 +57,7 @@ import numpy as np
 
 from tracegen.common.locations import shown_location
 from tracegen.dataset.conversation import columnar_id, decode
+from tracegen.dataset.folder import FolderSource, open_dataset_source, write_copy
 from tracegen.dataset.reading import Reading
 from tracegen.dataset.row_ids import RowIds, line_id
 from tracegen.dataset.scan import SCAN_BLOCK, fingerprint_source, gunzip_stream, is_row, scan, split_rows
@@ -510,12 +511,14 @@ def build_index(
     """
     if stride < 1 or max_block_rows < stride:
         raise DatasetError(f"build_index: need 1 <= stride ({stride}) <= max_block_rows ({max_block_rows})")
-    src = source or open_source(uri, aws_conn_id)
+    src = source or open_dataset_source(uri, aws_conn_id)
     before = source_identity(src)
-    fmt = sniff_format(src)
     reading = reading or Reading()
     ids = RowPass(uri, reading)
-    if fmt == "jsonl":
+    fmt = "folder" if isinstance(src, FolderSource) else sniff_format(src)
+    if fmt == "folder":
+        index = _index_folder(uri, src, max_block_rows, cache_uri, aws_conn_id, ids)
+    elif fmt == "jsonl":
         index = _index_jsonl(uri, src, stride, ids)
     elif fmt == "jsonl.gz":
         index = _index_gzip(uri, src, stride, max_block_rows, cache_uri, aws_conn_id, ids)
@@ -737,4 +740,36 @@ def _index_parquet(
         source_size=src.size(), data_size=data_size,
         block_rows=np.concatenate([[0], np.cumsum(new_sizes[:-1])]).astype(np.int64),
         block_offsets=copy_starts, stride=group_rows, notes=[f"seekable copy of {uri}: row groups up to {max(sizes)} rows"],
+    )
+
+
+def _index_folder(
+    uri: str, src: FolderSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str, ids: RowPass
+) -> DatasetIndex:
+    """A folder of shards (`dataset.folder`): one seekable Parquet copy of its rows, indexed as a Parquet
+    file, fingerprinted and sized as the folder."""
+    fingerprint = fingerprint_source(src)
+    group_rows = min(PARQUET_COPY_ROW_GROUP, max_block_rows)
+    cache = cache_uri or default_cache_dir()
+    log.warning("dataset %s is a folder of %d %s files: writing its rows into one Parquet copy with %d-row "
+                "groups into %s, once", shown_location(uri), len(src.files), src.kind, group_rows,
+                shown_location(cache))
+    local_dir = split_uri(cache)[0] if split_uri(cache)[1] is None else None
+    if local_dir:
+        os.makedirs(local_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=local_dir, prefix=".tracegen-copy-", suffix=".parquet")
+    os.close(fd)
+    try:
+        write_copy(src, tmp, group_rows)
+        copy = _index_parquet(tmp, open_source(tmp), max_block_rows, cache_uri, aws_conn_id, ids)
+        data_uri = cache.rstrip("/") + f"/{fingerprint[7:39]}.seekable.parquet"
+        _publish(tmp, data_uri, aws_conn_id)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return DatasetIndex(
+        source_uri=uri, data_uri=data_uri, format="parquet", n_rows=copy.n_rows, fingerprint=fingerprint,
+        source_size=src.size(), data_size=copy.data_size, block_rows=copy.block_rows,
+        block_offsets=copy.block_offsets, stride=copy.stride,
+        notes=[f"seekable copy of {uri}: a folder of {len(src.files)} {src.kind} files"],
     )

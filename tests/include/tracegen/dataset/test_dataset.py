@@ -289,7 +289,7 @@ def test_missing_or_unreadable_files_raise_naming_the_uri(tmp_path: Path) -> Non
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(DatasetError, match=f"{missing}: file not found"):
         build_index(str(missing))
-    with pytest.raises(DatasetError, match="is a directory"):
+    with pytest.raises(DatasetError, match="a folder, but neither a Hugging Face dataset"):
         build_index(str(tmp_path))
     with pytest.raises(DatasetError, match="unsupported scheme 'ftp'"):
         build_index("ftp://host/x.jsonl")

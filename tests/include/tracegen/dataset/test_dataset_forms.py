@@ -204,3 +204,37 @@ def test_the_root_refuses_its_dataset_read_another_way(tmp_path):
     assert bind_index(root, uri, "aws_default", Reading(turns="each")).n_prompt_rows == 15
     with pytest.raises(ReadingMismatchError, match="turns=last"):
         bind_index(root, uri, "aws_default", Reading(turns="last"))
+
+
+def test_a_hugging_face_dataset_saved_to_disk_is_read_from_its_arrow_files(tmp_path):
+    datasets = pytest.importorskip("datasets")  # the trainers' requirements bring it; its layout is the point
+    rows = [sharegpt_row(i) for i in range(700)]
+    folder = tmp_path / "hf"
+    datasets.Dataset.from_list(rows).save_to_disk(str(folder), num_shards=3)
+    index = build_index(str(folder), reading=Reading(turns="each"), cache_uri=str(tmp_path / "cache"))
+    assert (index.n_rows, index.n_prompt_rows) == (700, 1400)
+    assert index.data_uri != str(folder) and index.format == "parquet"
+    got = list(read_rows(index, 1200, 1202))
+    assert [r.id for r in got] == ["c600#turn-1", "c600#turn-2"]
+    assert got[1].messages[-1]["role"] == "tool"
+    # A shard rewritten is a changed dataset, refused before a row of it is read.
+    shard = sorted(folder.glob("*.arrow"))[0]
+    shard.write_bytes(shard.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(DatasetError, match="changed since it was indexed"):
+        list(read_rows(index, 0, 2))
+
+
+def test_a_folder_of_parquet_shards_is_one_dataset_in_shard_order(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for s in range(3):
+        pd.DataFrame({"id": [f"s{s}-{i}" for i in range(50)],
+                      "prompt": [f"p{s}-{i}" for i in range(50)]}).to_parquet(folder / f"part-{s:05d}.parquet")
+    index = build_index(str(folder), cache_uri=str(tmp_path / "cache"))
+    assert index.n_prompt_rows == 150
+    got = list(read_indices(index, [0, 75, 149]))
+    assert [r.id for r in got] == ["s0-0", "s1-25", "s2-49"]
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("no data here")
+    with pytest.raises(DatasetError, match="neither a Hugging Face dataset"):
+        build_index(str(tmp_path / "notes"))
