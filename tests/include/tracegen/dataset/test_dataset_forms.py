@@ -238,3 +238,20 @@ def test_a_folder_of_parquet_shards_is_one_dataset_in_shard_order(tmp_path):
     (tmp_path / "notes" / "readme.txt").write_text("no data here")
     with pytest.raises(DatasetError, match="neither a Hugging Face dataset"):
         build_index(str(tmp_path / "notes"))
+
+
+def test_the_bundled_sft_sample_reads_in_every_turn_mode_and_is_reproducible(tmp_path):
+    from tracegen.sample_data import SFT_SAMPLE_DATASET, SFT_SAMPLE_ROWS
+    from tracegen.sample_data.make_sft_sample import write
+
+    assert write(tmp_path / "again.jsonl").read_bytes() == SFT_SAMPLE_DATASET.read_bytes()
+    counts = {}
+    for turns in ("last", "first", "each"):
+        index = build_index(str(SFT_SAMPLE_DATASET), reading=Reading(turns=turns))
+        rows = list(read_rows(index, 0, index.n_prompt_rows))
+        assert all(isinstance(r, PromptRow) for r in rows), [r for r in rows if isinstance(r, InvalidRow)][:1]
+        assert all(r.messages[-1]["role"] in ("user", "tool") for r in rows)
+        counts[turns] = index.n_prompt_rows
+    assert counts["last"] == counts["first"] == SFT_SAMPLE_ROWS
+    # Each conversation: two tool calls and an answer, then 0 to 2 follow-up answers.
+    assert 3 * SFT_SAMPLE_ROWS <= counts["each"] <= 5 * SFT_SAMPLE_ROWS
