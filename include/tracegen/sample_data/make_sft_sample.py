@@ -51,7 +51,7 @@ def conversation(rng: random.Random, i: int) -> dict[str, Any]:
         {"from": "human", "value": f"In {project}, {symptom}. I think it is {bug} in {module}. Can you find it?"},
         {"from": "function_call", "value": json.dumps({"name": "run_shell",
                                                        "arguments": {"command": f"grep -n 'def ' {path}"}})},
-        {"from": "observation", "value": f"12:def load(self):\n40:def step(self, page):\n77:def close(self):"},
+        {"from": "observation", "value": "12:def load(self):\n40:def step(self, page):\n77:def close(self):"},
         {"from": "function_call", "value": json.dumps({"name": "read_file", "arguments": {"path": path}})},
         {"from": "observation", "value": f"# {path}\n" + "\n".join(f"line {k}: ..." for k in range(rng.randint(3, 8)))},
         {"from": "gpt", "value": f"Found it: {bug} in `{module}.step`, which is why {symptom}. The fix is to "
