@@ -246,34 +246,31 @@ class Uri(Rule):
         return {"type": "string", "minLength": 1, "pattern": self.pattern}
 
 
+_JSON_WS = "[ \\t\\n\\r]*"
+# One "field": "name" pair: a field tracegen knows, and a dataset field name as a JSON string without escapes.
+_FIELD_PAIR = (f'{_JSON_WS}"(?:{"|".join(MAPPABLE_FIELDS)})"{_JSON_WS}:{_JSON_WS}'
+               f'"[^"\\\\\\x00-\\x1f]+"{_JSON_WS}')
+# The whole field mapping, as the form's schema and the config's check both apply it: empty, or a JSON object
+# of such pairs. What it matches json.loads reads as a dict of those fields to non-empty names.
+FIELD_MAP_PATTERN = f"^{_JSON_WS}(\\{{(?:{_FIELD_PAIR}(?:,{_FIELD_PAIR})*|{_JSON_WS})\\}})?{_JSON_WS}$"
+
+
 def parse_field_map(text: Any, name: str = "dataset_fields") -> dict[str, str]:
     """A field mapping as the trigger form gives it: "" for none, or a JSON object from tracegen's field names
     (`MAPPABLE_FIELDS`) to the dataset's own, e.g. {"prompt": "question", "id": "uid"}."""
     if not isinstance(text, str):
         raise ConfigError(f"{name}: expected a JSON object as text, got {type(text).__name__}")
-    if not text.strip():
-        return {}
-    try:
-        mapping = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{name}: {text!r} is not JSON ({exc})") from None
-    return check_field_map(mapping, name)
+    if not re.search(FIELD_MAP_PATTERN, text):
+        raise ConfigError(f"{name}: {text!r} is not a JSON object mapping any of {list(MAPPABLE_FIELDS)} to the "
+                          'dataset\'s own field names, e.g. {"prompt": "question", "id": "uid"}')
+    return json.loads(text) if text.strip() else {}
 
 
 def check_field_map(mapping: Any, name: str = "dataset_fields") -> dict[str, str]:
+    """A field mapping already parsed (a stored reading's): the same rule as `parse_field_map`."""
     if not isinstance(mapping, dict):
-        raise ConfigError(f"{name}: expected a JSON object mapping any of {list(MAPPABLE_FIELDS)} to the dataset's "
-                          f"field names, got {type(mapping).__name__}")
-    unknown = sorted(str(k) for k in mapping if k not in MAPPABLE_FIELDS)
-    if unknown:
-        raise ConfigError(f"{name}: unknown field(s) {unknown}; map any of {list(MAPPABLE_FIELDS)} to the "
-                          "dataset's own names")
-    bad = sorted(k for k, v in mapping.items() if not isinstance(v, str) or not v)
-    if bad:
-        raise ConfigError(f"{name}: {bad} must each name a field of the dataset (a non-empty string)")
-    if len(set(mapping.values())) != len(mapping):
-        raise ConfigError(f"{name}: two fields are mapped to one field of the dataset: {mapping}")
-    return dict(mapping)
+        raise ConfigError(f"{name}: expected an object, got {type(mapping).__name__}")
+    return parse_field_map(json.dumps(mapping, ensure_ascii=False), name)
 
 
 @dataclass(frozen=True)
@@ -284,7 +281,7 @@ class FieldMap(Rule):
         parse_field_map(value, name)
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "string"}
+        return {"type": "string", "pattern": FIELD_MAP_PATTERN}
 
 
 def _rule(rule: Rule, default: Any) -> Any:
