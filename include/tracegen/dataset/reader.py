@@ -1,7 +1,7 @@
 """Prompts in, one row at a time: the dataset reader a chunk task uses.
 
-A dataset is a JSONL (plain or gzip) or Parquet file, or a folder of Parquet shards or a Hugging Face dataset
-saved to disk, local or on S3. Each row is one conversation in one of the input forms `dataset.forms` knows
+A dataset is a JSONL (plain or gzip) or Parquet file, local or on S3, or a local folder of Parquet shards or a
+Hugging Face dataset saved to disk (`dataset.folder`). Each row is one conversation in one of the input forms `dataset.forms` knows
 (OpenAI `messages`, ShareGPT `conversations`, a `prompt` string), with optional `tools`, `id` and metadata
 (`category` or `source`); the run's `Reading` says which, and which of its assistant turns are generated
 (`dataset.turns`): one prompt row each. A prompt row's index is its position among the dataset's prompt rows
