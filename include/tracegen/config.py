@@ -25,6 +25,11 @@ INVALID_ROW_POLICIES = ("record", "fail")
 MEASURE_MODES = ("auto", "always", "never")
 RUNAWAY_POLICIES = ("drop", "resample", "keep")
 WHILE_ASKING_MODES = ("recommended", "current", "idle")
+# How a dataset's rows are read (`tracegen.dataset.reading`): the input form, told per row under `auto`; which
+# assistant turns are generated; the fields a dataset's own names may be mapped onto.
+DATASET_FORMATS = ("auto", "messages", "sharegpt", "prompt")
+TURN_MODES = ("last", "first", "each")
+MAPPABLE_FIELDS = ("messages", "conversations", "prompt", "system", "id", "tools", "category")
 
 # Airflow run ids contain ':' and '+'; storage keys and spool dirs want a tamer alphabet. A safe run id
 # matches RUN_ID_PATTERN; the review pages accept nothing else.
@@ -241,6 +246,44 @@ class Uri(Rule):
         return {"type": "string", "minLength": 1, "pattern": self.pattern}
 
 
+_JSON_WS = "[ \\t\\n\\r]*"
+# One "field": "name" pair: a field tracegen knows, and a dataset field name as a JSON string without escapes.
+_FIELD_PAIR = (f'{_JSON_WS}"(?:{"|".join(MAPPABLE_FIELDS)})"{_JSON_WS}:{_JSON_WS}'
+               f'"[^"\\\\\\x00-\\x1f]+"{_JSON_WS}')
+# The whole field mapping, as the form's schema and the config's check both apply it: empty, or a JSON object
+# of such pairs. What it matches json.loads reads as a dict of those fields to non-empty names.
+FIELD_MAP_PATTERN = f"^{_JSON_WS}(\\{{(?:{_FIELD_PAIR}(?:,{_FIELD_PAIR})*|{_JSON_WS})\\}})?{_JSON_WS}$"
+
+
+def parse_field_map(text: Any, name: str = "dataset_fields") -> dict[str, str]:
+    """A field mapping as the trigger form gives it: "" for none, or a JSON object from tracegen's field names
+    (`MAPPABLE_FIELDS`) to the dataset's own, e.g. {"prompt": "question", "id": "uid"}."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{name}: expected a JSON object as text, got {type(text).__name__}")
+    if not re.search(FIELD_MAP_PATTERN, text):
+        raise ConfigError(f"{name}: {text!r} is not a JSON object mapping any of {list(MAPPABLE_FIELDS)} to the "
+                          'dataset\'s own field names, e.g. {"prompt": "question", "id": "uid"}')
+    return json.loads(text) if text.strip() else {}
+
+
+def check_field_map(mapping: Any, name: str = "dataset_fields") -> dict[str, str]:
+    """A field mapping already parsed (a stored reading's): the same rule as `parse_field_map`."""
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{name}: expected an object, got {type(mapping).__name__}")
+    return parse_field_map(json.dumps(mapping, ensure_ascii=False), name)
+
+
+@dataclass(frozen=True)
+class FieldMap(Rule):
+    """A JSON object, as text, from tracegen's field names to a dataset's own (`parse_field_map`)."""
+
+    def check(self, name: str, value: Any) -> None:
+        parse_field_map(value, name)
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "pattern": FIELD_MAP_PATTERN}
+
+
 def _rule(rule: Rule, default: Any) -> Any:
     return field(default=default, metadata={"rule": rule})
 
@@ -270,11 +313,36 @@ class RunConfig:
         "below the model's context length (the run's first task checks it against the servers' before any "
         "starts)."), 4096)
     dataset_uri: str = _rule(Uri(
-        title="Dataset", what="a JSONL, JSONL.gz or Parquet file, local or s3://",
-        description="Prompts: JSONL, JSONL.gz or Parquet with OpenAI-style 'messages'; an absolute local path, "
-        "file:///... or s3://bucket/key, under a prefix the operator allows for reading (TRACEGEN_READ_PREFIXES "
-        "or TRACEGEN_WRITE_PREFIXES; the bundled sample data by default). Anywhere else the run is refused "
-        "before anything is written."), "")
+        title="Dataset", what="a JSONL, JSONL.gz or Parquet file, or a folder of Parquet shards or a Hugging "
+        "Face dataset saved to disk, local or s3://",
+        description="Prompts or conversations: a JSONL, JSONL.gz or Parquet file, a folder of Parquet shards, or "
+        "a Hugging Face dataset saved with save_to_disk, in any form 'Input form' names; an absolute local "
+        "path, file:///... or s3://bucket/key, under a prefix the operator allows for reading "
+        "(TRACEGEN_READ_PREFIXES or TRACEGEN_WRITE_PREFIXES; the bundled sample data by default). Anywhere "
+        "else the run is refused before anything is written."), "")
+    dataset_format: str = _rule(Choice(
+        DATASET_FORMATS, title="Input form",
+        description="How a row holds its conversation: 'messages' (OpenAI chat messages), 'sharegpt' "
+        "('conversations' of from/value: human, gpt, system, function_call, observation; or of role/content), "
+        "'prompt' (one prompt string, with an optional 'system' string); 'auto' tells each row's form by the "
+        "field it holds."), "auto")
+    dataset_fields: str = _rule(FieldMap(
+        title="Field names",
+        description="For a dataset whose fields have other names: a JSON object from tracegen's names "
+        f"({', '.join(MAPPABLE_FIELDS)}) to the dataset's, e.g. {{\"prompt\": \"question\", \"id\": \"uid\"}}. "
+        "Empty: the names above."), "")
+    turns: str = _rule(Choice(
+        TURN_MODES, title="Turns generated",
+        description="Which assistant turns of a conversation are generated. 'last': a conversation ending "
+        "with an assistant turn is the prompt up to it, and that turn is generated again (a row ending with a "
+        "user or tool message is generated as it is); 'first': the conversation up to its first user message; "
+        "'each': one row per assistant turn, its real history as the prompt (row ids name the conversation "
+        "and the turn: <id>#turn-<n>). No prompt ever ends with an assistant message."), "last")
+    max_invalid_pct: float = _rule(Float(
+        0.0, 100.0, title="Most unusable rows (%)",
+        description="The run's first task reads a sample of the dataset's rows and stops the run, before any "
+        "GPU time, when more than this share of them cannot be used (a wrong form or field names, say), "
+        "naming the reasons with their counts and example rows. 100: go on whatever the share."), 50.0)
     output_uri: str = _rule(Uri(
         title="Output root", what="a local directory, file:// or s3://bucket/prefix", bucket_ok=True,
         access=locations.WRITE,

@@ -169,6 +169,11 @@ def test_the_trigger_form_accepts_exactly_what_the_run_config_accepts(dagbag):
                         "s3://bucket/", "s3://", "http://host/prompts.jsonl", "file://host/p.jsonl"],
         "output_uri": ["", "relative/out", "/abs/out", "file:///abs/out", "s3://bucket/prefix", "s3://bucket",
                        "s3://"],
+        "dataset_format": ["auto", "messages", "sharegpt", "prompt", "alpaca", ""],
+        "dataset_fields": ["", "  ", "{}", '{"prompt": "question", "id": "uid"}', '{"prompt": "q",}', '{"bogus": "q"}',
+                           '{"prompt": ""}', "not json", '["prompt"]', '{"prompt": "frageä"}', 7, None],
+        "turns": ["last", "first", "each", "chain", "LAST"],
+        "max_invalid_pct": [-0.1, 0, 50, 100, 100.1, "50"],
     }
     assert set(probes) == set(CONFIG_PARAMS)
     for name, values in probes.items():

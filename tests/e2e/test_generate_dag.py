@@ -272,3 +272,30 @@ def test_a_bad_fleet_flag_fails_the_run_naming_it_before_anything_starts(dags, d
     for gpu in (0, 1):
         with pytest.raises(httpx.TransportError):
             httpx.get(f"http://127.0.0.1:{port + gpu}/health", timeout=2)
+
+
+@pytest.mark.timeout(600)
+def test_the_bundled_sft_conversations_generate_each_assistant_turn_through_the_dag(dags, fleet, s3_uri, tmp_path):
+    # ShareGPT rows that end with their own answers, read with turns=each: one row per assistant turn, counted
+    # as rows by the plan, the ledger, status and the export, each turn after its real history.
+    from tracegen.sample_data import SFT_SAMPLE_DATASET
+
+    output = s3_uri
+    conf = base_conf(str(SFT_SAMPLE_DATASET), output, fleet, turns="each", pilot_size=40, chunk_size=60,
+                     runaway_policy="keep",
+                     gate_mode="warn")
+    result = dags.run("tracegen_generate", conf)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    st = dataset_status(output)
+    assert st["total"] == st["done"] == 156 and st["left"] == 0  # 40 conversations, 156 assistant turns
+    dest = tmp_path / "conv"
+    export_dataset(output, str(dest), layout="conversations", include_truncated=True)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    rows = [json.loads(line) for line in (dest / manifest["data_file"]).read_text().splitlines()]
+    assert len(rows) == 156 and len({r["id"] for r in rows}) == 156
+    by_id = {r["id"]: r["conversations"] for r in rows}
+    first, second = by_id["sft-0000#turn-1"], by_id["sft-0000#turn-2"]
+    # Turn 1 is the first tool call, made after the user's request; turn 2 sees that call and its result.
+    assert [m["role"] for m in first] == ["system", "user", "assistant"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "assistant"]
+    assert all(c[-2]["role"] in ("user", "tool") for c in by_id.values())

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tracegen.common.locations import shown_location
+from tracegen.dataset.folder import open_dataset_source
 from tracegen.dataset.index import (
     DatasetIndex,
     block_digest,
@@ -84,7 +85,7 @@ def check_unchanged(index: DatasetIndex, aws_conn_id: str = "aws_default", sourc
     blocks read are checked against their hashes (`check_block`) anyway. When either differs, or `rehash`, the
     file is hashed again; same bytes (a touch, a copy back) pass, other bytes raise `DatasetChangedError`
     naming the file and both identities."""
-    src = source or open_source(index.source_uri, aws_conn_id)
+    src = source or open_dataset_source(index.source_uri, aws_conn_id)
     size, version = source_identity(src)
     if not rehash and size == index.source_size and version is not None and version == index.source_version:
         return

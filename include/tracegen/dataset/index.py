@@ -27,6 +27,13 @@ none; the blocks are hashed again from the file when it is loaded, checked again
 
 The pass also reads every row's id and refuses a dataset where two rows share one (`dataset.row_ids`).
 
+Rows of the file are conversations; the run generates *prompt rows* (`dataset.turns`). Read one prompt row
+per conversation (`turns` last or first) they are the same rows. Under `turns=each` a conversation is one
+prompt row per assistant turn: the pass decodes every row and records where each conversation's prompt rows
+start (`turn_starts`), so a prompt row's conversation is one binary search away and a chunk of prompt rows
+still reads only the blocks of its own conversations. The index records its `Reading`: the same file read
+another way numbers its rows otherwise.
+
 Reading rows with an index, from a file checked to be the one indexed, is `dataset.blocks`.
 """
 
@@ -41,6 +48,7 @@ import logging
 import os
 import tempfile
 import zlib
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +56,10 @@ from typing import Any
 import numpy as np
 
 from tracegen.common.locations import shown_location
-from tracegen.dataset.row_ids import RowIds
+from tracegen.dataset.conversation import columnar_id, decode
+from tracegen.dataset.folder import FolderSource, open_dataset_source, write_copy
+from tracegen.dataset.reading import Reading
+from tracegen.dataset.row_ids import RowIds, line_id
 from tracegen.dataset.scan import SCAN_BLOCK, fingerprint_source, gunzip_stream, is_row, scan, split_rows
 from tracegen.dataset.source import (
     ByteSource,
@@ -58,6 +69,7 @@ from tracegen.dataset.source import (
     source_identity,
     split_uri,
 )
+from tracegen.dataset.turns import prompt_count
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +144,12 @@ class DatasetIndex:
     block_hashes: np.ndarray | None = None
     # Parquet: block_digest of the footer (the metadata that says where each row group's pages are).
     footer_hash: int | None = None
+    # How rows become prompt rows; an index stored before readings were recorded was read the default way.
+    reading: Reading = field(default_factory=Reading)
+    # Under an expanding reading (turns=each): each conversation's first prompt row, ascending; None when
+    # every conversation is one prompt row.
+    turn_starts: np.ndarray | None = None
+    n_prompt_rows: int = -1  # prompt rows in all; -1: one per row of the file (n_rows)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -153,6 +171,35 @@ class DatasetIndex:
                 raise DatasetError("dataset index: block_hashes need one hash and one offset per block")
         if len(self.block_rows) and (np.any(np.diff(self.block_rows) < 0) or self.block_rows[0] != 0):
             raise DatasetError("dataset index: block_rows must start at 0 and never decrease")
+        if self.turn_starts is None:
+            if self.n_prompt_rows not in (-1, self.n_rows):
+                raise DatasetError("dataset index: prompt rows differ from rows without a turn table")
+            self.n_prompt_rows = self.n_rows
+        else:
+            self.turn_starts = np.asarray(self.turn_starts, dtype=np.int64)
+            starts = self.turn_starts
+            if (len(starts) != self.n_rows or (len(starts) and (starts[0] != 0 or np.any(np.diff(starts) < 1)
+                                                                   or starts[-1] >= self.n_prompt_rows))):
+                raise DatasetError("dataset index: the turn table needs one first prompt row per row, from 0, "
+                                   "each conversation at least one prompt row")
+
+    def conversations(self, prompt_rows: np.ndarray) -> np.ndarray:
+        """The row of the file (conversation) each prompt row comes from."""
+        prompt_rows = np.asarray(prompt_rows, dtype=np.int64)
+        if self.turn_starts is None:
+            return prompt_rows
+        return np.searchsorted(self.turn_starts, prompt_rows, side="right") - 1
+
+    def first_prompt_row(self, row: int) -> int:
+        """The first prompt row of the file's row `row`."""
+        return row if self.turn_starts is None else int(self.turn_starts[row])
+
+    def prompt_rows_of(self, row: int) -> int:
+        """How many prompt rows the file's row `row` is."""
+        if self.turn_starts is None:
+            return 1
+        stop = int(self.turn_starts[row + 1]) if row + 1 < self.n_rows else self.n_prompt_rows
+        return stop - int(self.turn_starts[row])
 
     @property
     def n_blocks(self) -> int:
@@ -197,6 +244,9 @@ class DatasetIndex:
             "source_version": self.source_version,
             "block_hashes": None if self.block_hashes is None else _pack_hashes(self.block_hashes),
             "footer_hash": self.footer_hash,
+            "reading": self.reading.to_json(),
+            "turn_starts": None if self.turn_starts is None else _pack(self.turn_starts),
+            "n_prompt_rows": self.n_prompt_rows,
         }
 
     def to_bytes(self) -> bytes:
@@ -222,9 +272,14 @@ class DatasetIndex:
                 source_version=data.get("source_version"),
                 block_hashes=None if data.get("block_hashes") is None else _unpack_hashes(data["block_hashes"]),
                 footer_hash=data.get("footer_hash"),
+                reading=Reading.from_json(data.get("reading")),
+                turn_starts=None if data.get("turn_starts") is None else _unpack(data["turn_starts"]),
+                n_prompt_rows=int(data.get("n_prompt_rows", -1)),
             )
         except KeyError as exc:
             raise DatasetError(f"dataset index: missing field {exc.args[0]!r}") from None
+        except ValueError as exc:  # a stored reading no longer valid
+            raise DatasetError(f"dataset index: {exc}") from None
         if index.n_blocks != data.get("n_blocks", index.n_blocks):
             raise DatasetError("dataset index: block table length does not match n_blocks")
         return index
@@ -245,6 +300,55 @@ class DatasetIndex:
     def load(cls, uri: str, aws_conn_id: str = "aws_default") -> DatasetIndex:
         source = open_source(uri, aws_conn_id)
         return cls.from_bytes(source.read(0, source.size()))
+
+
+class RowPass:
+    """What the index pass learns from each row of the file, in order: its id (`RowIds`) and, under an
+    expanding reading, how many prompt rows it is (decoded as the reader decodes it, `dataset.conversation`,
+    so the two agree on every conversation)."""
+
+    def __init__(self, uri: str, reading: Reading) -> None:
+        self.reading = reading
+        self.ids = RowIds(uri, reading.fields.get("id", "id"))
+        self.counts: array | None = array("q") if reading.expands else None
+
+    @property
+    def rows(self) -> int:
+        return self.ids.rows
+
+    def clear(self) -> None:
+        self.ids.clear()
+        if self.counts is not None:
+            self.counts = array("q")
+
+    def add_line(self, line: bytes) -> None:
+        if self.counts is None:
+            self.ids.add_line(line)
+            return
+        self.add_item(line)
+
+    def add_item(self, item: bytes | dict[str, Any], columnar: bool = False) -> None:
+        conversation = decode(item, self.reading, columnar=columnar)
+        if isinstance(conversation, str):  # one invalid prompt row, as the reader makes it
+            own = line_id(item, self.ids.field) if isinstance(item, bytes) else None
+            self.ids.add(own)
+            if self.counts is not None:
+                self.counts.append(1)
+            return
+        self.ids.add(conversation.own_id)
+        if self.counts is not None:
+            self.counts.append(prompt_count(conversation.messages, self.reading.turns))
+
+    def check(self) -> None:
+        self.ids.check()
+
+    def turn_table(self) -> tuple[np.ndarray | None, int]:
+        """(each conversation's first prompt row, prompt rows in all); (None, rows) when not expanding."""
+        if self.counts is None:
+            return None, self.rows
+        counts = np.frombuffer(self.counts, dtype=np.int64) if len(self.counts) else np.zeros(0, np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if counts.size else counts
+        return starts, int(counts.sum())
 
 
 # ---------------------------------------------------------------- writing helpers
@@ -396,8 +500,10 @@ def build_index(
     max_block_rows: int = DEFAULT_MAX_BLOCK_ROWS,
     aws_conn_id: str = "aws_default",
     source: ByteSource | None = None,
+    reading: Reading | None = None,
 ) -> DatasetIndex:
-    """Scan the dataset once: row count, block table, sha256 fingerprint (and a seekable copy if needed).
+    """Scan the dataset once: row count, block table, sha256 fingerprint (and a seekable copy if needed);
+    under `reading` (the default reading when None), each conversation's prompt rows.
 
     `cache_uri` is the directory (local or s3://) for seekable copies; pass a location every
     worker can read, e.g. `<output_root>/cache`. `source` overrides how bytes are read (tests
@@ -405,11 +511,14 @@ def build_index(
     """
     if stride < 1 or max_block_rows < stride:
         raise DatasetError(f"build_index: need 1 <= stride ({stride}) <= max_block_rows ({max_block_rows})")
-    src = source or open_source(uri, aws_conn_id)
+    src = source or open_dataset_source(uri, aws_conn_id)
     before = source_identity(src)
-    fmt = sniff_format(src)
-    ids = RowIds(uri)
-    if fmt == "jsonl":
+    reading = reading or Reading()
+    ids = RowPass(uri, reading)
+    fmt = "folder" if isinstance(src, FolderSource) else sniff_format(src)
+    if fmt == "folder":
+        index = _index_folder(uri, src, max_block_rows, cache_uri, aws_conn_id, ids)
+    elif fmt == "jsonl":
         index = _index_jsonl(uri, src, stride, ids)
     elif fmt == "jsonl.gz":
         index = _index_gzip(uri, src, stride, max_block_rows, cache_uri, aws_conn_id, ids)
@@ -418,6 +527,9 @@ def build_index(
     if ids.rows != index.n_rows:
         raise DatasetError(f"dataset {uri}: {ids.rows} ids read for {index.n_rows} rows; index it again")
     ids.check()
+    index.reading = reading
+    index.turn_starts, index.n_prompt_rows = ids.turn_table()
+    index.__post_init__()  # the turn table checked like a stored one
     hashed = hash_blocks(index, src if index.data_uri == uri else open_source(index.data_uri, aws_conn_id))
     if index.data_uri == uri and hashed != index.fingerprint:
         raise DatasetError(f"dataset {uri}: the file changed while it was being indexed; index it again")
@@ -426,14 +538,15 @@ def build_index(
         raise DatasetError(f"dataset {uri}: the file changed while it was being indexed; index it again")
     index.source_version = before[1]
     log.info(
-        "indexed %s: %d rows, %d blocks, format %s, %s%s",
-        shown_location(uri), index.n_rows, index.n_blocks, index.format, index.fingerprint[:19],
+        "indexed %s: %d rows (%d prompt rows, %s), %d blocks, format %s, %s%s",
+        shown_location(uri), index.n_rows, index.n_prompt_rows, reading.describe(), index.n_blocks, index.format,
+        index.fingerprint[:19],
         f", reading copy {shown_location(index.data_uri)}" if index.data_uri != uri else "",
     )
     return index
 
 
-def _index_jsonl(uri: str, src: ByteSource, stride: int, ids: RowIds) -> DatasetIndex:
+def _index_jsonl(uri: str, src: ByteSource, stride: int, ids: RowPass) -> DatasetIndex:
     hasher = hashlib.sha256()
     raw = SourceFile(src, on_read=lambda _pos, data: hasher.update(data))
     size = raw.size()
@@ -461,7 +574,7 @@ class _NeedsCopy(Exception):
 
 def _index_gzip(
     uri: str, src: ByteSource, stride: int, max_block_rows: int, cache_uri: str | None, aws_conn_id: str,
-    ids: RowIds,
+    ids: RowPass,
 ) -> DatasetIndex:
     try:
         return _index_gzip_in_place(uri, src, max_block_rows, ids)
@@ -511,7 +624,7 @@ def _index_gzip(
     )
 
 
-def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int, ids: RowIds) -> DatasetIndex:
+def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int, ids: RowPass) -> DatasetIndex:
     hasher = hashlib.sha256()
     offsets = [0]
     first_rows = [0]
@@ -561,7 +674,7 @@ def _index_gzip_in_place(uri: str, src: ByteSource, max_block_rows: int, ids: Ro
 
 
 def _index_parquet(
-    uri: str, src: ByteSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str, ids: RowIds
+    uri: str, src: ByteSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str, ids: RowPass
 ) -> DatasetIndex:
     import pyarrow.parquet as pq
 
@@ -572,17 +685,20 @@ def _index_parquet(
     except Exception as exc:  # pyarrow raises several types for a corrupt footer
         raise DatasetError(f"dataset {uri}: not a readable Parquet file ({exc})") from None
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
-    if "messages" not in pf.schema_arrow.names:
-        log.warning("dataset %s has no 'messages' column: every row will be reported invalid", shown_location(uri))
-    # The id column alone, a row group at a time: every row's id, without its prompt.
-    has_ids = "id" in pf.schema_arrow.names
+    # The id column alone, a row group at a time: every row's id, without its prompt; under an expanding
+    # reading every row, to count its prompt rows.
+    id_column = ids.ids.field
+    has_ids = id_column in pf.schema_arrow.names
     for g in range(meta.num_row_groups):
-        if has_ids:
-            for value in pf.read_row_group(g, columns=["id"]).column("id").to_pylist():
-                ids.add(value)
+        if ids.counts is not None:
+            for item in pf.read_row_group(g).to_pylist():
+                ids.add_item(item, columnar=True)
+        elif has_ids:
+            for value in pf.read_row_group(g, columns=[id_column]).column(id_column).to_pylist():
+                ids.ids.add(columnar_id(value))
         else:
             for _ in range(sizes[g]):
-                ids.add(None)
+                ids.ids.add(None)
     if not sizes or max(sizes) <= max_block_rows:
         return DatasetIndex(
             source_uri=uri, data_uri=uri, format="parquet", n_rows=meta.num_rows, fingerprint=fingerprint,
@@ -624,4 +740,36 @@ def _index_parquet(
         source_size=src.size(), data_size=data_size,
         block_rows=np.concatenate([[0], np.cumsum(new_sizes[:-1])]).astype(np.int64),
         block_offsets=copy_starts, stride=group_rows, notes=[f"seekable copy of {uri}: row groups up to {max(sizes)} rows"],
+    )
+
+
+def _index_folder(
+    uri: str, src: FolderSource, max_block_rows: int, cache_uri: str | None, aws_conn_id: str, ids: RowPass
+) -> DatasetIndex:
+    """A folder of shards (`dataset.folder`): one seekable Parquet copy of its rows, indexed as a Parquet
+    file, fingerprinted and sized as the folder."""
+    fingerprint = fingerprint_source(src)
+    group_rows = min(PARQUET_COPY_ROW_GROUP, max_block_rows)
+    cache = cache_uri or default_cache_dir()
+    log.warning("dataset %s is a folder of %d %s files: writing its rows into one Parquet copy with %d-row "
+                "groups into %s, once", shown_location(uri), len(src.files), src.kind, group_rows,
+                shown_location(cache))
+    local_dir = split_uri(cache)[0] if split_uri(cache)[1] is None else None
+    if local_dir:
+        os.makedirs(local_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=local_dir, prefix=".tracegen-copy-", suffix=".parquet")
+    os.close(fd)
+    try:
+        write_copy(src, tmp, group_rows)
+        copy = _index_parquet(tmp, open_source(tmp), max_block_rows, cache_uri, aws_conn_id, ids)
+        data_uri = cache.rstrip("/") + f"/{fingerprint[7:39]}.seekable.parquet"
+        _publish(tmp, data_uri, aws_conn_id)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return DatasetIndex(
+        source_uri=uri, data_uri=data_uri, format="parquet", n_rows=copy.n_rows, fingerprint=fingerprint,
+        source_size=src.size(), data_size=copy.data_size, block_rows=copy.block_rows,
+        block_offsets=copy.block_offsets, stride=copy.stride,
+        notes=[f"seekable copy of {uri}: a folder of {len(src.files)} {src.kind} files"],
     )

@@ -147,6 +147,20 @@ def check_tool_call_arguments(messages: list[Any], *, locate: bool = True) -> No
                 raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments: {exc}") from None
 
 
+def check_prompt_end(messages: list[Any]) -> None:
+    """A prompt must end where generation starts: never with an assistant message. SGLang's chat route serves
+    a final assistant message as a user message (`template_input`), so the model would be asked to answer
+    its own old answer, and the export would show a turn the model never saw as its history. Every prompt
+    row passes here, whatever form it came in and whichever turns were chosen (`dataset.turns`)."""
+    if messages and isinstance(messages[-1], dict) and str(messages[-1].get("role", "")).lower() == "assistant":
+        raise ValueError(
+            f"messages[{len(messages) - 1}] is an assistant message: a prompt must end with a user or tool "
+            "message, where generation starts (SGLang would serve it as a user message and the model would "
+            "answer its own answer). turns=last generates a conversation's final assistant turn again; a "
+            "conversation with two assistant messages in a row cannot be cut there"
+        )
+
+
 def check_message(message: Any, where: str) -> None:
     """One chat message as SGLang's message models accept it (a user message, or another known role)."""
     if not isinstance(message, dict):

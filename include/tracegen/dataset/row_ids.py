@@ -38,6 +38,15 @@ class _IdOnly(msgspec.Struct):
 
 
 _DECODE_ID = msgspec.json.Decoder(_IdOnly)
+_DECODERS: dict[str, msgspec.json.Decoder] = {"id": _DECODE_ID}
+
+
+def _decoder(field: str) -> msgspec.json.Decoder:
+    """A decoder of one row's id, read from `field` (`dataset_fields` may name the dataset's own)."""
+    if field not in _DECODERS:
+        struct = msgspec.defstruct("IdOnly", [("id", str | int | None, None)], rename={"id": field})
+        _DECODERS[field] = msgspec.json.Decoder(struct)
+    return _DECODERS[field]
 
 
 def _own_id(value: Any) -> str | int | None:
@@ -47,10 +56,10 @@ def _own_id(value: Any) -> str | int | None:
     return value
 
 
-def line_id(line: bytes) -> str | int | None:
-    """The `id` of one JSONL row, as json.loads would read it (the last of repeated keys)."""
+def line_id(line: bytes, field: str = "id") -> str | int | None:
+    """The id of one JSONL row (its `field`), as json.loads would read it (the last of repeated keys)."""
     try:
-        return _DECODE_ID.decode(line).id
+        return _decoder(field).decode(line).id
     except msgspec.ValidationError:
         return None  # not an object, or an id of another type: an invalid row, id-less
     except Exception:  # noqa: BLE001 - JSON msgspec refuses (NaN, a lone surrogate, nesting past its limit)
@@ -59,14 +68,16 @@ def line_id(line: bytes) -> str | int | None:
         obj = json.loads(line)
     except Exception:  # noqa: BLE001 - a malformed row is the row checks' to name
         return None
-    return _own_id(obj.get("id")) if isinstance(obj, dict) else None
+    return _own_id(obj.get(field)) if isinstance(obj, dict) else None
 
 
 class RowIds:
-    """Every row's id, added in row order during the index pass; `check()` refuses a clash."""
+    """Every row's id, added in row order during the index pass; `check()` refuses a clash. `field` is where
+    a row holds its id."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, field: str = "id") -> None:
         self.uri = uri
+        self.field = field
         self.clear()
 
     def clear(self) -> None:
@@ -80,7 +91,7 @@ class RowIds:
         self._ends = array("q")
 
     def add_line(self, line: bytes) -> None:
-        self.add(line_id(line))
+        self.add(line_id(line, self.field))
 
     def add(self, own_id: Any) -> None:
         own = _own_id(own_id)

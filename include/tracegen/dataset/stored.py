@@ -6,6 +6,7 @@ from __future__ import annotations
 from tracegen.common.locations import shown_location
 from tracegen.dataset.blocks import check_unchanged, with_block_hashes
 from tracegen.dataset.index import DatasetIndex, build_index
+from tracegen.dataset.reading import Reading
 from tracegen.dataset.source import DatasetError
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
@@ -25,14 +26,28 @@ def _stored_index(root: OutputRoot) -> DatasetIndex:
     return DatasetIndex.from_bytes(root.storage.get(DATASET_INDEX_KEY))
 
 
-def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str) -> DatasetIndex:
+class ReadingMismatchError(DatasetError):
+    """The output root's dataset was indexed read another way (form, fields or turns): its row indices mean
+    other prompts under this run's reading."""
+
+
+def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str, reading: Reading | None = None) -> DatasetIndex:
     """Index `dataset_uri` (or reuse the stored index of the same URI) and bind its fingerprint to the
-    output root; a second, different dataset is refused before anything describing it is written."""
+    output root; a second, different dataset is refused before anything describing it is written, and so is
+    the same dataset read another way (`reading`, the default when None)."""
+    reading = reading or Reading()
     storage = root.storage
     try:
         index = _stored_index(root)
     except StorageKeyError:
         index = None
+    if index is not None and index.reading != reading:
+        raise ReadingMismatchError(
+            f"output root {storage.uri} holds dataset {shown_location(index.source_uri)} read with "
+            f"{index.reading.describe()}; this run reads it with {reading.describe()}, which numbers its rows "
+            "otherwise, so completions committed here would be paired with other prompts. Use the root's "
+            "settings, or a new output_uri for this reading"
+        )
     if index is not None and index.source_uri == dataset_uri:
         # The same URI is not the same dataset: a file edited in place since the index was stored is
         # refused here (naming both fingerprints), before a new run records it or reads a row of it. Its size
@@ -42,22 +57,27 @@ def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str) -> DatasetI
         if index.source_version is None or index.block_hashes is None:
             # An index stored before versions or block hashes were recorded: indexed again (which also checks
             # the rows' ids) and stored with them, so later reads need no whole-file hash.
-            index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id)
-            root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
+            index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id, reading)
+            root.run_files.bind_dataset(index.fingerprint, _info(index))
             storage.put(DATASET_INDEX_KEY, index.to_bytes())
         else:
-            root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
+            root.run_files.bind_dataset(index.fingerprint, _info(index))
         return index
-    index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id)
-    root.run_files.bind_dataset(index.fingerprint, {"uri": shown_location(dataset_uri), "rows": index.n_rows})
+    index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id, reading)
+    root.run_files.bind_dataset(index.fingerprint, _info(index))
     storage.put(DATASET_INDEX_KEY, index.to_bytes())
     return index
 
 
-def _index_rows(dataset_uri: str, cache_uri: str, aws_conn_id: str) -> DatasetIndex:
+def _info(index: DatasetIndex) -> dict:
+    return {"uri": shown_location(index.source_uri), "rows": index.n_rows, "prompt_rows": index.n_prompt_rows,
+            "reading": index.reading.to_json()}
+
+
+def _index_rows(dataset_uri: str, cache_uri: str, aws_conn_id: str, reading: Reading) -> DatasetIndex:
     """The dataset's index, refused when it holds no row: a run over it would generate nothing and report
     success, and binding it would tie the root to an empty file."""
-    index = build_index(dataset_uri, cache_uri=cache_uri, aws_conn_id=aws_conn_id)
+    index = build_index(dataset_uri, cache_uri=cache_uri, aws_conn_id=aws_conn_id, reading=reading)
     if index.n_rows == 0:
         raise DatasetError(f"dataset {dataset_uri} holds no rows (no non-blank line, or no Parquet row): "
                            "there is nothing to generate; check dataset_uri")

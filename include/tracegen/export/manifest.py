@@ -172,7 +172,7 @@ def build(job: Any, choice: Any, export_id: str, figures: Any, shards: list[dict
         "layout": layout,
         "format": job.fmt,
         "rows": figures.rows,
-        "dataset_rows": index.n_rows,
+        "dataset_rows": index.n_prompt_rows,
         "finish_reasons": figures.finish_reasons,
         "extended_rows": figures.extended,
         # How the rows written came to be: a first generation, or which kind of replacement.
@@ -181,7 +181,7 @@ def build(job: Any, choice: Any, export_id: str, figures: Any, shards: list[dict
         "left_out": {
             "truncated": choice.left_out_truncated,
             "runaway": choice.left_out_runaway,
-            "not_ok_or_missing": int(index.n_rows - len(choice.best) - choice.left_out_truncated
+            "not_ok_or_missing": int(index.n_prompt_rows - len(choice.best) - choice.left_out_truncated
                                      - choice.left_out_runaway),
             # The tokens layout cannot write a row whose server returned no ids.
             **({"no_token_ids": figures.no_token_ids} if layout == TOKENS else {}),

@@ -7,7 +7,9 @@ import logging
 import time
 
 from tracegen.config import RunConfig
+from tracegen.dataset.reading import Reading
 from tracegen.dataset.stored import bind_index
+from tracegen.dataset.usable import check_usable
 from tracegen.run import plan
 from tracegen.run.run_record import create_run_record, stored_run_id
 from tracegen.run.run_spec import DatasetIdentity, FleetRef, RunSpec
@@ -26,27 +28,31 @@ def prepare_run(
     (`records.stored_run_id`: a run recorded under an earlier id form keeps it). Refused with
     `RunRecordTaken`, writing nothing under `runs/`, when the run's directory holds another run's record. A
     dataset or output root outside the operator's prefixes is a `ConfigError` before anything is opened
-    (`RunConfig.check_locations`)."""
+    (`RunConfig.check_locations`); a dataset most of whose rows cannot be used is a `DatasetUnusableError`, and
+    one read another way than the root's is a `ReadingMismatchError`, both before the run's record."""
     config.check_locations()
     root = open_root(config.output_uri, config.aws_conn_id)
     if run_id is None:
         if airflow_run_id is None:
             raise ValueError("prepare_run needs a run id or the Airflow run id to derive it from")
         run_id = stored_run_id(root, airflow_run_id)
-    index = bind_index(root, config.dataset_uri, config.aws_conn_id)
-    layout = plan.choose_layout(config, index.n_rows, fleet.slots, stagger)
+    index = bind_index(root, config.dataset_uri, config.aws_conn_id, Reading.of(config))
+    # A dataset most of whose rows cannot be used stops here, before a record or a GPU: DatasetUnusableError.
+    check_usable(index, config.max_invalid_pct, config.pilot_seed, aws_conn_id=config.aws_conn_id)
+    # Every count from here on is of prompt rows: under turns=each, one per assistant turn.
+    layout = plan.choose_layout(config, index.n_prompt_rows, fleet.slots, stagger)
     spec = RunSpec(
         run_id=run_id, created_at=time.time(), config=config, fleet=fleet,
-        dataset=DatasetIdentity(config.dataset_uri, index.fingerprint, index.n_rows, index.source_size,
+        dataset=DatasetIdentity(config.dataset_uri, index.fingerprint, index.n_prompt_rows, index.source_size,
                                 index.source_version), layout=layout,
         teardown=teardown, airflow_run_id=airflow_run_id,
     )
     create_run_record(root, spec)
-    work = plan.chunks_with_work(root.snapshots.frame(compact_over=COMPACT_OVER), index.n_rows, layout, config)
+    work = plan.chunks_with_work(root.snapshots.frame(compact_over=COMPACT_OVER), index.n_prompt_rows, layout, config)
     log.info(
         "plan: %d rows, chunks of %d (the first %d of %s, then %d staggered), %d chunks with work left "
         "(%d rows to generate at max_tokens=%d)",
-        index.n_rows, layout.size, layout.stagger, layout.first_size or layout.size, layout.stagger, len(work),
+        index.n_prompt_rows, layout.size, layout.stagger, layout.first_size or layout.size, layout.stagger, len(work),
         sum(w.remaining for w in work), config.max_tokens,
     )
     return spec, work

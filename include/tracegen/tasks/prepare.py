@@ -19,6 +19,8 @@ def prepare_task(api, lead: int) -> dict[str, Any]:
     its chunks with work left, as the XComs the DAG hands on."""
     from tracegen.common import dag_ids
     from tracegen.config import ConfigError, RunConfig, safe_run_id
+    from tracegen.dataset.stored import ReadingMismatchError
+    from tracegen.dataset.usable import DatasetUnusableError
     from tracegen.fleet import FleetSpecError
     from tracegen.fleet.sources import listed_fleet, reference
     from tracegen.params import CONFIG_PARAMS, default_fleet_source
@@ -38,7 +40,7 @@ def prepare_task(api, lead: int) -> dict[str, Any]:
         safe_run_id(api.run_id)
         spec, work = prepare_run(config, None, ref, stagger=lead, teardown=bool(params.get("teardown", False)),
                                  airflow_run_id=api.run_id)
-    except (ConfigError, RunRecordTaken) as exc:
+    except (ConfigError, RunRecordTaken, DatasetUnusableError, ReadingMismatchError) as exc:
         raise Refuse(f"run {api.run_id!r}: {exc}") from None
     log.info("run %s (stored as %s): max_tokens=%d, dataset %s, output %s, %d GPUs", api.run_id, spec.run_id,
              config.max_tokens, config.dataset_uri, config.output_uri, len(fleet.servers()))

@@ -222,7 +222,7 @@ def test_index_round_trips_and_stays_small(tmp_path: Path) -> None:
 BAD_LINES: list[tuple[bytes, str]] = [
     (b'{"messages": [{"role": "user", "content": "fine"}]}', ""),
     (b'{"messages": [{"role": "user", "content": "unterminated}', "malformed JSON"),
-    (b'{"id": "no-messages"}', "missing 'messages'"),
+    (b'{"id": "no-messages"}', "row is in no form tracegen reads"),
     (b'{"messages": "hello"}', "'messages' must be a list, got str"),
     (b'{"messages": []}', "'messages' is empty"),
     (b'{"messages": [{"role": "robot", "content": "x"}]}', "messages[0].role 'robot' is not one of"),
@@ -272,7 +272,7 @@ def test_parquet_rows_with_json_string_columns_and_null_struct_fields(tmp_path: 
     rows = list(read_rows(build_index(str(path)), 0, 3))
     assert isinstance(rows[0], PromptRow) and rows[0].messages == msgs and rows[0].category == "a"
     assert isinstance(rows[1], InvalidRow) and "not JSON" in rows[1].reason
-    assert isinstance(rows[2], InvalidRow) and rows[2].reason == "missing 'messages'"
+    assert isinstance(rows[2], InvalidRow) and rows[2].reason.startswith("row is in no form tracegen reads")
     # Struct columns fill absent keys with nulls; they must not reach the request.
     nested = pa.Table.from_pylist([{"messages": [{"role": "user", "content": "x", "name": None}]}])
     pq.write_table(nested, tmp_path / "n.parquet")
@@ -289,7 +289,7 @@ def test_missing_or_unreadable_files_raise_naming_the_uri(tmp_path: Path) -> Non
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(DatasetError, match=f"{missing}: file not found"):
         build_index(str(missing))
-    with pytest.raises(DatasetError, match="is a directory"):
+    with pytest.raises(DatasetError, match="a folder, but neither a Hugging Face dataset"):
         build_index(str(tmp_path))
     with pytest.raises(DatasetError, match="unsupported scheme 'ftp'"):
         build_index("ftp://host/x.jsonl")

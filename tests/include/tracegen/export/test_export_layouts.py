@@ -163,3 +163,61 @@ def test_a_final_assistant_message_is_exported_as_the_user_turn_sglang_served():
     assert turns[2]["tool_calls"][0]["function"]["arguments"] == '{"path": "."}'  # JSON text for Arrow
     assert turns[-1] == {"role": "user", "content": "Prefilled"} and len(turns) == 5
     assert prompt_shape(SimpleNamespace(messages=messages)) == (True, 1)
+
+
+def _sft_dataset(path, n: int):
+    """SFT rows: two user/assistant exchanges each, ending with the dataset's own answer."""
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"conv{i}", "messages": [
+                {"role": "system", "content": "agent"},
+                {"role": "user", "content": f"first {i}"}, {"role": "assistant", "content": f"old first {i}"},
+                {"role": "user", "content": f"second {i}"}, {"role": "assistant", "content": f"old second {i}"},
+            ]}) + "\n")
+    return path
+
+
+def _generated(config, run_id: str, n: int) -> None:
+    spec = prepare(config, run_id)
+    rows = [_row(i, run_id, config.max_tokens, 5) for i in range(spec.dataset.n_rows)]
+    root_of(config).commits.commit(rows, run_id, 0, "seg")
+
+
+def _exported(out, dest, layout: str) -> list[dict]:
+    export_dataset(str(out), str(dest), layout=layout)
+    if layout == "messages":
+        import gzip
+
+        return [json.loads(line) for shard in sorted(dest.glob("*.jsonl.gz"))
+                for line in gzip.decompress(shard.read_bytes()).splitlines()]
+    manifest = json.loads((dest / "manifest.json").read_text())
+    return [json.loads(line) for line in (dest / manifest["data_file"]).read_text().splitlines()]
+
+
+def test_an_sft_row_exports_its_regenerated_last_turn_after_the_history_the_model_saw(tmp_path):
+    # The row's own final answer is the turn generated again: never in the prompt, never beside the new one.
+    out = tmp_path / "out"
+    _generated(make_config(_sft_dataset(tmp_path / "sft.jsonl", 3), out), "run-a", 3)
+    rows = _exported(out, tmp_path / "messages", "messages")
+    assert len(rows) == 3
+    for r in rows:
+        assert [m["role"] for m in r["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+        assert r["messages"][-1]["content"] == f"answer {r['index']}"
+        assert all(not m["content"].startswith("old second") for m in r["messages"])
+    conv = _exported(out, tmp_path / "conv", "conversations")
+    assert [m["role"] for m in conv[0]["conversations"]] == ["system", "user", "assistant", "user", "assistant"]
+
+
+def test_each_turn_exports_its_own_history_and_regenerated_turn_under_an_id_naming_both(tmp_path):
+    out = tmp_path / "out"
+    _generated(make_config(_sft_dataset(tmp_path / "sft.jsonl", 3), out, turns="each"), "run-a", 6)
+    conv = _exported(out, tmp_path / "conv", "conversations")
+    assert [r["id"] for r in conv] == [f"conv{i}#turn-{t}" for i in range(3) for t in (1, 2)]
+    first, second = conv[0]["conversations"], conv[1]["conversations"]
+    assert [m["role"] for m in first] == ["system", "user", "assistant"]
+    assert first[-1]["content"] == "answer 0"
+    assert [m["content"] for m in second] == ["agent", "first 0", "old first 0", "second 0", "answer 1"]
+    tokens = _exported(out, tmp_path / "tokens", "tokens")
+    assert [r["id"] for r in tokens] == [r["id"] for r in conv]
+    manifest = json.loads((tmp_path / "conv" / "manifest.json").read_text())
+    assert manifest["rows"] == 6

@@ -510,12 +510,12 @@ def _engine_with_outage(config, output_root, sim, tmp_path, s3, outage_s: float 
 
 BAD_ROWS = {
     4: '{"messages": [{"role": "user", "content": "unterminated',
-    9: json.dumps({"prompt": "no messages here"}),
+    9: json.dumps({"question": "no form tracegen knows"}),
     13: json.dumps({"messages": "a string, not a list"}),
     17: json.dumps({"messages": [{"role": 7, "content": "role is not a string"}]}),
     21: json.dumps([1, 2, 3]),
 }
-BAD_REASONS = {4: "malformed JSON", 9: "missing 'messages'", 13: "'messages' must be a list",
+BAD_REASONS = {4: "malformed JSON", 9: "row is in no form tracegen reads", 13: "'messages' must be a list",
                17: "role 7 is not one of", 21: "row must be a JSON object"}
 
 
