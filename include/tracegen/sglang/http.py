@@ -71,11 +71,13 @@ class Reply:
 
 
 class ServerHttp:
-    """One server's keep-alive connections (aiohttp's pool, idle ones dropped after `keepalive_expiry_s`, below
-    uvicorn's 5 s so a reused one is never one the server is closing); opened on first use, inside the loop."""
+    """One server's connections, one per request: a connection never carries a second exchange, so bytes a server
+    sends after its answer (a stray copy, a late duplicate) can never be read as the next request's answer.
+    aiohttp's pool does not look at an idle connection's unread bytes before handing it out, and the cost of a
+    connection per request is small beside a row's (docs/benchmarks.md, "Client CPU"). Opened inside the loop."""
 
     def __init__(self, url: str, *, headers: dict[str, str], tls: ssl.SSLContext, connect_timeout_s: float,
-                 read_timeout_s: float, attempt_deadline_s: float, keepalive_expiry_s: float) -> None:
+                 read_timeout_s: float, attempt_deadline_s: float) -> None:
         parsed = yarl.URL(url.rstrip("/"), encoded=True)
         # identity: a compressed body would be inflated past the limits before they could count it.
         self.headers = {**headers, "Accept-Encoding": "identity"}
@@ -90,14 +92,13 @@ class ServerHttp:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.attempt_deadline_s = attempt_deadline_s
-        self.keepalive_expiry_s = keepalive_expiry_s
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, yarl.URL] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             # limit=0: routing bounds what is in flight; an abort or a probe never waits for a pooled connection.
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keepalive_expiry_s, ssl=self.tls)
+            connector = aiohttp.TCPConnector(limit=0, force_close=True, ssl=self.tls)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
                                             sock_read=self.read_timeout_s)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,

@@ -98,8 +98,7 @@ class ServerState:
         # Every request to this server: a row's generation, probes, aborts, /metrics.
         self.http = ServerHttp(
             endpoint.url, headers=self.headers, tls=tls_for(endpoint.url), connect_timeout_s=config.connect_timeout_s,
-            read_timeout_s=config.request_deadline_s, attempt_deadline_s=config.attempt_deadline,
-            keepalive_expiry_s=config.keepalive_expiry_s)
+            read_timeout_s=config.request_deadline_s, attempt_deadline_s=config.attempt_deadline)
         self.max_in_flight = endpoint.max_in_flight
         # Autotune hook (tracegen.sglang.autotune): the in-flight limit routing obeys. Starts at max_in_flight;
         # ServerPool.set_limit moves it.

@@ -53,8 +53,6 @@ class ClientConfig:
     # the longest a whole answer (nothing sent until it is done) may take and still finish.
     attempt_deadline_s: float | None = None
     connect_timeout_s: float = 10.0
-    # Below uvicorn's 5 s keep-alive, so the client never reuses a connection the server is closing.
-    keepalive_expiry_s: float = 4.0
     # HTTP attempts per row before it is recorded `failed` (a later run retries it).
     max_attempts: int = 6
     backoff_base_s: float = 1.0
@@ -77,7 +75,6 @@ class ClientConfig:
         for name in (
             "request_deadline_s",
             "connect_timeout_s",
-            "keepalive_expiry_s",
             "backoff_base_s",
             "backoff_max_s",
             "probe_interval_s",

@@ -130,6 +130,27 @@ def test_an_answer_sent_twice_in_one_write_never_becomes_the_next_requests_answe
     assert asyncio.run(main()) == [f"answer to row {i}" for i in range(4)]
 
 
+def test_an_answer_sent_again_later_on_an_idle_connection_never_becomes_the_next_requests_answer():
+    # The stray copy comes after the answer has been read and the connection has gone idle: a pool that hands
+    # the connection to the next request would give it the stray bytes as its answer.
+    async def late(server: HostileServer, request: Request, writer: asyncio.StreamWriter) -> bool:
+        asked = request.json()["messages"][0]["content"]
+        await server.write(writer, json_answer(chat_answer(f"answer to {asked}")))
+        await asyncio.sleep(0.05)
+        await server.write(writer, json_answer(chat_answer(f"stray after {asked}")))
+        return True
+
+    async def main() -> list[str | None]:
+        async with HostileServer(late) as server, client(server.url, max_attempts=1) as c:
+            outs = []
+            for i in range(4):
+                outs.append(await c.complete(row(i)))
+                await asyncio.sleep(0.1)  # the stray copy has arrived on the idle connection by now
+        return [o.value.content if o.value else o.failed for o in outs]
+
+    assert asyncio.run(main()) == [f"answer to row {i}" for i in range(4)]
+
+
 # ---- every row held to its cap and its counts to its ids, however it ended ------------------------------------
 
 

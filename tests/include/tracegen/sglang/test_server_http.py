@@ -1,6 +1,6 @@
 """A server's HTTP client (`tracegen.sglang.http.ServerHttp`) against scripted HTTP servers on loopback: a streamed
-body arrives whole and in order however it is split, connections are reused only when the last response ended
-cleanly, and every way a server can go wrong ends as one of `http`'s failures the client handles (a stall as a
+body arrives whole and in order however it is split, every request has a connection of its own (nothing a server
+sends after an answer can answer another request), and every way a server can go wrong ends as one of `http`'s failures the client handles (a stall as a
 timeout, a cut or garbage as a failure, a refused connect as a connect error), the connection closed."""
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class _Conns:
 def _conns(url: str, *, read_timeout_s: float = 5.0, tls: ssl.SSLContext | None = None) -> _Conns:
     return _Conns(ServerHttp(url, headers={"Content-Type": "application/json", "Authorization": "Bearer k"},
                              tls=tls or tls_for(url), connect_timeout_s=5.0, read_timeout_s=read_timeout_s,
-                             attempt_deadline_s=60.0, keepalive_expiry_s=4.0))
+                             attempt_deadline_s=60.0))
 
 
 def _collect() -> tuple[list[bytes], Callable[[bytes], bool]]:
@@ -94,7 +94,7 @@ def _collect() -> tuple[list[bytes], Callable[[bytes], bool]]:
     return got, on_body
 
 
-def test_a_body_split_anywhere_arrives_whole_and_the_connection_is_reused():
+def test_a_body_split_anywhere_arrives_whole_on_a_connection_of_its_own():
     body = b"".join(b'data: {"n": %d}\n\n' % i for i in range(50)) + b"data: [DONE]\n\n"
 
     async def main():
@@ -123,13 +123,13 @@ def test_a_body_split_anywhere_arrives_whole_and_the_connection_is_reused():
 
     connections, seen, results = asyncio.run(main())
     assert results == [(200, b"", body)] * 3
-    assert connections == 1  # keep-alive: three requests, one connection
+    assert connections == 3  # a connection per request: none carries a second answer
     head = seen[0].decode().lower()
     assert head.startswith("post /base/generate http/1.1") and "authorization: bearer k" in head
     assert "host: 127.0.0.1:" in head and "content-length: 8" in head
 
 
-def test_chunk_extensions_and_trailers_are_read_and_the_connection_still_reused():
+def test_chunk_extensions_and_trailers_are_read():
     # RFC 9112 7.1: a size line may carry extensions, the last chunk may be followed by trailer fields.
     framed = SSE_HEAD + b"5;name=value\r\ndata:\r\n4 \r\n 1\n\n\r\n0;last\r\nx-trailer: 1\r\nx-other: 2\r\n\r\n"
 
@@ -142,7 +142,7 @@ def test_chunk_extensions_and_trailers_are_read_and_the_connection_still_reused(
                 await asyncio.sleep(0)
 
     bodies, connections = _two_requests(handler)
-    assert bodies == [((200, b""), b"data: 1\n\n")] * 2 and connections == 1
+    assert bodies == [((200, b""), b"data: 1\n\n")] * 2 and connections == 2
 
 
 def _two_requests(handler: Handler) -> tuple[list[tuple[tuple[int, bytes], bytes]], int]:
@@ -212,13 +212,13 @@ def test_a_connection_the_server_will_not_carry_on_is_not_reused(answer):
 
 def test_an_error_status_is_returned_with_its_body_and_never_fed_to_the_callback():
     async def main():
+        answers = [b"HTTP/1.1 400 Bad Request\r\ncontent-length: 13\r\n\r\n{\"error\": 42}",
+                   # A body framed by the connection's close: read to the end.
+                   b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\nbusy, try later"]
+
         async def handler(reader, writer):
             await _read_request(reader)
-            writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 13\r\n\r\n{\"error\": 42}")
-            await writer.drain()
-            await _read_request(reader)
-            # A body framed by the connection's close: read to the end.
-            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\n\r\nbusy, try later")
+            writer.write(answers.pop(0))
             await writer.drain()
 
         async with Server(handler) as server:
@@ -227,7 +227,7 @@ def test_an_error_status_is_returned_with_its_body_and_never_fed_to_the_callback
             first = await conns.request("POST", "/generate", b"{}", on_body)
             second = await conns.request("POST", "/generate", b"{}", on_body)
             third_got, third = _collect()
-            with pytest.raises(HttpFailure):  # the server is gone: nothing to reuse, nothing listening
+            with pytest.raises(HttpFailure):  # the server is gone: nothing listening
                 server.server.close()
                 await server.server.wait_closed()
                 await conns.request("POST", "/generate", b"{}", third)
@@ -235,7 +235,7 @@ def test_an_error_status_is_returned_with_its_body_and_never_fed_to_the_callback
 
     first, second, got, connections = asyncio.run(main())
     assert first == (400, b'{"error": 42}') and second == (503, b"busy, try later")
-    assert got == [] and connections == 1
+    assert got == [] and connections == 2
 
 
 def test_a_stop_closes_the_connection_and_the_next_request_opens_another():
