@@ -256,8 +256,11 @@ FIELD_MAP_PATTERN = f"^{_JSON_WS}(\\{{(?:{_FIELD_PAIR}(?:,{_FIELD_PAIR})*|{_JSON
 
 
 def parse_field_map(text: Any, name: str = "dataset_fields") -> dict[str, str]:
-    """A field mapping as the trigger form gives it: "" for none, or a JSON object from tracegen's field names
-    (`MAPPABLE_FIELDS`) to the dataset's own, e.g. {"prompt": "question", "id": "uid"}."""
+    """A field mapping as the trigger form gives it: "" or null for none (Airflow's form sends an emptied field
+    as null), or a JSON object from tracegen's field names (`MAPPABLE_FIELDS`) to the dataset's own, e.g.
+    {"prompt": "question", "id": "uid"}."""
+    if text is None:
+        return {}
     if not isinstance(text, str):
         raise ConfigError(f"{name}: expected a JSON object as text, got {type(text).__name__}")
     if not re.search(FIELD_MAP_PATTERN, text):
@@ -281,7 +284,8 @@ class FieldMap(Rule):
         parse_field_map(value, name)
 
     def schema(self) -> dict[str, Any]:
-        return {"type": "string", "pattern": FIELD_MAP_PATTERN}
+        # null: Airflow's trigger form sends an empty field as null, which must not make the whole form invalid.
+        return {"type": ["string", "null"], "pattern": FIELD_MAP_PATTERN}
 
 
 def _rule(rule: Rule, default: Any) -> Any:
