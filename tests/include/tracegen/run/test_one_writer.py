@@ -271,13 +271,13 @@ def test_a_take_whose_write_waited_past_half_the_ttl_is_withdrawn_and_looked_at_
     lease = RootLease(storage, "writer B", "chunk 0", ttl_s=1.0)
     plain_swap, writes = storage.swap, []
 
-    def swap(key: str, data: bytes, expected: str | None) -> str | None:
+    def swap(key: str, data: bytes, expected: str | None, *, deadline: float | None = None) -> str | None:
         writes.append(key)
         if len(writes) == 1:
             if holder_meanwhile:
                 RootLease(storage, "writer A", "writer A, chunk 0", ttl_s=60).acquire()
             time.sleep(0.6)
-        return plain_swap(key, data, expected)
+        return plain_swap(key, data, expected, deadline=deadline)
 
     storage.swap = swap
     if holder_meanwhile:
