@@ -1,126 +1,174 @@
-"""The online loop stop: judge a response's token ids while they stream, and say when it has fallen into a loop.
+"""The loop judge: does a response's token ids end in a loop? One rule, applied while a row streams (`LoopWatch`)
+and after the fact to a row cut at its cap (`tracegen.audit.runaway.is_runaway`, which replays the watch over
+the row's ids), so the two can never disagree.
 
-The after-the-fact rule (`tracegen.audit.runaway`) judges a truncated row's last `TAIL_WINDOW` ids: it is a
-runaway when at least `RUNAWAY_THRESHOLD` of the window's `NGRAM`-grams repeat an earlier one. A `LoopWatch`
-applies that same score to the running tail while the row is generated, so the client can abort the request
-instead of paying for the loop until the cap. It fires only where the after-the-fact rule would call the tail a
-runaway (the verdict's `score` is `runaway_score` of the tail, at or above the threshold), and is stricter in
-three ways, all there so that legitimate repetition in agentic output survives:
+**The rule.** The response loops at period p when the last `p + MARGIN` n-grams (`NGRAM` ids each) are copies:
 
-- **A full window's worth of repetition.** The after-the-fact rule judges a short tail on its own length, so
-  300 ids that hold a snippet written three times score 0.6. Online every response starts short, so the watch
-  asks for as many repeated n-grams as a full window needs (`RUNAWAY_THRESHOLD * (TAIL_WINDOW - NGRAM + 1)`)
-  whatever the tail's length: a loop then fires `period + 1,024` tokens or so after its onset, early or late.
-  Two copies of a block (a file written out again, a test run twice) do not reach that, unless the block is
-  about 1,000 tokens long and repeats a few n-grams of its own (see the third check).
-- **Repetition in whole periods.** A table of near-identical rows, or a list of similar calls, repeats most of
-  its 8-grams too, but every row has a cell of its own (a name, a path, a number), so no stretch longer than a
-  row recurs. A loop repeats whole periods, near-variants of a word included (they come from a small set, so
-  their stretches recur as well). The share of the tail's `NGRAM + min(period, span_cap)`-grams that repeat
-  must be at least `span_share` times the 8-gram score.
-- **A loop that goes on.** The repetition must reach the end of the tail and span `min_copies` periods from
-  its estimated onset: a long block written out twice, back to back, is not a loop of its length.
+- **nothing new lately**: at most `NOVEL_RECENT` of the last `RECENT` n-grams are novel (never seen before in the
+  history the watch keeps, `HISTORY` ids);
+- **a period**: at least half of the stretch's n-grams (four in five once p is 32 or more) occurred within
+  p (+ a sixteenth) ids before, and at most `MISALIGNED` of them occurred only at a distance that is no
+  multiple of p (a near-variant word recurs a whole number of periods back);
+- **no fresh cells**: at most `NOVEL_PER_COPY` novel n-grams per period's worth of the stretch. A table, a
+  listing or records of one shape repeat most of their n-grams, but each row brings a name, a path, a number
+  of its own (a token never seen brings `NGRAM` novel n-grams); a loop brings nothing new, and a loop's
+  near-variants (a word swapped for one of a few others) stop being new once each has come once;
+- **more than two copies**: the stretch is a period plus `MARGIN` long, so a block written out twice (a file
+  given again, a test run repeated) is not a loop: the stretch reaches back into the first copy, whose
+  n-grams are new.
 
-Cost: a watch keeps the last `history` ids (a uint64 array, about 35 KB) and judges the tail at fixed
-response-token counts (every `judge_every`), so the verdict does not depend on how the stream is chunked. Most
-judging points are skipped outright: none comes before the tail can hold `REPEATED_NEEDED` repeated n-grams, and
-the count rises by one a token at most, so after a tail that repeats c n-grams no point fires for
-`REPEATED_NEEDED - c` tokens, about a thousand in natural text; ids fed meanwhile are only appended to a list. A
-judged tail gets a cheap upper bound of that count first (its n-grams in 65,536 buckets), `runaway_score` only
-when the bound reaches the bar, and the period, whole-period and onset checks only when the score does. Under
-0.1 µs a token fed in chunks of 8 or more (`bench/bench_loop_stop.py`; docs/benchmarks.md, "Online loop stop").
+p is tried from the distances between the last `RECENT` n-grams and their previous occurrences (the
+commonest `CANDIDATES` of them, smallest first), any from 1 to `MAX_PERIOD` ids. A loop is therefore stopped
+once it has run two periods plus `MARGIN` + `NGRAM` ids past its onset, plus up to one judging step: within
+two periods + 512 ids. Near loops whose variants keep coming for the first time wait until they stop being
+new. Measured on real text (`tracegen.simulator.real_text`) and the stand-in's set (`loop_cases`):
+docs/benchmarks.md, "Online loop stop".
+
+**Cost.** A watch keeps the last `HISTORY` ids (uint32) and the sorted keys of their n-grams; ids fed between
+judging points (every `judge_every` response ids) wait in a list. At a judging point the new n-grams are looked
+up in the sorted keys (novel or not) and merged in; only when the recent n-grams are nearly all seen before
+does the full rule run (a sort of the history's n-grams, about a millisecond at the full history). A judging
+point whose recent novelty could not fall to the bar by the next one is skipped: novelty falls by one n-gram
+per id at most. The verdict depends only on the ids, never on how the stream was chunked.
 """
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tracegen.audit.runaway import MIN_TOKENS, NGRAM, RUNAWAY_THRESHOLD, TAIL_WINDOW, runaway_score
+NGRAM = 8
+# The longest period judged: a block of some 150 lines of code or data.
+MAX_PERIOD = 8_192
+# Ids past two whole periods a loop must run before it is judged one: the third copy's first stretch. More than
+# any copy's novelty bound, so the stretch of a block written just twice always holds its first copy's new n-grams.
+MARGIN = 384
+RECENT = 256
+NOVEL_RECENT = 12
+NOVEL_PER_COPY = 4
+NOVEL_SHARE = 0.05
+MISALIGNED = 0.05
+WITHIN_SHORT, WITHIN_LONG, LONG_FROM = 0.5, 0.8, 32
+CANDIDATES = 8
+# Ids a watch keeps: two of the longest periods, the margin, and a judging step.
+HISTORY = 2 * MAX_PERIOD + MARGIN + NGRAM + 256
+_ONSET_GAP = 4 * NGRAM
 
 
 @dataclass(frozen=True, slots=True)
 class LoopRule:
-    """The online rule's knobs; `DEFAULT_RULE` is the one the client uses."""
+    """The judge's knobs that are not its definition; `DEFAULT_RULE` is the one the client and the audit use."""
 
-    # Tokens between judgements: bounds the extra tokens a loop runs past the point where it could be seen,
-    # and the numpy work (only ever done at a judging point).
+    # Response ids between judgements: a loop runs up to this many ids past the point it could be seen.
     judge_every: int = 64
-    # The longer n-grams of the whole-period check are NGRAM + min(period, span_cap) long: longer than a
-    # row or record (so its own cell breaks every one: a table row, a call, a JSON record of 20 fields whose
-    # id differs), short enough that a long loop's near-variants leave enough of them intact. At 64, records
-    # of 150-600 tokens pass for loops; at 512, near loops of 600-800 tokens are stopped late or not at all.
-    span_cap: int = 256
-    # Share of those longer n-grams that must repeat, as a share of the 8-gram score.
-    span_share: float = 0.5
-    # Copies of the period the loop must have run to, from its onset to the end of the tail. Two copies of a
-    # block of about 1,000 tokens with a few internal repeats (a long test run written out twice) repeat
-    # enough n-grams to pass for a loop of that period; a loop goes on.
-    min_copies: float = 2.5
-    # Ids kept for the onset estimate: a loop fires about 1,024 + period tokens after its onset, so two
-    # windows hold its first copy.
-    history: int = 2 * TAIL_WINDOW
+    # The longest period judged (ids); the history kept is sized from it.
+    max_period: int = MAX_PERIOD
 
     def __post_init__(self) -> None:
         if self.judge_every < 1:
             raise ValueError(f"judge_every must be >= 1, got {self.judge_every!r}")
-        if self.min_copies < 0:
-            raise ValueError(f"min_copies must be >= 0, got {self.min_copies!r}")
-        if self.span_cap < 1 or not 0.0 <= self.span_share <= 1.0:
-            raise ValueError(f"span_cap must be >= 1 and span_share in [0, 1], got {self.span_cap!r}, {self.span_share!r}")
-        if self.history < TAIL_WINDOW:
-            raise ValueError(f"history must be >= TAIL_WINDOW = {TAIL_WINDOW}, got {self.history!r}")
+        if not 1 <= self.max_period <= MAX_PERIOD:
+            raise ValueError(f"max_period must be within 1..{MAX_PERIOD}, got {self.max_period!r}")
+
+    @property
+    def history(self) -> int:
+        return 2 * self.max_period + MARGIN + NGRAM + max(256, self.judge_every)
 
 
 DEFAULT_RULE = LoopRule()
-
-# Repeated n-grams a window must hold, whatever the tail's length: the after-the-fact bar on a full window.
-REPEATED_NEEDED = math.ceil(RUNAWAY_THRESHOLD * (TAIL_WINDOW - NGRAM + 1))
-# Scanning back for a loop's start: a near-variant breaks at most NGRAM + its own length - 1 consecutive
-# n-grams; a longer run of fresh n-grams is text from before the loop.
-_ONSET_GAP = 4 * NGRAM
-# Judging points skipped after a tail whose repetition is plainly in fragments (a quarter of the cost there;
-# a loop right after such a stretch is stopped at most this many points later).
-_FRAGMENTS_BACKOFF = 4
-_BUCKET_BITS = 16  # the cheap bound's buckets: 2,041 n-grams in 65,536 buckets collide about 32 times
 
 
 @dataclass(frozen=True, slots=True)
 class LoopVerdict:
     at_token: int  # response ids seen when the watch fired (a multiple of the rule's judge_every)
     onset: int  # estimated response token where the loop began (negative: inside the prefix)
-    period: int  # the loop's period in tokens (the commonest distance between repeated n-grams)
-    score: float  # runaway_score of the tail when it fired (>= RUNAWAY_THRESHOLD)
+    period: int  # the loop's period in ids
+    score: float  # share of the stretch's n-grams that repeat at the period (>= WITHIN_SHORT)
+
+
+def judge(ids: np.ndarray, *, max_period: int = MAX_PERIOD) -> tuple[int, float, int] | None:
+    """The rule at the end of `ids` (the history: at most `HISTORY` ids): (period, score, onset index in
+    `ids`) when they end in a loop, else None."""
+    keys = gram_keys(ids, NGRAM)
+    m = keys.size
+    if m < 2 * NGRAM:
+        return None
+    prev = _previous_occurrences(keys)
+    recent = prev[-RECENT:]
+    if int(np.count_nonzero(recent < 0)) > NOVEL_RECENT:
+        return None
+    distance = (np.arange(m - recent.size, m) - recent)[recent >= 0]
+    distance = distance[distance <= max_period]
+    if distance.size == 0:
+        return None
+    values, counts = np.unique(distance, return_counts=True)
+    for period in np.sort(values[np.argsort(-counts, kind="stable")[:CANDIDATES]]).tolist():
+        verdict = _loops_at(prev, int(period))
+        if verdict is not None:
+            score, onset = verdict
+            return int(period), score, onset
+    return None
+
+
+def _loops_at(prev: np.ndarray, p: int) -> tuple[float, int] | None:
+    """(score, onset) when the n-grams whose previous occurrences are `prev` end in a loop of period `p`."""
+    m = prev.size
+    stretch = p + MARGIN
+    if m < stretch + p:
+        return None
+    seen = prev[m - stretch :] >= 0
+    distance = np.arange(m - stretch, m) - prev[m - stretch :]
+    slack = max(2, p // 16)
+    within = seen & (distance <= p + slack)
+    phase = distance % p
+    aligned = seen & (within | (phase <= slack) | (p - phase <= slack))
+    if np.count_nonzero(within) < (WITHIN_LONG if p >= LONG_FROM else WITHIN_SHORT) * stretch:
+        return None
+    if np.count_nonzero(seen & ~aligned) > MISALIGNED * stretch:
+        return None
+    novel = stretch - int(np.count_nonzero(seen))
+    if novel > NOVEL_SHARE * stretch or novel > NOVEL_PER_COPY * stretch / p:
+        return None
+    return float(np.count_nonzero(aligned) / stretch), _loop_start(prev, p) - p
+
+
+def _loop_start(prev: np.ndarray, period: int) -> int:
+    """Where the loop's first repetition starts: scanning back from the end, the first run of `_ONSET_GAP`
+    n-grams none of which recurs about a whole number of periods back ends the text before the loop."""
+    slack = max(2, period // 16)
+    distance = np.arange(prev.size) - prev
+    phase = distance % period
+    # A loop's n-gram recurs a copy or two back (a near-variant's, where that variant last came); one of its block
+    # that only recurs from far back was text from before the loop that the loop happened to repeat.
+    in_step = (prev >= 0) & (distance <= 3 * period + slack) & ((phase <= slack) | (period - phase <= slack))
+    fresh = np.flatnonzero(~in_step)
+    if fresh.size < _ONSET_GAP:
+        return 0
+    runs = np.flatnonzero(fresh[_ONSET_GAP - 1 :] - fresh[: fresh.size - _ONSET_GAP + 1] == _ONSET_GAP - 1)
+    return int(fresh[runs[-1] + _ONSET_GAP - 1]) + 1 if runs.size else 0
 
 
 class LoopWatch:
     """Watches one response's ids as they stream (`feed`); returns a `LoopVerdict` once the response loops.
 
     `prefix_ids` are the ids generated before this request (a continuation's earlier output): they fill the
-    window first, so a loop that began before the continuation is seen at its first judging point."""
+    history first, so a loop that began before the continuation is seen at its first judging point."""
 
     def __init__(self, prefix_ids: Sequence[int] = (), *, rule: LoopRule = DEFAULT_RULE) -> None:
         self.rule = rule
-        # The last ids, prefix first, at least `history` of them, as one uint64 array (compact: a client holds
-        # one watch per request in flight); ids fed since the last judging point wait in a list, which takes
-        # a few ids far more cheaply than an array does. _base is the absolute position of _ids[0].
-        self._ids = np.zeros(0, dtype=np.uint64)
+        self._ids = np.zeros(0, dtype=np.uint32)  # the history: the last ids, prefix first
+        self._keys = np.zeros(0, dtype=np.uint64)  # sorted n-gram keys of the history (ids judged so far)
+        self._novel = np.zeros(0, dtype=bool)  # the last RECENT n-grams: novel when taken in
         self._pending: list[int] = []
-        self._base = 0
         self._fed = 0  # response ids fed
         self._verdict: LoopVerdict | None = None
-        self._take(prefix_ids.tolist() if isinstance(prefix_ids, np.ndarray) else list(prefix_ids))
-        self._prefix = self._ids.size
-        self._trim()
-        # The next judging point (response ids) that can fire. A tail repeats fewer n-grams than it has, so none
-        # fires before the prefix and the response hold REPEATED_NEEDED + NGRAM ids: a third of a natural row's
-        # judgements were of tails too short to.
-        step = rule.judge_every
-        self._next = max(1, -(-(REPEATED_NEEDED + NGRAM - self._prefix) // step)) * step
+        prefix = prefix_ids.tolist() if isinstance(prefix_ids, np.ndarray) else list(prefix_ids)
+        self._prefix = len(prefix)
+        self._take(prefix)
+        self._next = rule.judge_every  # the next judging point (response ids) worth judging
 
     @property
     def verdict(self) -> LoopVerdict | None:
@@ -136,73 +184,61 @@ class LoopWatch:
         self._fed += len(new_ids)
         if self._next > self._fed:  # most calls: a few ids, no judging point reached
             return None
-        self._take(self._pending)
-        self._pending = []
         # Judging points are multiples of judge_every, judged in order on the ids up to them: the same points
         # whatever the chunking, so a stream fed one id at a time and all at once get the same verdict.
+        step = self.rule.judge_every
         while self._next <= self._fed:
-            self._verdict = self._judge(self._next)
-            if self._verdict is not None:
+            at = self._next
+            upto = len(self._pending) - (self._fed - at)
+            self._take(self._pending[:upto])
+            del self._pending[:upto]
+            novel = int(np.count_nonzero(self._novel))
+            if novel > NOVEL_RECENT:
+                # Novelty among the recent n-grams falls by one per id at most: no point fires before it can.
+                self._next = at + max(1, -(-(novel - NOVEL_RECENT) // step)) * step
+                continue
+            self._next = at + step
+            found = judge(self._ids, max_period=self.rule.max_period)
+            if found is not None:
+                period, score, onset = found
+                start = self._prefix + at - self._ids.size  # absolute index of _ids[0]
+                self._verdict = LoopVerdict(at_token=at, onset=start + onset - self._prefix, period=period,
+                                            score=round(score, 4))
                 return self._verdict
-        self._trim()
         return None
 
-    def _trim(self) -> None:
-        drop = self._ids.size - self.rule.history
-        if drop > 0:
-            self._ids = self._ids[drop:].copy()
-            self._base += drop
-
     def _take(self, ids: list[int]) -> None:
-        # Through an unsigned C array: a fifth of np.array's time on a list of ints, and it refuses negatives.
+        """Append `ids` to the history: their n-grams looked up in the history's sorted keys (novel or not),
+        then merged in; the history cut back to `rule.history` ids when it has grown a quarter past it."""
+        if not ids:
+            return
         try:
             new = np.frombuffer(array("Q", ids), dtype=np.uint64)
         except OverflowError:
             raise ValueError("token ids must be non-negative 64-bit integers") from None
         except TypeError as exc:
             raise ValueError(f"token ids must be integers: {exc}") from None
-        self._ids = np.concatenate([self._ids, new])
-
-    # -- judging --------------------------------------------------------------------------------------
-    def _judge(self, at: int) -> LoopVerdict | None:
-        """The verdict at judging point `at` (response ids); sets the next judging point worth judging."""
-        step = self.rule.judge_every
-        end = self._ids.size - (self._fed - at)  # index in _ids just after the judged ids
-        tail = self._ids[max(0, end - TAIL_WINDOW) : end]
-        # A cheap bound first: n-grams of the tail spread over 2**16 buckets; the occupied buckets are at most
-        # its distinct n-grams, so m - occupied bounds the repeated count from above (by a few dozen).
-        keys = gram_keys(tail, NGRAM)
-        occupied = np.zeros(1 << _BUCKET_BITS, dtype=bool)
-        occupied[(keys >> np.uint64(64 - _BUCKET_BITS)).astype(np.intp)] = True
-        repeated = keys.size - int(np.count_nonzero(occupied))
-        if repeated >= REPEATED_NEEDED:
-            score = runaway_score(tail)
-            repeated = round(score * keys.size)  # runaway_score is the repeated share of the tail's n-grams
-        if repeated < REPEATED_NEEDED:
-            # One more id adds one n-gram and drops at most one: the count rises by one a token at most, so
-            # no judging point fires before the bar is that many ids away. Natural text repeats a few dozen
-            # n-grams a window, so the tail is judged about once every thousand tokens.
-            ahead = REPEATED_NEEDED - repeated if tail.size >= MIN_TOKENS else 1
-            self._next = at + max(1, -(-ahead // step)) * step
-            return None
-        self._next = at + step
-        # The period: the commonest distance from a tail n-gram back to its previous occurrence in the tail.
-        prev = _previous_occurrences(keys)
-        inside = prev >= 0
-        period = int(np.bincount(np.flatnonzero(inside) - prev[inside]).argmax())
-        whole = repeated_share(tail, NGRAM + min(period, self.rule.span_cap)) / score
-        if whole < self.rule.span_share:
-            if whole < self.rule.span_share / 2:
-                # Plainly fragments between fresh cells (a table, records, similar calls): it stays so for a
-                # while, and judging it at every point is what costs (about a millisecond each).
-                self._next = at + _FRAGMENTS_BACKOFF * step
-            return None
-        history = self._ids[max(0, end - self.rule.history) : end]
-        start = self._base + end - history.size  # absolute position of history[0]
-        onset = start + _loop_start(_previous_occurrences(gram_keys(history, NGRAM)), period) - period
-        if self._base + end - onset < self.rule.min_copies * period:
-            return None
-        return LoopVerdict(at_token=at, onset=max(start, onset) - self._prefix, period=period, score=score)
+        if new.size and int(new.max()) >= 1 << 32:
+            raise ValueError("token ids must be below 2**32")
+        joined = np.concatenate([self._ids[-(NGRAM - 1):] if self._ids.size else self._ids, new.astype(np.uint32)])
+        keys = gram_keys(joined, NGRAM)
+        if keys.size:
+            found = np.searchsorted(self._keys, keys)
+            inside = found < self._keys.size
+            known = np.zeros(keys.size, dtype=bool)
+            known[inside] = self._keys[found[inside]] == keys[inside]
+            _, first = np.unique(keys, return_index=True)
+            repeated_here = np.ones(keys.size, dtype=bool)
+            repeated_here[first] = False
+            novel = ~known & ~repeated_here
+            self._novel = np.concatenate([self._novel, novel])[-RECENT:]
+            order = np.argsort(keys, kind="stable")  # equal insertion points take their keys in sorted order
+            self._keys = np.insert(self._keys, found[order], keys[order])
+        self._ids = np.concatenate([self._ids, new.astype(np.uint32)])
+        history = self.rule.history
+        if self._ids.size > history + history // 4:
+            self._ids = self._ids[-history:].copy()
+            self._keys = np.sort(gram_keys(self._ids, NGRAM))
 
 
 def _previous_occurrences(keys: np.ndarray) -> np.ndarray:
@@ -214,23 +250,6 @@ def _previous_occurrences(keys: np.ndarray) -> np.ndarray:
     return prev
 
 
-def _loop_start(prev: np.ndarray, period: int) -> int:
-    """Where the loop's first repetition starts. An n-gram of the loop repeats one a whole number of periods
-    before it, within a window (a near-variant's n-grams the last time that variant came; give or take the
-    tokens variants add or drop, an eighth of a period). Scanning back from the end, the first run of
-    `_ONSET_GAP` n-grams none of which does so ends the text before the loop, repetition of another kind
-    included (a table's rows); the next n-gram starts the loop's first repetition, one period after its onset."""
-    slack = period // 8
-    distance = np.arange(prev.size) - prev
-    phase = distance % period
-    in_step = (prev >= 0) & (distance <= TAIL_WINDOW) & ((phase <= slack) | (period - phase <= slack))
-    fresh = np.flatnonzero(~in_step)
-    if fresh.size < _ONSET_GAP:
-        return 0
-    runs = np.flatnonzero(fresh[_ONSET_GAP - 1 :] - fresh[: fresh.size - _ONSET_GAP + 1] == _ONSET_GAP - 1)
-    return int(fresh[runs[-1] + _ONSET_GAP - 1]) + 1 if runs.size else 0
-
-
 # Odd 64-bit constants of the polynomial hash behind `gram_keys` (any odd base is invertible mod 2**64, which
 # lets a prefix sum give every n-gram's hash in O(1) whatever n).
 _BASE = np.uint64(0x9E3779B97F4A7C15)
@@ -239,8 +258,7 @@ _MIX = np.uint64(0xBF58476D1CE4E5B9)
 
 
 def gram_keys(token_ids: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
-    """A 64-bit key for every n-gram of `token_ids`, for any n (`runaway_score`'s hash stops at 8): a
-    polynomial hash through a prefix sum, O(len) whatever n."""
+    """A 64-bit key for every n-gram of `token_ids`: a polynomial hash through a prefix sum, O(len) whatever n."""
     ids = np.asarray(token_ids)
     ids = ids.astype(np.uint64, copy=False) if ids.dtype.kind in "iu" else np.asarray(token_ids, dtype=np.uint64)
     m = ids.size - n + 1
@@ -261,16 +279,7 @@ def _powers(size: int) -> tuple[np.ndarray, np.ndarray]:
     watch hashes its tail at every judging point; the two products were half of that work)."""
     global _POWERS
     if _POWERS[0].size < size:
-        size = max(size, 2 * TAIL_WINDOW)
+        size = max(size, HISTORY + HISTORY // 4 + NGRAM)
         _POWERS = (np.cumprod(np.full(size, _BASE, dtype=np.uint64)) * _BASE_INV,
                    np.cumprod(np.full(size, _BASE_INV, dtype=np.uint64)) * _BASE)
     return _POWERS
-
-
-def repeated_share(token_ids: Sequence[int] | np.ndarray, n: int) -> float:
-    """Share (0..1) of the n-grams of `token_ids` that repeat an earlier one: `runaway_score`'s quantity for
-    any n (the whole-period check needs n-grams a period long)."""
-    keys = gram_keys(token_ids, n)
-    if keys.size < 2:
-        return 0.0
-    return float((keys.size - np.unique(keys).size) / keys.size)

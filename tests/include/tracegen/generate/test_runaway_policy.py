@@ -32,24 +32,24 @@ from tracegen.store.current import current_rows
 from tracegen.store.records import OK
 
 SIM = dict(sim_time_scale=20000, log_level="warning", enable_metrics=True, sim_length_model="short",
-           sim_runaway_rate=0.2, sim_truncated_share=0.6, reasoning_parser="qwen3")
-N_ROWS, CAP = 160, 256
+           sim_runaway_rate=0.2, sim_truncated_share=0.6, sim_truncated_at=1024, reasoning_parser="qwen3")
+N_ROWS, CAP = 160, 1024  # a loop is judged once it has run two periods and 384 ids: a cap that holds one
 REQS = "sglang:num_requests_total"
 
 
 @pytest.fixture
 def generated(tmp_path, sim_server):
-    """160 rows at 256 on a stand-in with 20% runaways: (sim, dataset, output, runaways, other truncated)."""
+    """160 rows at 1024 on a stand-in with 20% runaways: (sim, dataset, output, runaways, other truncated)."""
     sim = sim_server(**SIM)
     dataset = write_dataset(tmp_path / "prompts.jsonl", N_ROWS)
     out = tmp_path / "out"
     config = make_config(dataset, out, max_tokens=CAP)
-    prepare(config, "run-256")
-    run_engine(config, "run-256", endpoints(sim, in_flight=32), tmp_path / "spool", range(N_ROWS))
+    prepare(config, "run-1024")
+    run_engine(config, "run-1024", endpoints(sim, in_flight=32), tmp_path / "spool", range(N_ROWS))
     frame = root_of(config).snapshots.frame()
     runaways = set(find_runaways(root_of(config), frame))
     truncated = set(frame.loc[frame["finish_reason"] == "length", "index"].tolist())
-    assert runaways and runaways < truncated, "the stand-in should cut both loops and long rows at 256"
+    assert runaways and runaways < truncated, "the stand-in should cut both loops and long rows at the cap"
     return sim, dataset, out, runaways, truncated - runaways
 
 
@@ -124,7 +124,7 @@ def test_the_report_counts_runaways_as_a_floor(tmp_path, generated):
 
 
 def test_a_raised_cap_continues_the_truncated_rows_and_never_a_runaway(tmp_path, generated):
-    """The pivot to 512 extends the rows cut at 256 and sends nothing for a runaway: its loop would run to
+    """The pivot to twice the cap extends the rows it cut and sends nothing for a runaway: its loop would run to
     any cap. The plan, the pivot's sources and the tail measurement's rows all leave runaways out, read from
     the score the ledger keeps."""
     from tracegen.generate.measure import truncated_rows
@@ -136,9 +136,9 @@ def test_a_raised_cap_continues_the_truncated_rows_and_never_a_runaway(tmp_path,
     assert others <= todo and not runaways & todo
     assert not runaways & set(plan.superseded_rows(frame, sorted(runaways | others), raised.max_tokens)["index"])
     assert set(truncated_rows(frame)["index"]) == others
-    prepare(raised, "run-512")
+    prepare(raised, "run-2048")
     sent = metric(sim.url, REQS)
-    summary = run_engine(raised, "run-512", endpoints(sim, in_flight=32), tmp_path / "spool512", range(N_ROWS))
+    summary = run_engine(raised, "run-2048", endpoints(sim, in_flight=32), tmp_path / "spool2048", range(N_ROWS))
     assert summary.extended == len(others) and metric(sim.url, REQS) - sent == len(others)
     current = current_rows(root_of(raised).snapshots.frame())
     kept = current[current["index"].isin(runaways)]
@@ -165,15 +165,15 @@ def test_resample_generates_each_runaway_once_and_the_fresh_sample_replaces_it(t
     current = current_rows(frame)
     assert set(current.loc[current["index"].isin(runaways), "chunk"]) == {RESAMPLE_CHUNK}
     assert plan.remaining(frame, range(N_ROWS), CAP, "extend").size == 0
-    # A higher cap later continues the fresh sample, not the row it replaced (both cut at 256), unless the
+    # A higher cap later continues the fresh sample, not the row it replaced (both cut at the cap), unless the
     # fresh sample loops too: a runaway is never continued.
     cut = fresh["finish_reason"] == "length"
     looped_again = set(fresh.loc[cut & (fresh["runaway_score"] >= 0.5), "index"])
     cut_again = set(fresh.loc[cut, "index"]) - looped_again
-    todo = set(plan.remaining(frame, range(N_ROWS), 1024, "extend").tolist())
+    todo = set(plan.remaining(frame, range(N_ROWS), 2 * CAP, "extend").tolist())
     assert cut_again <= todo and not looped_again & todo
     if cut_again:
-        sources = plan.superseded_rows(frame, sorted(cut_again), 1024)
+        sources = plan.superseded_rows(frame, sorted(cut_again), 2 * CAP)
         assert set(sources["part"]) <= set(fresh["part"]) and set(sources["index"]) == cut_again
     # Once each: a second call (a retried task, a later run) sends nothing.
     sent = metric(sim.url, REQS)
