@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
+SGLANG_VENV := .venv-sglang
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 STATE := $(CURDIR)/.state
@@ -44,7 +45,16 @@ $(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.t
 	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tracegen-include.pth"
 	touch $@
 
-venv: $(VENV)/.installed
+# Real SGLang for the `real_sglang` tests, in a venv of its own: SGLang pins torch 2.14.1 (PyPI's build, which
+# runs on a CPU) and the Airflow venv has the trainers' CPU torch 2.13. pip, not uv: pip reads the machine's
+# pip configuration, where local wheel mirrors may hold torch and its nvidia libraries. Every package is pinned
+# and installed --no-deps (requirements-sglang-server.txt says why); docs/simulator.md has what it costs.
+$(SGLANG_VENV)/.installed: requirements-sglang-server.txt
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-sglang-server.txt
+	touch $@
+
+venv: $(VENV)/.installed $(SGLANG_VENV)/.installed
 
 # Debian packages the tests start for real (sshd for the fleet tests). Installed only when missing.
 system-deps:
@@ -80,7 +90,7 @@ airflow: venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(AIRFLOW_ENV) $(VENV)/bin/airflow standalone
 
 clean:
-	rm -rf $(VENV) $(STATE)
+	rm -rf $(VENV) $(SGLANG_VENV) $(STATE)
 
 # GPU occupancy of a whole run (pilot, gate, chunk fan-out) vs the reference job's asyncio script, and in-flight
 # auto-tuning vs a sweep of fixed limits, on a simulated fleet; a few minutes. See docs/benchmarks.md.

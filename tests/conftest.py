@@ -26,9 +26,13 @@ os.environ["TRACEGEN_WRITE_PREFIXES"] = f"{os.path.realpath(tempfile.gettempdir(
 sys.path.insert(0, str(ROOT / "include"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-# Real components on loopback: an S3-compatible server, SGLang stand-ins, an OpenSSH sshd, and private
-# PostgreSQL + Redis for the distributed e2e tests (started at first use, stopped at the session end).
-pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixtures.services"]
+# Real components on loopback: an S3-compatible server, SGLang stand-ins, an OpenSSH sshd, private
+# PostgreSQL + Redis for the distributed e2e tests, and one real SGLang server on the CPU (started at first
+# use, stopped at the session end).
+pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixtures.services", "fixtures.real_sglang"]
+
+# The modules that share the one real SGLang server (fixtures.real_sglang): one unit of work, so it starts once.
+REAL_SGLANG_DIR = "tests/real_sglang/"
 
 
 # The modules that take a minute or more of a worker, longest first (`pytest --durations` on the CI machine's
@@ -40,6 +44,7 @@ pytest_plugins = ["fixtures.s3", "fixtures.simulator", "fixtures.sshd", "fixture
 # workers on two cores: the end-to-end modules spend much of their time waiting on Airflow's scheduler and
 # the stand-ins' clock, which a fourth worker fills with work.
 LONG_MODULES = (
+    "tests/real_sglang/",  # REAL_SGLANG_DIR (a literal: tests/deploy/test_suite_order.py reads this tuple)
     "tests/e2e/test_distributed.py",
     "tests/include/tracegen/export/test_export_trainer_conversations.py",
     "tests/e2e/test_generate_dag.py",
@@ -56,7 +61,8 @@ LONG_MODULES = (
 
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile`, except that the modules sharing one Airflow cluster (`e2e.shared_cluster`) are one
-    unit of work, so one worker runs them in turn and the cluster starts once."""
+    unit of work, and so are the modules sharing the real SGLang server (REAL_SGLANG_DIR): one worker runs
+    each group in turn and its cluster or server starts once."""
     if config.getvalue("dist") != "loadfile":
         return None
     from e2e.shared_cluster import SHARED_CLUSTER_MODULES, shares_the_cluster
@@ -65,6 +71,8 @@ def pytest_xdist_make_scheduler(config, log):
     class SharedClusterScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
+            if scope.startswith(REAL_SGLANG_DIR):
+                return REAL_SGLANG_DIR
             return SHARED_CLUSTER_MODULES[0] if shares_the_cluster(scope) else scope
 
     return SharedClusterScheduling(config, log)
@@ -72,4 +80,9 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     rank = {module: i for i, module in enumerate(LONG_MODULES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+    def module_rank(item) -> int:
+        module = item.nodeid.split("::")[0]
+        return rank[REAL_SGLANG_DIR] if module.startswith(REAL_SGLANG_DIR) else rank.get(module, len(rank))
+
+    items.sort(key=module_rank)  # stable: the rest keep their order

@@ -137,11 +137,12 @@ async def _complete(r: _Reply) -> web.Response:
         choice["prompt_token_ids"] = r.ids
     if r.req.return_token_ids:
         choice["response_token_ids"] = p.output_ids(r.plan, n)
+    version = r.state.args["weight_version"] or "default"
     body: dict[str, Any] = {
         "id": r.job.rid, "object": "chat.completion", "created": p.now(), "model": r.model,
         "choices": [choice],
         "usage": p.usage(len(r.ids), n, r.reasoning_tokens(n)),
-        "metadata": {"weight_version": r.state.args["weight_version"] or "default"},
+        "metadata": {"weight_version": version, "weight_versions": [{"version": version, "start": 0, "end": n}]},
     }  # fmt: skip
     if r.req.asks_sglext_ids and (ext := p.sglext_ids(r.req, r.ids, p.output_ids(r.plan, n))):
         body["sglext"] = ext
@@ -155,6 +156,15 @@ def _chunk(r: _Reply, created: int, delta: dict[str, Any], finish: str | None = 
             "usage": None}  # fmt: skip
 
 
+def _sse_content_chunk(r: _Reply, created: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    """A chunk as SGLang's `sse_utils.build_sse_content` writes it (the first chunk, the reasoning deltas and the
+    finish): `reasoning_content` always in the delta (null or text), role and content only when set, and no
+    `usage` key at all (msgspec omits it)."""
+    chunk = _chunk(r, created, {"reasoning_content": None, **delta}, finish)
+    del chunk["usage"]
+    return chunk
+
+
 def _chunk_without_choices(r: _Reply, created: int, **fields: Any) -> dict[str, Any]:
     """A chunk about the whole response (its ids, its usage), after the last delta."""
     return {"id": r.job.rid, "object": "chat.completion.chunk", "created": created, "model": r.model,
@@ -165,7 +175,7 @@ async def _stream_chat(request: web.Request, r: _Reply) -> web.StreamResponse:
     resp = await open_event_stream(request)
     created = p.now()
     job = r.job
-    await send_event(resp, _chunk(r, created, {"role": "assistant", "content": ""}))
+    await send_event(resp, _sse_content_chunk(r, created, {"role": "assistant", "content": ""}))
     sent_reasoning, sent_content = await _stream_deltas(resp, r, created)
     record(r.state, job, len(r.ids))
     thinking, content = r.texts(job.tokens)
@@ -182,7 +192,10 @@ async def _stream_chat(request: web.Request, r: _Reply) -> web.StreamResponse:
         final_delta["content"] = content[len(sent_content) :]
     if calls:
         final_delta["tool_calls"] = p.tool_calls(r.plan, calls)
-    await send_event(resp, _chunk(r, created, final_delta, finish))
+    if final_delta:
+        await send_event(resp, _chunk(r, created, final_delta))
+    # SGLang ends the deltas with a chunk of its own that holds only the finish.
+    await send_event(resp, _sse_content_chunk(r, created, {}, finish))
     # The ids come after the last delta, as SGLang sends them: the whole output so far, also when the request
     # was aborted by /abort_request (an abort without an error status).
     if r.req.asks_sglext_ids and (ext := p.sglext_ids(r.req, r.ids, p.output_ids(r.plan, job.tokens))):
@@ -223,6 +236,8 @@ async def _stream_deltas(resp: web.StreamResponse, r: _Reply, created: int) -> t
         if len(content) > len(sent_content):
             delta["content"] = content[len(sent_content) :]
         sent_reasoning, sent_content = thinking, content
+        if set(delta) == {"reasoning_content"}:  # SGLang sends reasoning through build_sse_content
+            return sse(_sse_content_chunk(r, created, delta))
         return sse(_chunk(r, created, delta)) if delta else b""
 
     try:

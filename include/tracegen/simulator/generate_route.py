@@ -106,13 +106,20 @@ def _meta(state: State, ids: list[int], plan: p.Plan, job: Job, n: int, done: bo
     if done:
         finish = "abort" if job.aborted else plan.finish
         meta["finish_reason"] = p.finish_reason_native(finish, plan.cap, job.abort_message, running=True)
+    # No prefix cache is modelled: cached_tokens is always 0, and SGLang's details of a hit are null without one.
     meta.update({
-        "prompt_tokens": len(ids), "completion_tokens": n, "cached_tokens": 0,
+        "prompt_tokens": len(ids), "completion_tokens": n, "cached_tokens": 0, "cached_tokens_details": None,
         "reasoning_tokens": p.split(plan, n)[0] if state.args["reasoning_parser"] else 0,
         "num_retractions": 0,
         "weight_version": version,
-        "e2e_latency": round(time.monotonic() - t0, 6),
+        # The data-parallel rank is null without --dp-size > 1 (which the stand-in does not serve).
+        "dp_rank": None,
     })  # fmt: skip
+    if done:
+        # Only a finished request's meta_info says how long it took and which weight version generated each
+        # stretch of its output (one: the stand-in's version never changes mid-request).
+        meta["weight_versions"] = [{"version": version, "start": 0, "end": n}]
+        meta["e2e_latency"] = round(time.monotonic() - t0, 6)
     if state.args["speculative_algorithm"]:
         accept = state.settings.accept_length
         meta.update(

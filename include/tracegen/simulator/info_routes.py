@@ -87,6 +87,8 @@ async def server_info(request: web.Request) -> web.Response:
     state = request.app[STATE]
     a = state.args
     info = dict(a)
+    # --config is read into the other args by the parser; SGLang's ServerArgs has no field of that name.
+    info.pop("config", None)
     info["launch_command"] = shlex.join([sys.executable, "-m", "tracegen.simulator", *state.settings.argv])
     info["max_total_num_tokens"] = kv_capacity(state.settings)
     # SGLang's scheduler: one token short of the context (or of the KV cache), less 5 reserved.

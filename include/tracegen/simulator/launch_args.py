@@ -259,6 +259,9 @@ def _settings(parser: argparse.ArgumentParser, argv: Sequence[str]) -> SimSettin
     )
 
 
+DEPRECATED_TOOL_CALL_PARSERS = {"qwen25": "qwen", "glm45": "glm"}
+
+
 def _resolve_sglang_args(parser: argparse.ArgumentParser, a: dict[str, Any]) -> None:
     """SGLang's flags as its start-up checks and resolves them: its refusals, and the defaults it fills in."""
     # Not required by SGLang's parser, but its start-up fails without a model to load.
@@ -274,6 +277,9 @@ def _resolve_sglang_args(parser: argparse.ArgumentParser, a: dict[str, Any]) -> 
     )
     if a["tokenizer_path"] is None:
         a["tokenizer_path"] = a["model_path"]
+    # SGLang's start-up renames its deprecated parser names (serving_hook._handle_deprecated_args), and
+    # /server_info reports the new one: launched with qwen25, a server says qwen.
+    a["tool_call_parser"] = DEPRECATED_TOOL_CALL_PARSERS.get(a["tool_call_parser"], a["tool_call_parser"])
     _check(parser, 0 <= a["port"] <= 65535, f"--port must be in 0..65535, got {a['port']}")
     _check(
         parser,

@@ -87,8 +87,18 @@ def _number(body: Mapping[str, Any], key: str, low: float, high: float, where: s
     return float(value)
 
 
+# Sampling controls SGLang honours that the stand-in does not model: SGLang stops at a stop string or id (finish
+# `{"type": "stop", "matched": ...}`) and biases logits. Ignoring them would answer kinder than SGLang (a request
+# it stops early would run on), so the stand-in refuses a request that sets one; tracegen sends none.
+UNMODELLED_CONTROLS = ("stop", "stop_token_ids", "stop_regex", "logit_bias")
+
+
 def _check_sampling(body: Mapping[str, Any], where: str = "") -> None:
-    """SGLang's `SamplingParams.verify` of top_k, min_p and repetition_penalty (both routes reach it)."""
+    """SGLang's `SamplingParams.verify` of top_k, min_p and repetition_penalty (both routes reach it), and the
+    controls the stand-in refuses (UNMODELLED_CONTROLS)."""
+    for key in UNMODELLED_CONTROLS:
+        if body.get(key) not in (None, "", [], {}):
+            raise BadRequest(f"{where}{key} is not modelled by the SGLang stand-in (SGLang would honour it)")
     top_k = body.get("top_k")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or (top_k < 1 and top_k != -1)):
         raise BadRequest(f"{where}top_k must be -1 (disable) or at least 1, got {json.dumps(top_k)[:80]}.")

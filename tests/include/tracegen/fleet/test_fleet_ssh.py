@@ -374,7 +374,7 @@ def test_the_reference_fleet_validates_launches_over_ssh_and_sglang_starts_with_
                 assert served_context_length(handle.url, headers, spec.model_name) == 40960
                 info = httpx.get(f"{handle.url}/server_info", headers=headers, timeout=10).json()
                 assert info["max_running_requests"] == 48 and info["cuda_graph_bs_decode"] == [1, 2, 4, 8, 16, 32, 48]
-                assert info["api_key"] == key and info["tool_call_parser"] == "qwen25"
+                assert info["api_key"] == key and info["tool_call_parser"] == "qwen"  # SGLang renames qwen25
                 assert httpx.get(f"{handle.url}/v1/models", timeout=10).status_code == 401
                 tools = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
                 body = httpx.post(f"{handle.url}/v1/chat/completions", headers=headers, timeout=30, json={
