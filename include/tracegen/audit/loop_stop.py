@@ -40,6 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# This judge's version, kept with every score it gives (the ledger's `loop_judge`): a score an earlier rule gave
+# is judged again (`audit.runaway_rows`), never trusted, and planning does not take it for a runaway.
+LOOP_JUDGE = 1
 NGRAM = 8
 # The longest period judged: a block of some 150 lines of code or data.
 MAX_PERIOD = 8_192

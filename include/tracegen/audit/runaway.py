@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tracegen.audit.loop_stop import LoopWatch
+from tracegen.audit.loop_stop import LOOP_JUDGE, LoopWatch
 
 # A stored score at or above this says the row loops (`runaway_score`: the share of the loop's stretch that
 # repeats at its period, 0.0 for a row that does not loop).
@@ -42,11 +42,22 @@ def runaway_score(token_ids: Sequence[int] | np.ndarray) -> float:
     return 0.0 if verdict is None else max(verdict.score, RUNAWAY_THRESHOLD)
 
 
-def scored_runaway(scores: np.ndarray | pd.Series) -> np.ndarray:
-    """Per ledger row: its stored `runaway_score` says its tail loops (NaN, a row not judged, says no). The
-    rule planning, the tail measurement and the pivot read, so that a runaway, which no cap finishes, is
-    never continued."""
-    return np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0) >= RUNAWAY_THRESHOLD
+def trusted_scores(frame: pd.DataFrame) -> np.ndarray:
+    """Per ledger row: its stored `runaway_score` when this judge gave it, NaN otherwise (not judged, or judged
+    by an earlier rule, whose scores called listings and data files loops: such a row is judged again)."""
+    if "runaway_score" not in frame.columns:
+        return np.full(len(frame), np.nan)
+    scores = frame["runaway_score"].to_numpy(np.float64, na_value=np.nan)
+    judges = frame["loop_judge"].to_numpy(np.int64) if "loop_judge" in frame.columns else np.zeros(len(frame), np.int64)
+    return np.where(judges == LOOP_JUDGE, scores, np.nan)
+
+
+def scored_runaway(frame: pd.DataFrame) -> np.ndarray:
+    """Per ledger row: this judge's stored score says its tail loops (NaN, a row not judged or judged by an
+    earlier rule, says no). The rule planning, the tail measurement and the pivot read, so that a runaway, which
+    no cap finishes, is never continued; a row an earlier rule called one is continued, and the continuation's
+    watch, given its ids, stops it at its first judging point if it loops."""
+    return np.nan_to_num(trusted_scores(frame), nan=0.0) >= RUNAWAY_THRESHOLD
 
 
 def is_runaway(token_ids: Sequence[int] | np.ndarray) -> bool:

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracegen.audit.runaway import RUNAWAY_THRESHOLD, runaway_score, text_token_ids
+from tracegen.audit.loop_stop import LOOP_JUDGE
+from tracegen.audit.runaway import RUNAWAY_THRESHOLD, runaway_score, text_token_ids, trusted_scores
 from tracegen.store.current import current_mask
 from tracegen.store.records import CUT, LOOP, OK, GeneratedRow, unpack_token_ids
 from tracegen.store.root import OutputRoot
@@ -49,14 +50,15 @@ def score_of(row: GeneratedRow) -> float | None:
     if row.status != OK or row.finish_reason not in CUT:
         return None
     if row.finish_reason == LOOP and row.runaway_score is not None:
-        return row.runaway_score  # judged while it generated, on every id (`audit.loop_stop`)
+        return row.runaway_score  # stopped while it generated: a runaway by its kind (`audit.loop_stop`)
     ids = unpack_token_ids(row.response_token_ids) if row.has_token_ids else text_token_ids(row_text(row))
     return round(runaway_score(ids), 4)
 
 
 def judge(row: GeneratedRow) -> Runaway | None:
     """The row as a runaway, or None: it finished, or its tail does not loop."""
-    score = row.runaway_score if row.runaway_score is not None else score_of(row)
+    trusted = row.runaway_score is not None and (row.loop_judge == LOOP_JUDGE or row.finish_reason == LOOP)
+    score = row.runaway_score if trusted else score_of(row)
     if score is None or score < RUNAWAY_THRESHOLD:
         return None
     return Runaway(row.index, row.max_tokens, "", score, row_text(row)[-TAIL_CHARS:])
@@ -77,8 +79,11 @@ def find_runaways(root: OutputRoot, frame: pd.DataFrame, *, tails: int = TAILS) 
     scored are judged from their score; the parts of the rest are read (entries from before the score), and
     those of the first `tails` runaways for the end of their text (the others' `tail` is "")."""
     rows = truncated_current(frame)
-    scores = (rows["runaway_score"].to_numpy(np.float64) if "runaway_score" in rows.columns
-              else np.full(len(rows), np.nan))
+    scores = trusted_scores(rows)
+    # A row stopped while it looped is a runaway by its kind, whichever watch stopped it.
+    stopped = (rows["finish_reason"] == LOOP).to_numpy(bool)
+    if "runaway_score" in rows.columns:
+        scores = np.where(stopped, rows["runaway_score"].to_numpy(np.float64, na_value=np.nan), scores)
     scored = ~np.isnan(scores)
     out: dict[int, Runaway] = {
         int(i): Runaway(int(i), int(c), str(p), float(s), "")

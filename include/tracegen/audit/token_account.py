@@ -46,7 +46,7 @@ def token_account(frame: pd.DataFrame) -> dict[str, Any]:
     new = np.maximum(tokens - prefix, 0)
     cur = current_mask(frame) & ok
     finish = frame["finish_reason"].astype(object).to_numpy()
-    looped = np.isin(finish, (LOOP,)) | (np.isin(finish, ("length",)) & scored_runaway(frame["runaway_score"]))
+    looped = np.isin(finish, (LOOP,)) | (np.isin(finish, ("length",)) & scored_runaway(frame))
     complete = np.isin(finish, COMPLETE)
     in_chain = _in_current_chain(frame, cur, tokens, prefix)
     lost = ok & ~cur & ~in_chain

@@ -19,7 +19,8 @@ from tracegen.store.root import OutputRoot
 # What an export reads of each ledger row: supersession's columns (`current_mask`), the part and run a row is
 # read back from, and the runaway score, so judging truncated rows for loops (include_truncated) reads only
 # the parts of rows committed before the ledger kept the score (`find_runaways`), not every truncated row's.
-EXPORT_COLUMNS = ("index", "status", "finish_reason", "max_tokens", "run_id", "part", "runaway_score", "committed_at")
+EXPORT_COLUMNS = ("index", "status", "finish_reason", "max_tokens", "run_id", "part", "runaway_score", "loop_judge",
+                  "committed_at")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from tracegen.audit.loop_stop import LOOP_JUDGE
 from tracegen.audit.runaway_rows import score_of
 from tracegen.config import RunConfig
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
@@ -527,6 +528,7 @@ class ChunkEngine:
             # Judged once, here, while its ids are in memory: the reports and the export read the score from
             # the ledger instead of reading every truncated row's part again (`audit.runaway_rows`).
             row.runaway_score = score_of(row)
+        row.loop_judge = LOOP_JUDGE  # the score, or its absence (a row that finished), is this judge's
         try:
             self.spool.append(row)  # fsynced: from here a SIGKILL cannot lose this row
         except Exception as exc:  # noqa: BLE001 - any failure here would lose the row: the chunk must fail

@@ -113,7 +113,7 @@ def pilot_sample(n_rows: int, size: int, seed: int) -> list[int]:
 
 def _check_frame(frame: pd.DataFrame) -> None:
     """The frame's shape; cap and policy come from a validated `RunConfig` and are not checked again."""
-    missing = [c for c in PLAN_COLUMNS if c not in frame.columns and c != "runaway_score"]
+    missing = [c for c in PLAN_COLUMNS if c not in frame.columns and c not in ("runaway_score", "loop_judge")]
     if missing:
         raise ValueError(f"ledger frame lacks columns {missing}")
 
@@ -126,9 +126,7 @@ def scored_runaways(frame: pd.DataFrame) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     ok = (frame["status"] == OK).to_numpy(bool)
     stopped = ok & (frame["finish_reason"] == LOOP).to_numpy(bool)  # stopped in its loop: a runaway by its kind
-    if "runaway_score" not in frame.columns:
-        return stopped
-    return stopped | (ok & (frame["finish_reason"] == "length").to_numpy(bool) & scored_runaway(frame["runaway_score"]))
+    return stopped | (ok & (frame["finish_reason"] == "length").to_numpy(bool) & scored_runaway(frame))
 
 
 def runaways(frame: pd.DataFrame) -> np.ndarray:

@@ -40,7 +40,7 @@ ENTRY_RE = re.compile(r"ledger/(?P<run>[^/]+)/c(?P<chunk>\d{5,})-(?P<segment>[^/
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 INT_COLS = ("index", "prompt_tokens", "completion_tokens", "reasoning_tokens", "max_tokens", "chunk", "attempt",
-            "prefix_tokens")
+            "prefix_tokens", "loop_judge")
 
 # The JSON types a column's values may have (`type(...) is`, so a bool never passes for an int).
 _VALUE_TYPES: dict[str, tuple[type, ...]] = {

@@ -62,11 +62,12 @@ LEDGER_COLUMNS = (
     "text_joined",  # bool: an extended row whose text joins two decodings (the server had no /detokenize)
     "while_asking",  # bool: generated while the gate's question waited, at the cap it recommended (`run.while_asking`)
     "runaway_score",  # float | None: how much a truncated row's tail loops (`audit.runaway`), when it was generated
+    "loop_judge",  # int: the loop judge that scored it (`audit.loop_stop.LOOP_JUDGE`); 0: an earlier rule, not trusted
 )
 # Columns added after the first ledger entries were written, with the value those older entries (and
 # snapshots) mean: they hold no pivot rows.
 LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0, "text_joined": False, "while_asking": False,
-                                   "runaway_score": None}
+                                   "runaway_score": None, "loop_judge": 0}
 # Columns of booleans.
 BOOL_COLS = ("cut_in_reasoning", "text_joined", "while_asking")
 # Columns of floats; None (a row not judged, or an entry from before the column) reads as NaN.
@@ -84,7 +85,7 @@ def duplicate_key(index: int, max_tokens: int, status: str, pivot: str | None) -
 
 
 # The columns "done" is decided from (tracegen.run.plan), read without the rest by planning and resume.
-PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens", "runaway_score")
+PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens", "runaway_score", "loop_judge")
 
 
 def pack_token_ids(ids: Sequence[int]) -> str:
@@ -144,6 +145,9 @@ class GeneratedRow:
     # A truncated row's loop score, judged once when it was generated (`audit.runaway_rows.score_of`), so
     # the reports, the resample and the export need not read its part to know; None: not judged.
     runaway_score: float | None = None
+    # Which loop judge gave `runaway_score` (`audit.loop_stop.LOOP_JUDGE`): a score of an earlier rule (0) is
+    # judged again, never trusted.
+    loop_judge: int = 0
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -204,6 +208,7 @@ class GeneratedRow:
             "text_joined": self.text_joined,
             "while_asking": self.while_asking,
             "runaway_score": self.runaway_score,
+            "loop_judge": self.loop_judge,
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tracegen.audit.loop_stop import LOOP_JUDGE
 from tracegen.audit.pivot import pivot_summary, pivot_text
 from tracegen.audit.stats import AuditResult, audit, censoring_arrays, gate_counts
 from tracegen.store.current import current_mask
@@ -24,7 +25,7 @@ def row(index, status="ok", finish="stop", tokens=100, cap=4096, *, reasoning=No
         "cut_in_reasoning": cut, "max_tokens": cap, "run_id": run, "chunk": chunk, "attempt": 1,
         "server": server, "latency_s": latency, "category": category, "error": error,
         "pivot": pivot, "prefix_tokens": prefix, "text_joined": joined, "while_asking": asking,
-        "runaway_score": score,
+        "runaway_score": score, "loop_judge": LOOP_JUDGE,
     }
     assert set(values) == set(LEDGER_COLUMNS)
     return values | {"part": f"parts/{run}/c{chunk:05d}", "committed_at": at}

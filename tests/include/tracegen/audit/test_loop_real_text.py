@@ -83,3 +83,34 @@ def test_every_loop_built_from_real_text_is_stopped_soon_after_its_onset(docs):
         if ran > bound:
             late.append((case.name, ran, bound))
     assert missed == [] and late == []
+
+
+def test_a_score_an_earlier_rule_gave_is_judged_again_never_trusted(tmp_path, docs):
+    """Rows committed before this judge carry the earlier rule's score (`loop_judge` 0), which called listings
+    loops. Such a row is judged again from its part: a real listing the earlier rule scored 0.9 is no runaway
+    and a raised cap continues it; a real loop it scored so stays one; this judge's own scores are trusted."""
+    from tracegen.audit.loop_stop import LOOP_JUDGE
+    from tracegen.audit.runaway_rows import find_runaways
+    from tracegen.run import plan
+    from tracegen.simulator.tokens import decode
+    from tracegen.store.records import OK, GeneratedRow, pack_token_ids
+    from tracegen.store.root import OutputRoot
+    from tracegen.store.storage import open_storage
+
+    listing = next(d for d in docs if d.kind == "listing" and len(d.ids()) >= 4_096).ids()[:4_096]
+    looping = next(c for c in real_text.loops(docs) if c.period == 89 and not c.near).ids[:4_096]
+
+    def cut(index: int, ids, judge: int, score: float) -> GeneratedRow:
+        return GeneratedRow(index=index, status=OK, max_tokens=4_096, run_id="run-old", chunk=0, finish_reason="length",
+                            reasoning_content=decode(list(ids)), completion_tokens=len(ids),
+                            prompt_token_ids=pack_token_ids([1, 2, 3]), response_token_ids=pack_token_ids(list(ids)),
+                            runaway_score=score, loop_judge=judge)
+
+    root = OutputRoot(open_storage(str(tmp_path / "out")))
+    root.commits.commit([cut(0, listing, 0, 0.9), cut(1, looping, 0, 0.9), cut(2, listing, LOOP_JUDGE, 0.0)],
+                        "run-old", 0, "seg")
+    frame = root.snapshots.frame()
+    assert set(find_runaways(root, frame)) == {1}
+    # Planning reads no part: an earlier rule's score is no runaway to it, so a higher cap continues both old
+    # rows (the continuation's watch, given the row's ids, stops the loop at its first judging point).
+    assert set(plan.remaining(frame, range(3), 8_192, "extend").tolist()) == {0, 1, 2}

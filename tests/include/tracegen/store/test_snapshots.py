@@ -97,7 +97,7 @@ def test_plan_frame_holds_only_the_asked_rows_and_agrees_with_frame(tmp_path: Pa
     root.commits.commit([row(i, cap=8192, chunk=9, run="r2") for i in (0, 5, 120)], "r2", 9, "late")
     wanted = list(range(90, 130)) + [0, 5]
     lean = root.snapshots.plan_frame(wanted)
-    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens", "runaway_score",
+    assert sorted(lean.columns) == sorted(["index", "status", "finish_reason", "max_tokens", "runaway_score", "loop_judge",
                                            "completion_tokens", "part"])
     assert set(lean["index"]) == set(wanted)
     # The part of each row: where a truncated row is continued from.
