@@ -64,7 +64,7 @@ system-deps:
 # PYTHONDONTWRITEBYTECODE is set (it is on our build machines) each task, stand-in and Airflow component would
 # compile them from source at each start (a chunk task's imports of tracegen: 0.17 s of CPU from source, 0.07 s
 # from bytecode). Incremental: a file is compiled again only when it changed.
-bytecode: venv
+bytecode: $(VENV)/.installed
 	$(PY) -m compileall -q include dags plugins
 
 lint: venv
@@ -80,7 +80,7 @@ test: venv system-deps lint bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --no-loadscope-reorder
 
 # The reference job's 4096 -> 8192 pivot through the real DAG, on a simulated fleet, in about a minute.
-demo: venv bytecode
+demo: $(VENV)/.installed bytecode
 	$(PY) -m tracegen.demo
 
 # The Airflow UI on the same state as `make demo` (airflow standalone prints the admin password).
