@@ -23,13 +23,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from tracegen.audit.loop_stop import LOOP_JUDGE, LoopWatch
+from tracegen.audit.loop_stop import HISTORY, LOOP_JUDGE, LoopWatch
 
 # A stored score at or above this says the row loops (`runaway_score`: the share of the loop's stretch that
 # repeats at its period, 0.0 for a row that does not loop).
 RUNAWAY_THRESHOLD = 0.5
 # The ids the text view builds: as many as the judge keeps.
-TAIL_WINDOW = 2 * 8_192 + 1_024
+TAIL_WINDOW = HISTORY
 
 
 def runaway_score(token_ids: Sequence[int] | np.ndarray) -> float:
