@@ -288,6 +288,47 @@ class FieldMap(Rule):
         return {"type": ["string", "null"], "pattern": FIELD_MAP_PATTERN}
 
 
+# The longest chat_template_kwargs accepted: every request of the run carries them.
+TEMPLATE_KWARGS_MAX_CHARS = 4096
+_JSON_SCALAR = ('(?:true|false|null|"[^"\\\\\\x00-\\x1f]*"'
+                '|-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)')
+# One "name": value pair of the template's arguments: enable_thinking true or false, any other name a scalar.
+_TEMPLATE_PAIR = (f'{_JSON_WS}(?:"enable_thinking"{_JSON_WS}:{_JSON_WS}(?:true|false)'
+                  f'|"(?!enable_thinking")[^"\\\\\\x00-\\x1f]+"{_JSON_WS}:{_JSON_WS}{_JSON_SCALAR}){_JSON_WS}')
+# The chat template's arguments as the form's schema and the config's check both apply them: empty, or a flat
+# JSON object of such pairs (what chat templates take: enable_thinking, reasoning_effort, a thinking budget).
+TEMPLATE_KWARGS_PATTERN = f"^{_JSON_WS}(\\{{(?:{_TEMPLATE_PAIR}(?:,{_TEMPLATE_PAIR})*|{_JSON_WS})\\}})?{_JSON_WS}$"
+
+
+@dataclass(frozen=True)
+class TemplateKwargs(Rule):
+    """A JSON object, as text, passed to the model's chat template with every request (`parse_template_kwargs`)."""
+
+    def check(self, name: str, value: Any) -> None:
+        parse_template_kwargs(value, name)
+
+    def schema(self) -> dict[str, Any]:
+        # null: Airflow's trigger form sends an empty field as null.
+        return {"type": ["string", "null"], "maxLength": TEMPLATE_KWARGS_MAX_CHARS,
+                "pattern": TEMPLATE_KWARGS_PATTERN}
+
+
+def parse_template_kwargs(text: Any, name: str = "chat_template_kwargs") -> dict[str, Any]:
+    """The chat template's arguments as the trigger form gives them: "" or null for none (Airflow's form sends an
+    emptied field as null), or a flat JSON object such as {"enable_thinking": false} (SGLang hands it to the
+    template as it is): names to true, false, null, numbers or strings, enable_thinking true or false."""
+    if text is None:
+        return {}
+    if not isinstance(text, str):
+        raise ConfigError(f"{name}: expected a JSON object as text, got {type(text).__name__}")
+    if len(text) > TEMPLATE_KWARGS_MAX_CHARS:
+        raise ConfigError(f"{name}: {len(text):,} characters, more than {TEMPLATE_KWARGS_MAX_CHARS:,}")
+    if not re.search(TEMPLATE_KWARGS_PATTERN, text):
+        raise ConfigError(f"{name}: {text[:80]!r} is not a flat JSON object of names to true, false, null, numbers "
+                          'or strings (enable_thinking true or false), e.g. {"enable_thinking": false}')
+    return json.loads(text) if text.strip() else {}
+
+
 def _rule(rule: Rule, default: Any) -> Any:
     return field(default=default, metadata={"rule": rule})
 
@@ -371,6 +412,16 @@ class RunConfig:
     repetition_penalty: float = _rule(Float(0.0, 2.0, low_open=True, title="Repetition penalty",
                                             description="Above 1 discourages tokens already in the prompt or "
                                             "the output; 1: none."), 1.0)
+    chat_template_kwargs: str = _rule(TemplateKwargs(
+        title="Chat template arguments",
+        description="A JSON object the model's chat template is rendered with, for every row, e.g. "
+        "{\"enable_thinking\": false} for a Qwen3 model answering without thinking. Kept in each row's "
+        "provenance and in the export's manifest. Empty: the template's defaults."), "")
+    thinking_off_pct: float = _rule(Float(
+        0.0, 100.0, title="Rows without thinking (%)",
+        description="For a drafter that serves both modes: this share of the rows, chosen by their ids (the "
+        "same rows in every run), is generated with thinking off (enable_thinking false in the chat template "
+        "arguments), the rest as the arguments above say. 0: none."), 0.0)
     stop_loops: bool = _rule(Flag(
         title="Stop looping rows",
         description="Where the servers stream incrementally, stream every generation and stop it once it "

@@ -174,6 +174,10 @@ def test_the_trigger_form_accepts_exactly_what_the_run_config_accepts(dagbag):
                            '{"prompt": ""}', "not json", '["prompt"]', '{"prompt": "frageä"}', 7, None],
         "turns": ["last", "first", "each", "chain", "LAST"],
         "max_invalid_pct": [-0.1, 0, 50, 100, 100.1, "50"],
+        "chat_template_kwargs": ["", "  ", "{}", '{"enable_thinking": false}', '{"enable_thinking": "no"}',
+                                 '{"reasoning_effort": "high", "thinking_budget": 1024}', '{"a": {"b": 1}}',
+                                 "not json", "[1]", '{"enable_thinking": true,}', None, 7, "{" + " " * 4096 + "}"],
+        "thinking_off_pct": [-0.1, 0, 50, 100, 100.1, "50"],
     }
     assert set(probes) == set(CONFIG_PARAMS)
     for name, values in probes.items():

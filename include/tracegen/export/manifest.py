@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tracegen.common.locations import shown_location
-from tracegen.config import SAMPLING_FIELDS
+from tracegen.config import SAMPLING_FIELDS, parse_template_kwargs
 from tracegen.export.layouts import CONVERSATIONS, MESSAGES, TOKENS, data_dir
 from tracegen.export.servers import SERVERS_FILE
 from tracegen.store.records import COMPLETE
@@ -100,8 +100,11 @@ def provenance(root: OutputRoot, record: Any, aws_conn_id: str) -> dict[str, Any
             f"no run recorded what its servers reported (runs/<run>/{SERVERS_FILE}: /model_info and "
             "/server_info); the model is known by the fleet's served name and digest only"),
         "sampling": {**{name: getattr(config, name) for name in SAMPLING_FIELDS}, "max_tokens": config.max_tokens,
+                     "chat_template_kwargs": parse_template_kwargs(config.chat_template_kwargs),
+                     "thinking_off_pct": config.thinking_off_pct,
                      "note": "every param the chat route would take from the model's generation config is sent; "
-                             "the rest are the servers' defaults"},
+                             "the rest are the servers' defaults; each row's template arguments are in its "
+                             "provenance"},
         "cap_decisions": decisions,
         "runs": runs,
     }

@@ -43,6 +43,7 @@ from tracegen.generate.extend import (
     superseded_map,
 )
 from tracegen.generate.rows import complete_row
+from tracegen.generate.thinking import TemplateChoice
 from tracegen.generate.watched import watching
 from tracegen.run import plan
 from tracegen.sglang.autotune import InFlightLimit
@@ -240,6 +241,7 @@ class ChunkEngine:
             autotune=config.autotune_in_flight,  # autotune hook: per-server limits follow the servers
         )
         self.sampling = Sampling.of_config(config)
+        self.templates = TemplateChoice.of_config(config)
         self.progress_interval_s = options.progress_interval_s
         self.stop_check, self.stop_check_interval_s = options.stop_check, options.stop_check_interval_s
         self.writer = options.writer or run_writer(job.run_id)
@@ -491,11 +493,14 @@ class ChunkEngine:
 
     async def _complete(self, client: SGLangClient, row: PromptRow | Extension) -> GeneratedRow:
         if isinstance(row, Extension):
+            row_id = row.prompt.id if row.prompt is not None else row.source.id
             result = await extend_row(client, row, sampling=self.sampling, model=self.model,
-                                      run_id=self.run_id, chunk=self.chunk, stop_loops=self.config.stop_loops)
-            result.id = row.prompt.id if row.prompt is not None else row.source.id
+                                      run_id=self.run_id, chunk=self.chunk, stop_loops=self.config.stop_loops,
+                                      template_kwargs=self.templates.for_row(row_id))
+            result.id = row_id
             return result
-        request = ChatRequest(row.index, row.messages, model=self.model, sampling=self.sampling, tools=row.tools)
+        request = ChatRequest(row.index, row.messages, model=self.model, sampling=self.sampling, tools=row.tools,
+                              template_kwargs=self.templates.for_row(row.id))
         result = await complete_row(client, request, run_id=self.run_id, chunk=self.chunk, category=row.category,
                                     watch_with=self._watch_with)
         result.id = row.id

@@ -33,6 +33,7 @@ import pandas as pd
 from tracegen.audit.loop_stop import LoopWatch
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
 from tracegen.generate.rows import complete_row
+from tracegen.generate.thinking import TEMPLATE_KWARGS
 from tracegen.generate.watched import (
     StepFailed,
     loop_stopped,
@@ -207,16 +208,18 @@ async def extend_row(
     run_id: str,
     chunk: int,
     stop_loops: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> GeneratedRow:
     """The row that continues `job.source` up to `sampling.max_tokens` (a failed or rejected row when a
     request fails), or, for a source without token ids, the row generated again in its place. `stop_loops`:
-    the run's (`RunConfig.stop_loops`)."""
+    the run's (`RunConfig.stop_loops`); `template_kwargs`: the row's chat template arguments, for a row
+    generated again (a continuation goes on from the ids its prompt was rendered to)."""
     source = job.source
     started = time.monotonic()
     reason = not_extendable(source)
     if reason is not None:
         return await _generate_again(client, job, reason, sampling=sampling, model=model, run_id=run_id,
-                                     chunk=chunk, stop_loops=stop_loops)
+                                     chunk=chunk, stop_loops=stop_loops, template_kwargs=template_kwargs)
     prompt_ids = unpack_token_ids(source.prompt_token_ids)
     response_ids = unpack_token_ids(source.response_token_ids)
     where = f"continuing the row cut at {len(response_ids):,} tokens ({job.superseded.part})"
@@ -229,12 +232,14 @@ async def extend_row(
 
 
 async def _generate_again(client: SGLangClient, job: Extension, reason: str, *, sampling: Sampling,
-                          model: str, run_id: str, chunk: int, stop_loops: bool) -> GeneratedRow:
+                          model: str, run_id: str, chunk: int, stop_loops: bool,
+                          template_kwargs: dict[str, Any] | None) -> GeneratedRow:
     """A source without usable token ids: its row generated again under the new cap, provenance saying why."""
     source = job.source
     assert job.prompt is not None  # extension_jobs reads the dataset row of every such row
     log.debug("row %d: %s: generating it again under %d", source.index, reason, sampling.max_tokens)
-    request = ChatRequest(source.index, job.prompt.messages, model=model, sampling=sampling, tools=job.prompt.tools)
+    request = ChatRequest(source.index, job.prompt.messages, model=model, sampling=sampling, tools=job.prompt.tools,
+                          template_kwargs=template_kwargs)
     row = await complete_row(client, request, run_id=run_id, chunk=chunk, category=source.category,
                              watch_with=await watching(client, stop_loops))
     if row.status == OK:
@@ -311,6 +316,8 @@ async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_id
             "sampling": job.sampling.params(),
             "text": text_from,
             **({"stopped": stopped} if stopped else {}),
+            # The template arguments its prompt ids were rendered with, as the row it continues says.
+            **{k: v for k, v in (source.provenance or {}).items() if k == TEMPLATE_KWARGS},
         },
     )
 

@@ -29,6 +29,7 @@ from tracegen.dataset.stored import load_index
 from tracegen.fleet import FleetSpec
 from tracegen.generate.chunk import fleet_endpoints
 from tracegen.generate.engine import DEFAULT_OPTIONS, ChunkEngine, ChunkJob, ChunkOptions
+from tracegen.generate.thinking import TEMPLATE_KWARGS
 from tracegen.run import RESAMPLE_CHUNK
 from tracegen.run.run_spec import RunSpec
 from tracegen.sglang.client import SGLangClient
@@ -72,9 +73,10 @@ class _Resampler(ChunkEngine):
         result = await super()._complete(client, row)
         source = self.rows.get(result.index)
         if source is not None and result.status != FAILED:
+            kept = {k: v for k, v in (result.provenance or {}).items() if k == TEMPLATE_KWARGS}
             result.provenance = {"action": RESAMPLED, "policy": "resample", "runaway_score": source.score,
                                  "supersedes": {"part": source.part, "index": source.index,
-                                                "max_tokens": source.max_tokens}}
+                                                "max_tokens": source.max_tokens}, **kept}
         return result
 
 

@@ -11,6 +11,7 @@ stream incrementally, `complete_row` is told so and generates the row streamed (
 
 from __future__ import annotations
 
+from tracegen.generate.thinking import TEMPLATE_KWARGS
 from tracegen.generate.watched import watched_row
 from tracegen.sglang.client import ChatRequest, Completion, Outcome, SGLangClient
 from tracegen.sglang.wire import ServerParsers
@@ -60,7 +61,12 @@ async def complete_row(client: SGLangClient, request: ChatRequest, *, run_id: st
     """`request` sent through `client`, its answer recorded as the row of `run_id`'s chunk `chunk`. With
     `watch_with` (the servers' parsers, given where the run stops loops and the servers stream incrementally:
     `watched.streams_watched`) it is streamed through `/generate` and stopped once it loops
-    (`tracegen.generate.watched`); without, asked of the chat route whole."""
+    (`tracegen.generate.watched`); without, asked of the chat route whole. The chat template arguments the
+    prompt was rendered with are kept in the row's provenance."""
     if watch_with is not None:
-        return await watched_row(client, request, watch_with, run_id=run_id, chunk=chunk, category=category)
-    return chat_row(await client.complete(request), request, run_id=run_id, chunk=chunk, category=category)
+        row = await watched_row(client, request, watch_with, run_id=run_id, chunk=chunk, category=category)
+    else:
+        row = chat_row(await client.complete(request), request, run_id=run_id, chunk=chunk, category=category)
+    if request.template_kwargs:
+        row.provenance = {**(row.provenance or {}), TEMPLATE_KWARGS: request.template_kwargs}
+    return row

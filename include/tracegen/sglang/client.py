@@ -253,7 +253,7 @@ class SGLangClient:
     async def tokenize(self, request: ChatRequest) -> Outcome[list[int]]:
         """The prompt ids the chat route would generate `request` from (SGLang's `/v1/tokenize` of its
         messages and tools)."""
-        body = build_tokenize_body(request.messages, request.tools, request.model)
+        body = build_tokenize_body(request.messages, request.tools, request.model, request.template_kwargs)
         return await self._call("POST", TOKENIZE_PATH, body, parse_tokenize,
                                 limits=ResponseLimits.for_request(len(body)), generation=False)
 

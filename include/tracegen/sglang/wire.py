@@ -91,7 +91,9 @@ class ServerParsers:
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     """One chat completion to ask for: the dataset row's messages and tools, the model and the sampling.
-    `index` is the row's, named in the errors a bad request raises; `extra` goes into the body as is."""
+    `index` is the row's, named in the errors a bad request raises; `template_kwargs` are the chat template's
+    arguments (SGLang's `chat_template_kwargs`, e.g. enable_thinking), on the chat route and in `/v1/tokenize`
+    alike; `extra` goes into the body as is."""
 
     index: int
     messages: list[dict[str, Any]]
@@ -99,6 +101,7 @@ class ChatRequest:
     model: str
     sampling: Sampling
     tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] | None = None
     extra: dict[str, Any] | None = None
 
 
@@ -116,6 +119,8 @@ def build_body(request: ChatRequest, *, return_token_ids: bool = False) -> bytes
         body["seed"] = sampling.seed
     if request.tools:
         body["tools"] = request.tools
+    if request.template_kwargs:
+        body["chat_template_kwargs"] = request.template_kwargs
     if return_token_ids:
         body["return_token_ids"] = True
     if request.extra:
@@ -161,12 +166,15 @@ def build_abort_body(rid: str) -> bytes:
     return _encode({"rid": rid})
 
 
-def build_tokenize_body(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str) -> bytes:
+def build_tokenize_body(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str,
+                        template_kwargs: dict[str, Any] | None = None) -> bytes:
     """`/v1/tokenize` of a chat request's messages and tools: the prompt ids the chat route would generate
-    from (SGLang renders them with the same template and the same processing)."""
+    from (SGLang renders them with the same template, the same template arguments and the same processing)."""
     body: dict[str, Any] = {"model": model, "messages": messages}
     if tools:
         body["tools"] = tools
+    if template_kwargs:
+        body["chat_template_kwargs"] = template_kwargs
     return _encode(body)
 
 
