@@ -136,7 +136,7 @@ LIVE_HEIGHT = 170
 def progress_bar(done: int, total: int) -> Markup:
     """Rows done of the dataset as a bar, with its figures for assistive technology and on hover."""
     share = done / total if total else 1.0
-    w, h = WIDTH, 22
+    w, h = 1200, 22  # the page's width: the bar's label stays the size of the text around it
     return Markup('<svg class="progress" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="progressbar" '
                   'aria-label="rows done" aria-valuemin="0" aria-valuenow="{done}" aria-valuemax="{total}">'
                   '<title>{done:,} of {total:,} rows done ({share})</title>'
@@ -191,7 +191,7 @@ def time_series(timeline: dict[str, Any], series: list[tuple[str, str, str]], la
 
     parts = [Markup('<svg class="chart" viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="{}">')
              .format(w, h, w, h, label)]
-    fmt = (lambda v: pct(v, 0)) if share else (lambda v: f"{v:,.3g}")
+    fmt = (lambda v: pct(v, 0)) if share else (lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
     for v in round_ticks(0, top / 1.1, 4):
         parts.append(Markup('<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#eaeef2"/>')
                      .format(ml, sy(v), ml + pw, sy(v)))
@@ -212,10 +212,12 @@ def time_series(timeline: dict[str, Any], series: list[tuple[str, str, str]], la
         points = [f"{mid(i):.1f},{sy(v):.1f}" for i, v in enumerate(timeline[key]) if v is not None]
         parts.append(Markup('<polyline class="series" points="{}" fill="none" stroke="{}" stroke-width="2">'
                             '<title>{}</title></polyline>').format(" ".join(points), colour, name))
+        # A running share ends at the run's figure so far: said in words. A rate's last bin is not the rate
+        # the page states (over its own window), so it gets no such label.
         last = next((v for v in reversed(timeline[key]) if v is not None), None)
-        if last is not None:
+        if share and last is not None:
             parts.append(Markup('<text x="{}" y="{}" fill="{}">{}: {}</text>').format(ml + 4, mt + 10, colour, name,
-                                                                                   fmt(last) if share else f"{last:,.2f}"))
+                                                                                   fmt(last)))
     _time_axis(parts, span, sx, ml, mt, pw, ph)
     parts.append(Markup("</svg>"))
     return Markup("").join(parts)

@@ -52,6 +52,8 @@ def run_timeline(frame: pd.DataFrame, run_id: str, cap: int, now: float | None =
     seconds, rows = seconds[known], rows[known] if not known.all() else rows
     t0 = float(seconds.min())
     t1 = max(float(seconds.max()), now if now is not None else -math.inf)
+    # No more bins than commits: a run's first minutes, a few parts each, would read as a comb of empty bins.
+    bins = max(1, min(bins, int(np.unique(seconds).size)))
     width = max((t1 - t0) / bins, 1.0)
     n = max(1, min(bins, math.ceil((t1 - t0) / width)))
     at = np.minimum(((seconds - t0) // width).astype(np.int64), n - 1)
