@@ -6,7 +6,7 @@ entries of 500 rows (1,828 entries) folded into a Parquet snapshot as a long run
 150 loose entries on top. The entries are written directly with their commit times: the page never reads
 parts.
 
-Each path's time is the best of three in this process, the two alternated; its peak RSS (VmHWM) is that of a
+Each path's time is the best of five in this process, the two alternated; its peak RSS (VmHWM) is that of a
 fresh process rendering the page once, the interpreter and its imports included:
 
 - `text`: the page before it drew charts: `status.run_progress` and the page's figures (the baseline);
@@ -156,7 +156,7 @@ def main() -> None:
         memory[path] = json.loads(done.stdout.strip().splitlines()[-1])
     paths = pages(out)
     times: dict[str, list[float]] = {"text": [], "charts": []}
-    for _ in range(3):  # alternated: neither path gets the warmer caches
+    for _ in range(5):  # alternated: neither path gets the warmer caches
         for path, page in paths.items():
             t = time.perf_counter()
             page()
