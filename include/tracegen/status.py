@@ -16,7 +16,7 @@ import pandas as pd
 from tracegen.audit.figures import figures_from_ledger, figures_text
 from tracegen.audit.pivot import pivot_summary, pivot_text
 from tracegen.audit.token_account import account_lines, stopped_line, token_account
-from tracegen.run import plan
+from tracegen.run import FINAL_REPORT, PILOT_REPORT, plan
 from tracegen.run.run_record import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.run_spec import RunSpecError
 from tracegen.store.current import current_mask
@@ -219,7 +219,7 @@ def _history(root: OutputRoot, frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _verdict(root: OutputRoot, run_id: str) -> str | None:
-    for name in ("report.json", "pilot-report.json"):
+    for name in (FINAL_REPORT, PILOT_REPORT):
         try:
             doc = json.loads(root.run_files.get(run_id, name))
         except StorageKeyError:

@@ -22,7 +22,7 @@ WATCH_INTERVAL_S = 5.0  # as often as the progress page refreshes
 
 def ended(root: Any, record: Any, progress: dict[str, Any]) -> str | None:
     """Why the run is over, or None while it goes on (or waits for its reviewer)."""
-    from tracegen.review.read_model import FINAL_JSON
+    from tracegen.run import FINAL_REPORT
     from tracegen.run.run_record import STOPPED, stage_of
     from tracegen.store.storage import StorageKeyError
 
@@ -31,7 +31,7 @@ def ended(root: Any, record: Any, progress: dict[str, Any]) -> str | None:
     if stage_of(root, record) == STOPPED:
         return f"stopped at its gate with {progress['left']:,} rows left"
     try:
-        root.run_files.get(record.run_id, FINAL_JSON)
+        root.run_files.get(record.run_id, FINAL_REPORT)
     except StorageKeyError:
         return None
     return f"ended: its final report is written, {progress['left']:,} rows left"

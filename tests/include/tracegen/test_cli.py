@@ -217,6 +217,13 @@ def test_status_watch_of_a_run_with_nothing_left_prints_one_look_and_says_why_it
     assert "ETA done" in text
 
 
+def test_status_watch_ends_with_the_final_report_even_with_rows_left(root, capsys):
+    out, output_root, _, _ = root
+    output_root.run_files.put("run-a", "report.json", b"{}")  # the final audit ran: the run is over
+    code, text, _ = run(capsys, "status", str(out), "--watch", "--json")
+    assert code == 0 and json.loads(text)["ended"] == "ended: its final report is written, 2 rows left", text
+
+
 # ---- fleet validate ------------------------------------------------------------------------------
 
 
