@@ -73,10 +73,10 @@ def _eta(p: dict[str, Any]) -> str:
         return duration(p["eta_s"])
     text = duration(p["eta_s"]) + " at the current rate"
     if p.get("eta_range_s"):
-        fast, slow = p["eta_range_s"]
-        slowest = "more (a slice committed nothing)" if slow is None else duration(slow)
         from tracegen.status import SPREAD_SLICES
 
+        fast, slow = p["eta_range_s"]
+        slowest = "more (a slice committed nothing)" if slow is None else duration(slow)
         text += (f"; {duration(fast)} to {slowest} at the fastest and the slowest "
                  f"{p['window_s'] / 60 / SPREAD_SLICES:.0f}-min rate of the window")
     return text
