@@ -36,6 +36,10 @@ def _root(args: argparse.Namespace) -> str:
 def _status(args: argparse.Namespace) -> int:
     from tracegen.status import dataset_status, format_status
 
+    if args.watch:
+        from tracegen.watch import watch
+
+        return watch(_root(args), args.aws_conn_id, interval=args.interval, as_json=args.json)
     status = dataset_status(_root(args), aws_conn_id=args.aws_conn_id)
     print(json.dumps(status, indent=2, default=str) if args.json else format_status(status))
     return 1 if status.get("damaged") else 0  # parts that no longer match their entries: a problem found
@@ -137,7 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="progress of an output root: done/left, failures, truncation, rate, ETA, runs")
     p.add_argument("output_uri")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help="machine-readable output (with --watch: one JSON line "
+                   "per snapshot of the newest run's progress)")
+    p.add_argument("--watch", action="store_true", help="follow the newest run with a progress bar, its rate, "
+                   "truncation and ETA, until it ends (exit 0) or Ctrl-C (exit 130)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between two looks with --watch")
     p.set_defaults(func=_status)
 
     p = sub.add_parser("audit", help="audit the output root now and write runs/<newest run>/<name>.{json,html}")

@@ -16,7 +16,7 @@ import pandas as pd
 from tracegen.audit.figures import figures_from_ledger, figures_text
 from tracegen.audit.pivot import pivot_summary, pivot_text
 from tracegen.audit.token_account import account_lines, stopped_line, token_account
-from tracegen.run import plan
+from tracegen.run import FINAL_REPORT, PILOT_REPORT, plan
 from tracegen.run.run_record import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.run_spec import RunSpecError
 from tracegen.store.current import current_mask
@@ -26,11 +26,13 @@ from tracegen.store.root import OutputRoot, open_root
 from tracegen.store.storage import StorageKeyError
 
 RATE_WINDOW_S = 600.0  # rate and ETA from the last ten minutes of commits of the newest run
+SPREAD_SLICES = 5  # the rate window in this many slices: the ETA's range runs from the fastest to the slowest
 # What status and the progress view read of each ledger row: "done" (`plan`) and supersession, the counts and
 # rates, the truncation figures, and the pivot's (`audit.pivot`, which `chunk` tells the tail measurement's
-# rows from the pivot's).
+# rows from the pivot's); the server, for the progress view's timeline (`audit.timeline`).
 STATUS_COLUMNS = ("index", "max_tokens", "prompt_tokens", "completion_tokens", "chunk", "prefix_tokens", "text_joined",
-                  "status", "finish_reason", "run_id", "pivot", "part", "committed_at", "runaway_score", "while_asking")
+                  "status", "finish_reason", "run_id", "pivot", "part", "committed_at", "runaway_score", "while_asking",
+                  "server")
 
 
 def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float | None = None) -> dict[str, Any]:
@@ -94,32 +96,37 @@ def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float
     return out
 
 
-def run_progress(root: OutputRoot, record: Any, now: float | None = None) -> dict[str, Any]:
-    """One run's live progress from the ledger (the review pages' progress view): rows done of the
-    dataset at the run's cap and policy, this run's commit rate in rows and completion tokens per second
-    over the last RATE_WINDOW_S, its truncation so far (rows cut at its cap among its completed rows,
+def run_progress(root: OutputRoot, record: Any, now: float | None = None,
+                 frame: pd.DataFrame | None = None) -> dict[str, Any]:
+    """One run's live progress from the ledger (the review pages' progress view, `status --watch`): rows done
+    of the dataset at the run's cap and policy, this run's commit rate in rows and completion tokens per
+    second over the last RATE_WINDOW_S, its truncation so far (rows cut at its cap among its completed rows,
     with the gate's 95% Wilson interval), the dataset's two truncation figures at its cap (`audit.figures`),
-    and the ETA at the current rate."""
+    and the ETA at the current rate, with its range at the window's slowest and fastest slice.
+    `frame`: the ledger as `ledger_rows(root, STATUS_COLUMNS)` read it, when the caller has it already."""
     from tracegen.audit.gate import wilson_interval
+    from tracegen.audit.timeline import judged_at_cap
 
     now = time.time() if now is None else now
-    frame = ledger_rows(root, STATUS_COLUMNS)
+    frame = ledger_rows(root, STATUS_COLUMNS) if frame is None else frame
     n_rows = record.dataset.n_rows
     cap, policy = record.config.max_tokens, record.config.truncated_policy
     done = int(plan.done_mask(frame, n_rows, cap, policy).sum()) if n_rows else 0
-    mine = frame[frame["run_id"] == record.run_id] if len(frame) else frame
-    ok = mine[(mine["status"] == OK) & (mine["max_tokens"] == cap)] if len(mine) else mine
-    cut = int((ok["finish_reason"] == "length").sum()) if len(ok) else 0
-    low, high = wilson_interval(cut, len(ok)) if len(ok) else (None, None)
-    rows_s, tokens_s = _recent_rates(mine, now, _generating_since(record, now))
+    mine = frame[(frame["run_id"] == record.run_id).to_numpy()] if len(frame) else frame
+    judged, cut_mask = judged_at_cap(mine, cap) if len(mine) else (np.zeros(0, bool), np.zeros(0, bool))
+    n_ok, cut = int(judged.sum()), int(cut_mask.sum())
+    low, high = wilson_interval(cut, n_ok) if n_ok else (None, None)
+    rows_s, tokens_s, spread = _recent_rates(mine, now, _generating_since(record, now))
     left = n_rows - done
     return {
         "run_id": record.run_id, "max_tokens": cap, "truncated_policy": policy, "total": n_rows, "done": done,
-        "left": left, "generated_by_run": int(len(mine)), "completed_by_run": int(len(ok)),
-        "truncated": cut, "truncation_rate": cut / len(ok) if len(ok) else None,
+        "left": left, "generated_by_run": int(len(mine)), "completed_by_run": n_ok,
+        "truncated": cut, "truncation_rate": cut / n_ok if n_ok else None,
         "truncation_low": low, "truncation_high": high, "threshold": record.config.truncation_threshold,
         "rows_per_s": rows_s, "tokens_per_s": tokens_s, "window_s": RATE_WINDOW_S,
         "eta_s": left / rows_s if rows_s and left else (0.0 if left == 0 else None),
+        # [at the fastest slice, at the slowest] (None: the slowest committed nothing); None without slices.
+        "eta_range_s": [left / spread[1], left / spread[0] if spread[0] else None] if spread and left else None,
         # From this frame: reading the ledger again for them would cost the page a second read.
         "truncation_figures": {k: list(v) for k, v in figures_from_ledger(frame, cap).items()},
     }
@@ -140,20 +147,29 @@ def _generating_since(record: Any, now: float) -> float:
     return since
 
 
-def _recent_rates(mine: pd.DataFrame, now: float, since: float) -> tuple[float | None, float | None]:
-    """(rows/s, completion tokens/s) committed by one run's rows since `since`: over the time from the
-    window's first commit, or from `since` itself when a decision started the generation it measures."""
+def _recent_rates(mine: pd.DataFrame, now: float, since: float
+                  ) -> tuple[float | None, float | None, tuple[float, float] | None]:
+    """(rows/s, completion tokens/s, (slowest, fastest) rows/s of the window's slices) committed by one run's
+    rows since `since`: over the time from the window's first commit, or from `since` itself when a decision
+    started the generation it measures. The slices need a whole window of generating behind them."""
     if not len(mine) or "committed_at" not in mine.columns:
-        return None, None
-    stamps = pd.to_datetime(mine["committed_at"], utc=True, errors="coerce")
-    seconds = ((stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)).to_numpy()
-    recent = seconds >= since  # NaT compares False
+        return None, None, None
+    from tracegen.audit.timeline import commit_seconds
+
+    seconds = commit_seconds(mine)
+    recent = seconds >= since  # NaN compares False
     if not recent.any():
-        return None, None
+        return None, None, None
     start = since if since > now - RATE_WINDOW_S else float(np.nanmin(seconds[recent]))
     span = max(now - start, 1.0)
     tokens = float(mine["completion_tokens"].to_numpy()[recent].sum())
-    return float(recent.sum()) / span, tokens / span
+    spread = None
+    if now - start >= RATE_WINDOW_S * (1 - 1 / SPREAD_SLICES):
+        width = (now - start) / SPREAD_SLICES
+        slices = np.minimum(((seconds[recent] - start) // width).astype(np.int64), SPREAD_SLICES - 1)
+        per_s = np.bincount(slices, minlength=SPREAD_SLICES) / width
+        spread = (float(per_s.min()), float(per_s.max()))
+    return float(recent.sum()) / span, tokens / span, spread
 
 
 def _rate(frame: pd.DataFrame, run_id: str, now: float) -> float | None:
@@ -203,7 +219,7 @@ def _history(root: OutputRoot, frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _verdict(root: OutputRoot, run_id: str) -> str | None:
-    for name in ("report.json", "pilot-report.json"):
+    for name in (FINAL_REPORT, PILOT_REPORT):
         try:
             doc = json.loads(root.run_files.get(run_id, name))
         except StorageKeyError:

@@ -212,12 +212,26 @@ _PAGE_ERROR = """(() => {
 })()"""
 
 
+# A review page wider than the window (FLAGS: 1,400 px) needs a horizontal scroll: the widest element says why.
+_TOO_WIDE = """(() => {
+  if (!location.pathname.startsWith('/tracegen/')) return '';
+  const d = document.documentElement;
+  if (d.scrollWidth <= d.clientWidth) return '';
+  const wide = [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > d.clientWidth);
+  return `${d.scrollWidth} px for ${d.clientWidth}: ` + wide.slice(-3).map(e => e.outerHTML.slice(0, 120)).join(' | ');
+})()"""
+
+
 def journey_shot(browser: Browser, name: str) -> Path:
-    """A screenshot of the page a reviewer is on, into JOURNEY_DIR; fails when the page shows an error.
-    A page framing a stored report gets a moment for the frame (another process) to paint."""
+    """A screenshot of the page a reviewer is on, into JOURNEY_DIR; fails when the page shows an error, or
+    when a review page does not fit the window. A page framing a stored report gets a moment for the frame
+    (another process) to paint."""
     problem = browser.eval(_PAGE_ERROR)
     assert not problem, f"{name}: the page at {browser.url()} shows {problem}"
     if browser.eval("document.querySelectorAll('iframe').length"):
         time.sleep(1.5)
     JOURNEY_DIR.mkdir(parents=True, exist_ok=True)
-    return browser.screenshot(JOURNEY_DIR / f"{name}.png")
+    shot = browser.screenshot(JOURNEY_DIR / f"{name}.png")  # also when too wide: the shot shows where
+    too_wide = browser.eval(_TOO_WIDE)
+    assert not too_wide, f"{name}: the page at {browser.url()} is wider than the window: {too_wide}"
+    return shot

@@ -155,7 +155,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin,{OUTSIDER}:viewer",
         "AIRFLOW__CORE__AUTH_MANAGER": "dag_scoped_auth.DagScopedAuthManager",
         "TRACEGEN_TEST_NO_DAG_USERS": OUTSIDER,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
+        # This checkout's tracegen, not the one the venv's .pth names (another worktree's).
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), str(ROOT / "include"),
+                                                    os.environ.get("PYTHONPATH")])),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
@@ -394,6 +396,7 @@ def test_browser_renders_run_list_and_report(server: Server, browser: Browser) -
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     journey_shot(browser, "6-report-page")  # the bar and the framed report
     _open_frame(browser, server)
+    journey_shot(browser, "6-report-raw")  # the stored report on its own fits the window too
     text = browser.text()
     assert "PASS" in text.upper() and "8192" in text.replace(",", "")
     assert browser.eval("document.querySelectorAll('svg').length") >= 2  # the inline plots
@@ -774,6 +777,42 @@ def test_browser_progress_of_a_running_run_refreshes_by_itself(server: Server, b
     now = run_progress(output_root, read_run_record(output_root, stored))["done"]
     browser.wait_for(f"document.body.innerText.includes('{now:,} of 400 dataset rows')", 30)
     journey_shot(browser, "3-progress")
+    # The bar and the run over its time, with the figures `python -m tracegen status --json` prints.
+    status = _status_json(live)
+    bar = browser.eval("(b => b && [b.getAttribute('aria-valuenow'), b.getAttribute('aria-valuemax'), "
+                       "b.querySelector('rect.done').getAttribute('width')])"
+                       "(document.querySelector('#progress-bar [role=progressbar]'))")
+    assert bar[:2] == [str(status["done"]), str(status["total"])] and float(bar[2]) > 0, (bar, status)
+    assert f"{status['done']:,} of {status['total']:,} dataset rows" in browser.text()
+    doc = _get(f"{server.url}/tracegen/roots/{key}/runs/{stored}/progress.json", headers=server.auth).json()
+    assert (doc["done"], doc["total"], doc["left"], doc["truncation_figures"]) == (
+        status["done"], status["total"], status["left"], status["truncation_figures"])
+    charts = browser.eval("Object.fromEntries([...document.querySelectorAll('figure[id^=chart-]')].map(f => [f.id, "
+                          "[f.querySelectorAll('svg').length, f.querySelectorAll('polyline.series, rect').length, "
+                          "f.innerText]]))")
+    assert set(charts) == {f"chart-{c}" for c in ("rows", "tokens", "truncation", "loops", "servers")}, charts
+    assert all(n_svg == 1 and marks > 0 for name, (n_svg, marks, _) in charts.items() if name != "chart-loops"), charts
+    assert browser.eval("!!document.querySelector('#chart-truncation polygon.band') && "
+                        "!!document.querySelector('#chart-truncation line.threshold')")
+    from tracegen.audit.formats import pct
+
+    assert f"truncated: {pct(doc['truncation_rate'], 0)}" in charts["chart-truncation"][2], charts
+    assert "127.0.0.1:30000" in charts["chart-servers"][2] and doc["timeline"]["bins"] >= 2, charts
+    browser.eval("document.querySelector('#chart-truncation').scrollIntoView()")
+    journey_shot(browser, "3-progress-charts")
+
+
+def _status_json(root: Path) -> dict:
+    """`python -m tracegen status ROOT --json`, as a shell runs it (in this process: the same code)."""
+    import contextlib
+    import io
+
+    from tracegen.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["status", str(root), "--json"]) == 0
+    return json.loads(out.getvalue())
 
 
 LINKED_RUN = "manual__2026-01-02T18:00:00.000000+00:00"  # triggered into the output root through a symlink
@@ -801,6 +840,10 @@ def test_the_run_list_is_newest_first_lists_every_state_and_each_root_once(serve
     assert queued[3] == "queued" and "nothing written yet" in queued[-1], queued
     created = [r[1] for r in rows if r[1] != "–"]
     assert created == sorted(created, reverse=True), created  # newest first, across roots
+    # A long id may be cut to fit the window (journey_shot checks the width); hovering it shows it whole.
+    cut = browser.eval("[...document.querySelectorAll('td.id')].filter(td => td.title !== td.innerText.trim())"
+                       ".map(td => td.outerHTML)")
+    assert cut == [], cut
     journey_shot(browser, "7-run-list")
 
 

@@ -13,12 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tracegen.run import PILOT_REPORT, QUESTION_FILE, RUN_FILE
+from tracegen.run import FINAL_REPORT, PILOT_REPORT, QUESTION_FILE, RUN_FILE
 from tracegen.run.stage import GOING, run_stage
 
 # The reports a run's audits write, JSON and HTML: the final audit, the pilot gate's and the continuous
 # gate's (the audit a mid-run question was built from). Anything else under runs/<run_id>/ stays private.
-FINAL_HTML, FINAL_JSON = "report.html", "report.json"
+FINAL_HTML, FINAL_JSON = "report.html", FINAL_REPORT
 PILOT_HTML, PILOT_JSON = "pilot-report.html", PILOT_REPORT
 GATE_HTML, GATE_JSON = "gate-report.html", "gate-report.json"
 REPORT_FILES = (FINAL_HTML, PILOT_HTML, GATE_HTML, FINAL_JSON, PILOT_JSON, GATE_JSON)

@@ -3,6 +3,7 @@ stored beside the data (`records`), where it stands at its gate (`stage`), its a
 (`report`), and what the scheduled rerun finds left of it (`rerun`)."""
 
 from tracegen.store.layout import (
+    FINAL_REPORT,
     MEASURE_CHUNK,
     MEASURE_FILE,
     PILOT_REPORT,
@@ -11,4 +12,4 @@ from tracegen.store.layout import (
     RUN_FILE,
 )
 
-__all__ = ["MEASURE_CHUNK", "MEASURE_FILE", "PILOT_REPORT", "QUESTION_FILE", "RESAMPLE_CHUNK", "RUN_FILE"]
+__all__ = ["FINAL_REPORT", "MEASURE_CHUNK", "MEASURE_FILE", "PILOT_REPORT", "QUESTION_FILE", "RESAMPLE_CHUNK", "RUN_FILE"]

@@ -4,6 +4,8 @@ numbers of rows generated outside a run's chunks."""
 # runs/<run_id>/ in the output root: the run's record, and the pilot audit's report (its verdict is the gate's).
 RUN_FILE = "run.json"
 PILOT_REPORT = "pilot-report.json"
+# The final audit's report: once it is written, the run has ended.
+FINAL_REPORT = "report.json"
 # The question a gate put to the reviewer (gate_mode=ask); the answer goes into the run's record.
 QUESTION_FILE = "question.json"
 # The tail measurement's decision and cost (`tracegen.generate.measure`), read by the reports.

@@ -202,6 +202,28 @@ def test_status_of_a_root_that_exists_but_holds_nothing_says_no_runs_yet(tmp_pat
     assert list((tmp_path / "empty").iterdir()) == []
 
 
+def test_status_watch_of_a_run_with_nothing_left_prints_one_look_and_says_why_it_ended(root, capsys):
+    """The live run is tests/include/tracegen/test_watch.py's; here: --json, and a log rather than a terminal."""
+    out, output_root, _, _ = root
+    output_root.commits.commit([_row(i) for i in (8, 9)], "run-a", 0, "seg-c")
+    code, text, _ = run(capsys, "status", str(out), "--watch", "--json")
+    looks = [json.loads(line) for line in text.splitlines()]
+    assert code == 0 and len(looks) == 1, text
+    assert (looks[0]["done"], looks[0]["total"], looks[0]["ended"]) == (10, 10, "done: nothing left at its cap")
+    assert looks[0]["truncation_figures"] == _status(capsys, out)["truncation_figures"]
+    code, text, _ = run(capsys, "status", str(out), "--watch")
+    assert code == 0 and text.splitlines() == [
+        f"run-a: 10/10 rows done · {text.splitlines()[0].split(' · ', 1)[1]}", "run-a: done: nothing left at its cap"]
+    assert "ETA done" in text
+
+
+def test_status_watch_ends_with_the_final_report_even_with_rows_left(root, capsys):
+    out, output_root, _, _ = root
+    output_root.run_files.put("run-a", "report.json", b"{}")  # the final audit ran: the run is over
+    code, text, _ = run(capsys, "status", str(out), "--watch", "--json")
+    assert code == 0 and json.loads(text)["ended"] == "ended: its final report is written, 2 rows left", text
+
+
 # ---- fleet validate ------------------------------------------------------------------------------
 
 

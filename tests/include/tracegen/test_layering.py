@@ -25,7 +25,7 @@ def _loaded_by(module: str) -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["tracegen.status", "tracegen.export", "tracegen.review",
+@pytest.mark.parametrize("module", ["tracegen.status", "tracegen.watch", "tracegen.export", "tracegen.review",
                                     "tracegen.run.run_report", "tracegen.run.run_record", "tracegen.params"])
 def test_read_only_tools_load_no_engine_fleet_or_client(module: str) -> None:
     loaded = _loaded_by(module)
@@ -97,7 +97,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"cli", "demo"},
     {"steps"},
     {"tasks"},
-    {"review", "review_gate", "status", "export"},
+    {"review", "review_gate", "status", "watch", "export"},
     {"generate"},
     {"run"},
     {"audit", "fleet"},
