@@ -210,6 +210,17 @@ def test_tokenize_separate_reasoning_and_parse_function_call(servers):
             assert got["real SGLang"] == got["stand-in"], what
 
 
+def test_thinking_off_renders_the_same_prompt_on_both(servers):
+    # chat_template_kwargs reach the template alike: Qwen3's template closes an empty think block after the
+    # generation prompt, and that is the prompt a row with thinking off is generated from.
+    got = {name: both(servers, lambda url, kw=kw: post(url, "/v1/tokenize", build_tokenize_body(
+        MESSAGES, TOOLS, SERVED_MODEL, kw)).json()) for name, kw in (("on", None), ("off", {"enable_thinking": False}))}
+    for answers in got.values():
+        assert answers["real SGLang"]["tokens"] == answers["stand-in"]["tokens"]
+    thinking, plain = got["on"]["real SGLang"]["tokens"], got["off"]["real SGLang"]["tokens"]
+    assert plain[: len(thinking)] == thinking and len(plain) > len(thinking)
+
+
 def test_server_info_reports_what_tracegen_reads_as_sglang_does(servers):
     info = both(servers, lambda url: httpx.get(url + "/server_info", timeout=30).json())
     read = ("reasoning_parser", "tool_call_parser", "incremental_streaming_output", "max_running_requests",

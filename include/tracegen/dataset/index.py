@@ -150,6 +150,9 @@ class DatasetIndex:
     # every conversation is one prompt row.
     turn_starts: np.ndarray | None = None
     n_prompt_rows: int = -1  # prompt rows in all; -1: one per row of the file (n_rows)
+    # False for an index stored before readings were recorded: its rows were read as `messages` only, a final
+    # assistant message sent as part of the prompt (`dataset.stored.bind_index` checks such a root once).
+    reading_recorded: bool = True
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -275,6 +278,7 @@ class DatasetIndex:
                 reading=Reading.from_json(data.get("reading")),
                 turn_starts=None if data.get("turn_starts") is None else _unpack(data["turn_starts"]),
                 n_prompt_rows=int(data.get("n_prompt_rows", -1)),
+                reading_recorded="reading" in data,
             )
         except KeyError as exc:
             raise DatasetError(f"dataset index: missing field {exc.args[0]!r}") from None

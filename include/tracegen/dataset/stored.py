@@ -3,11 +3,15 @@ the dataset, and the binding that keeps two datasets from mixing in one output r
 
 from __future__ import annotations
 
+import numpy as np
+
 from tracegen.common.locations import shown_location
-from tracegen.dataset.blocks import check_unchanged, with_block_hashes
+from tracegen.dataset.blocks import check_unchanged, iter_block_items, open_data, with_block_hashes
+from tracegen.dataset.conversation import decode
 from tracegen.dataset.index import DatasetIndex, build_index
 from tracegen.dataset.reading import Reading
 from tracegen.dataset.source import DatasetError
+from tracegen.store.records import FAILED, INVALID
 from tracegen.store.root import OutputRoot
 from tracegen.store.storage import StorageKeyError
 
@@ -54,7 +58,9 @@ def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str, reading: Re
         # and version cannot vouch for its bytes (an edit can keep both), so the file is hashed again, once
         # per run.
         check_unchanged(index, aws_conn_id, rehash=True)
-        if index.source_version is None or index.block_hashes is None:
+        if not index.reading_recorded:
+            check_earlier_reading(root, index, aws_conn_id)
+        if index.source_version is None or index.block_hashes is None or not index.reading_recorded:
             # An index stored before versions or block hashes were recorded: indexed again (which also checks
             # the rows' ids) and stored with them, so later reads need no whole-file hash.
             index = _index_rows(dataset_uri, storage.uri_for("cache"), aws_conn_id, reading)
@@ -67,6 +73,54 @@ def bind_index(root: OutputRoot, dataset_uri: str, aws_conn_id: str, reading: Re
     root.run_files.bind_dataset(index.fingerprint, _info(index))
     storage.put(DATASET_INDEX_KEY, index.to_bytes())
     return index
+
+
+class EarlierReadingError(DatasetError):
+    """The output root holds rows committed under the reading tracegen used before it read conversations by
+    their turns, which this reading would pair with other prompts."""
+
+
+def check_earlier_reading(root: OutputRoot, index: DatasetIndex, aws_conn_id: str) -> None:
+    """An index stored before readings were recorded was read `messages` only, a conversation's final assistant
+    message sent as part of the prompt (the model answered its own answer), and any other form recorded invalid.
+    Read the default way now, such a row's prompt is the conversation before that message, and a ShareGPT or
+    prompt-string row is a prompt: a row committed for either under the earlier reading belongs to another
+    prompt, so the root is refused, naming them (nothing is changed); a root without such rows goes on, its
+    index stored again with the reading recorded. One pass over the dataset, once per such root."""
+    frame = root.snapshots.frame()
+    if frame.empty:
+        return
+    committed = frame[frame["status"] != FAILED]
+    status = dict(zip(committed["index"].to_numpy(np.int64).tolist(), committed["status"].tolist(), strict=True))
+    answered, refused = [], []
+    reading = Reading()
+    src = open_data(index, aws_conn_id)
+    for row, item in iter_block_items(index, src, 0, index.n_blocks):
+        was = status.get(row)
+        if was is None:
+            continue
+        conversation = decode(item, reading, columnar=index.format == "parquet")
+        if isinstance(conversation, str):
+            continue
+        if was == INVALID:
+            refused.append(row)
+        elif conversation.messages and conversation.messages[-1].get("role") == "assistant":
+            answered.append(row)
+    found = [f"{_rows(answered)} end with an assistant message, which was sent as part of the prompt (the model "
+             "answered its own answer)"] if answered else []
+    found += [f"{_rows(refused)} were recorded invalid and now read as prompts"] if refused else []
+    if found:
+        raise EarlierReadingError(
+            f"output root {root.storage.uri} was filled by an earlier tracegen, which read dataset "
+            f"{shown_location(index.source_uri)} as `messages` rows only: {'; '.join(found)}. Their committed "
+            "rows answer other prompts than this reading gives and are left as they are; generate this dataset "
+            "into a new output_uri"
+        )
+
+
+def _rows(rows: list[int]) -> str:
+    shown = ", ".join(str(r) for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
+    return f"{len(rows):,} rows" + (f" ({shown})" if rows else "")
 
 
 def _info(index: DatasetIndex) -> dict:

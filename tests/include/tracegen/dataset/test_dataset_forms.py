@@ -23,8 +23,9 @@ from tracegen.dataset.reader import (
 )
 from tracegen.dataset.reading import Reading
 from tracegen.dataset.source import DatasetError
-from tracegen.dataset.stored import ReadingMismatchError, bind_index
+from tracegen.dataset.stored import DATASET_INDEX_KEY, EarlierReadingError, ReadingMismatchError, bind_index
 from tracegen.dataset.usable import DatasetUnusableError, check_usable
+from tracegen.store.records import INVALID
 from tracegen.store.root import open_root
 
 SYSTEM = "You are a coding agent."
@@ -266,3 +267,38 @@ def test_the_readmes_example_rows_of_each_form_read_as_prompts(tmp_path):
     assert all(isinstance(r, PromptRow) for r in rows), rows
     assert [r.id for r in rows] == ["a1", "b7", "c3", "42"]
     assert [r.messages[-1]["role"] for r in rows] == ["user", "tool", "tool", "user"]
+
+
+def _as_before_readings(root) -> None:
+    """The root's stored index as an earlier tracegen wrote it: no reading recorded."""
+    data = json.loads(root.storage.get(DATASET_INDEX_KEY))
+    del data["reading"]
+    root.storage.put(DATASET_INDEX_KEY, json.dumps(data).encode())
+
+
+def test_a_root_filled_before_readings_is_refused_where_its_rows_answered_other_prompts(tmp_path):
+    from engine_support.store_rows import RUN, row
+
+    prompt_only = {"id": "open", "messages": [{"role": "user", "content": "hi"}]}
+    rows = [prompt_only, sft_row(1), sharegpt_row(2), {"id": "p", "prompt": "Explain the GIL."}, {**prompt_only, "id": "open2"}]
+    uri = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    root = open_root(str(tmp_path / "out"))
+    bind_index(root, uri, "aws_default")
+    # Committed under the earlier reading: row 0 answered, row 1 answered its own final answer, rows 2 and 3
+    # recorded invalid (only `messages` was read), row 4 not generated yet.
+    root.commits.commit([row(0), row(1), row(2, status=INVALID), row(3, status=INVALID)], RUN, 0, "seg")
+    _as_before_readings(root)
+    with pytest.raises(EarlierReadingError) as err:
+        bind_index(root, uri, "aws_default")
+    text = str(err.value)
+    assert "1 rows (1) end with an assistant message" in text and "2 rows (2, 3) were recorded invalid" in text
+    assert "new output_uri" in text
+    assert not DatasetIndex.from_bytes(root.storage.get(DATASET_INDEX_KEY)).reading_recorded  # nothing changed
+
+    # A root whose committed rows read the same both ways goes on, its index now with the reading recorded.
+    other = open_root(str(tmp_path / "out2"))
+    bind_index(other, uri, "aws_default")
+    other.commits.commit([row(0), row(4)], RUN, 0, "seg")
+    _as_before_readings(other)
+    assert bind_index(other, uri, "aws_default").n_prompt_rows == 5
+    assert DatasetIndex.from_bytes(other.storage.get(DATASET_INDEX_KEY)).reading_recorded
