@@ -241,6 +241,39 @@ def test_a_folder_of_parquet_shards_is_one_dataset_in_shard_order(tmp_path):
         build_index(str(tmp_path / "notes"))
 
 
+@pytest.mark.parametrize("layout", ["parquet-shards", "hugging-face"])
+def test_a_dataset_folder_on_s3_is_read_as_the_local_one(tmp_path, s3_uri, layout):
+    from tracegen.store.storage import open_storage
+
+    folder = tmp_path / "local"
+    if layout == "hugging-face":
+        datasets = pytest.importorskip("datasets")
+        datasets.Dataset.from_list([sharegpt_row(i) for i in range(120)]).save_to_disk(str(folder), num_shards=3)
+    else:
+        folder.mkdir()
+        for s in range(3):
+            pd.DataFrame({"id": [f"c{s * 40 + i}" for i in range(40)],
+                          "prompt": [f"p{s}-{i}" for i in range(40)]}).to_parquet(folder / f"part-{s:05d}.parquet")
+    store = open_storage(s3_uri)
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            store.put(f"in/ds/{f.relative_to(folder)}", f.read_bytes())
+    uri = s3_uri.rstrip("/") + "/in/ds"
+    local = build_index(str(folder), cache_uri=str(tmp_path / "cache"))
+    for named in (uri, uri + "/"):
+        remote = build_index(named, cache_uri=s3_uri.rstrip("/") + "/cache")
+        # The same bytes in the same order: the same fingerprint, rows and ids as the local folder's.
+        assert remote.fingerprint == local.fingerprint and remote.n_rows == local.n_rows == 120
+        assert [r.id for r in read_indices(remote, [0, 41, 119])] == ["c0", "c41", "c119"]
+    # A shard rewritten on S3 is a changed dataset, refused before a row of it is read.
+    shard = sorted(k for k in store.list("in/ds/") if k.endswith((".parquet", ".arrow")))[0]
+    store.put(shard, store.get(shard)[:-8] + b"\0" * 8)
+    with pytest.raises(DatasetError, match="changed since it was indexed"):
+        list(read_rows(remote, 0, 2))
+    with pytest.raises(DatasetError, match="object not found, nor a folder"):
+        build_index(s3_uri.rstrip("/") + "/in/nothing")
+
+
 def test_the_bundled_sft_sample_reads_in_every_turn_mode_and_is_reproducible(tmp_path):
     from tracegen.sample_data import SFT_SAMPLE_DATASET, SFT_SAMPLE_ROWS
     from tracegen.sample_data.make_sft_sample import write
