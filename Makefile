@@ -9,11 +9,14 @@ STATE := $(CURDIR)/.state
 
 .PHONY: test lint unit venv system-deps clean demo bytecode airflow bench-occupancy-airflow-ask test-late-answer
 
-# The embedded default's Airflow: SQLite metadata DB and logs under .state/, this project's DAGs and plugins.
+# The embedded default's Airflow: SQLite metadata DB and logs under .state/, this project's DAGs and plugins,
+# and the stand-ins' loop rate `make demo` runs them with (tracegen.demo.airflow_env): it is part of the
+# bundled fleet's digest, and a run refuses a changed fleet, so a demo run reruns from this UI only with it.
 AIRFLOW_ENV := AIRFLOW_HOME=$(STATE)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
 	AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=sqlite:///$(STATE)/airflow/airflow.db \
-	TRACEGEN_STATE_DIR=$(STATE) TRACEGEN_SPOOL_DIR=$(STATE)/spool TRACEGEN_OUTPUT_URI=$(STATE)/demo/output
+	TRACEGEN_STATE_DIR=$(STATE) TRACEGEN_SPOOL_DIR=$(STATE)/spool TRACEGEN_OUTPUT_URI=$(STATE)/demo/output \
+	TRACEGEN_SIM_RUNAWAY_RATE="$${TRACEGEN_SIM_RUNAWAY_RATE-$$($(PY) -c 'from tracegen.demo import DEMO_LOOP_RATE; print(DEMO_LOOP_RATE)')}"
 
 # The venv is rebuilt when a requirements file changes. uv resolves in seconds where pip takes minutes.
 # The CPU build of torch the trainers' loaders import (requirements-trainers.txt); PyPI's x86_64 torch is a
