@@ -9,11 +9,14 @@ STATE := $(CURDIR)/.state
 
 .PHONY: test lint unit venv system-deps clean demo bytecode airflow bench-occupancy-airflow-ask test-late-answer
 
-# The embedded default's Airflow: SQLite metadata DB and logs under .state/, this project's DAGs and plugins.
+# The embedded default's Airflow: SQLite metadata DB and logs under .state/, this project's DAGs and plugins,
+# and the stand-ins' loop rate `make demo` runs them with (tracegen.demo.airflow_env): it is part of the
+# bundled fleet's digest, and a run refuses a changed fleet, so a demo run reruns from this UI only with it.
 AIRFLOW_ENV := AIRFLOW_HOME=$(STATE)/airflow AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
 	AIRFLOW__CORE__PLUGINS_FOLDER=$(CURDIR)/plugins AIRFLOW__CORE__LOAD_EXAMPLES=False \
 	AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=sqlite:///$(STATE)/airflow/airflow.db \
-	TRACEGEN_STATE_DIR=$(STATE) TRACEGEN_SPOOL_DIR=$(STATE)/spool TRACEGEN_OUTPUT_URI=$(STATE)/demo/output
+	TRACEGEN_STATE_DIR=$(STATE) TRACEGEN_SPOOL_DIR=$(STATE)/spool TRACEGEN_OUTPUT_URI=$(STATE)/demo/output \
+	TRACEGEN_SIM_RUNAWAY_RATE="$${TRACEGEN_SIM_RUNAWAY_RATE-$$($(PY) -c 'from tracegen.demo import DEMO_LOOP_RATE; print(DEMO_LOOP_RATE)')}"
 
 # The venv is rebuilt when a requirements file changes. uv resolves in seconds where pip takes minutes.
 # The CPU build of torch the trainers' loaders import (requirements-trainers.txt); PyPI's x86_64 torch is a
@@ -25,13 +28,17 @@ TORCH_CPU ?= torch==2.13.0+cpu
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_SOURCE = $(if $(wildcard $(TORCH_WHEELS)/$(subst ==,-,$(TORCH_CPU))-*.whl),--find-links $(TORCH_WHEELS),--index-url $(TORCH_CPU_INDEX))
 
-$(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.txt requirements-trainers.txt
+$(VENV)/.installed: pyproject.toml constraints.txt requirements.txt requirements-test.txt requirements-sglang.txt \
+		requirements-trainers.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check uv
 	# Bytecode now, not at first import: uv skips it by default, and where PYTHONDONTWRITEBYTECODE is set
 	# (it is on our build machines) every process would compile what it imports from source, every time:
 	# airflow.sdk took 3.1 s to import instead of 1.6 s, pandas 1.4 s instead of 0.4 s.
-	$(UV) pip install --quiet --compile-bytecode --python $(PY) -r requirements-test.txt
+	# tracegen itself as an editable distribution (the `tracegen` package from include/, which a worker runs as
+	# it is on disk, and the `tracegen` command), with requirements.txt and the tests' extra; constraints.txt
+	# pins what those pull in (it says why not Airflow's own constraints file).
+	$(UV) pip install --quiet --compile-bytecode --python $(PY) --constraint constraints.txt --editable ".[tests]"
 	# SGLang without its dependencies (CUDA, torch): the tests judge the stand-in with its parser and
 	# protocol models, which need only what requirements-test.txt adds. A step of its own: --no-deps
 	# applies to a whole install.
@@ -41,8 +48,8 @@ $(VENV)/.installed: requirements.txt requirements-test.txt requirements-sglang.t
 	# CPU torch (about 35 s and 750 MB).
 	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) -r requirements-trainers.txt
 	$(UV) pip install --quiet --compile-bytecode --no-deps --python $(PY) $(TORCH_SOURCE) "$(TORCH_CPU)"
-	# Make `include/` importable as the `tracegen` package, as Airflow workers see it.
-	echo "$(CURDIR)/include" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tracegen-include.pth"
+	# A venv made before tracegen was a distribution named include/ in a .pth file; the editable install does.
+	rm -f "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tracegen-include.pth"
 	touch $@
 
 # Real SGLang for the `real_sglang` tests, in a venv of its own: SGLang pins torch 2.14.1 (PyPI's build, which

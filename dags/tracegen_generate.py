@@ -34,10 +34,12 @@ Trigger with a `max_tokens` cap. The run:
    then writes the **final audit report** (JSON + HTML under `runs/<run_id>/` in the output root);
 7. optionally **tears down** the servers (they are long-lived infrastructure by default).
 
-Changing your mind mid-run (the 4096 → 8192 pivot): stop the run, trigger again with the higher
-`max_tokens`. Finished rows are kept; rows truncated under the old cap are continued from their exact
-tokens to the new cap (`truncated_policy=extend`, the default), paying only for the new tokens.
-See `python -m tracegen status <output_uri>` for progress from any shell.
+Changing your mind mid-run (the 4096 → 8192 pivot): trigger `tracegen_raise_cap` with this run's id and
+the higher `max_tokens`; nothing is stopped, and while the gate's question waits the raise is its answer. A
+finished or stopped run: trigger this DAG again with the higher `max_tokens`. Either way finished rows are
+kept and rows truncated under the old cap are continued from their exact tokens to the new cap
+(`truncated_policy=extend`, the default), paying only for the new tokens.
+See `tracegen status <output_uri>` for progress from any shell.
 """
 
 from __future__ import annotations

@@ -8,10 +8,14 @@ The reference job's mid-run bump from 4096 to 8192, with nothing to kill. Trigge
 - once the first fan-out is done, the run records the raise as its decision (who, when, from which cap)
   and generates what is left at the new cap: the rows truncated under the old one are extended from
   their tokens, never generated again from the prompt.
+- while the run's gate question waits (`gate_mode=ask`), the raise is its answer ("Continue at the cap
+  typed below" with the new cap), given through Airflow's REST API as the user of the operator's
+  `tracegen_api` connection and recorded as made by whoever triggered the raise.
 
 Refused, with the reason in this run's log, when the run is not running, the cap is not above its
-current cap or does not fit the servers' context length, or the run has already decided its cap (then
-start a new run at the new cap: it resumes from the ledger).
+current cap or does not fit the servers' context length, the run has already decided its cap (then
+start a new run at the new cap: it resumes from the ledger), or its question waits and no `tracegen_api`
+connection is defined to answer it.
 """
 
 from __future__ import annotations

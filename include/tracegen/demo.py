@@ -31,10 +31,14 @@ DEMO_LOOP_RATE = 0.03  # share of the stand-ins' samples that loop
 
 
 def airflow_env(state: Path) -> dict[str, str]:
-    """The environment every Airflow command of the embedded default runs with (also `make airflow`)."""
+    """The environment every Airflow command of the embedded default runs with (`make airflow` sets the same:
+    the stand-ins' loop rate is part of the bundled fleet's digest, and a run refuses a changed fleet, so a demo
+    run rerun from the UI needs the rate it began with)."""
     home = state / "airflow"
     return {
         **os.environ,
+        # A realistic share of samples loop, as Qwen3 models do in agentic coding (unless the caller chose one).
+        "TRACEGEN_SIM_RUNAWAY_RATE": os.environ.get("TRACEGEN_SIM_RUNAWAY_RATE", str(DEMO_LOOP_RATE)),
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_DIR / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_DIR / "plugins"),
@@ -136,8 +140,6 @@ def main() -> int:
     output, dropped = new_output_root(demo)
     env = airflow_env(state)
     env["TRACEGEN_OUTPUT_URI"] = str(output)
-    # A realistic share of samples loop, as Qwen3 models do in agentic coding (unless the caller chose one).
-    env.setdefault("TRACEGEN_SIM_RUNAWAY_RATE", str(DEMO_LOOP_RATE))
     (state / "airflow").mkdir(parents=True, exist_ok=True)
 
     started = time.monotonic()

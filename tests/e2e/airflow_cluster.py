@@ -314,7 +314,7 @@ class AirflowCluster:
         env = {
             **os.environ,
             "AIRFLOW_HOME": str(self.home),
-            # This checkout's include/ first: the venv's .pth may name another checkout's (a git worktree).
+            # This checkout's include/ first: the venv's editable install may name another checkout's.
             "PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_DIR / "include"), os.environ.get("PYTHONPATH"))
                                           if p),
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",

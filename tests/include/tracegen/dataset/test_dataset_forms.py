@@ -291,13 +291,18 @@ def test_the_bundled_sft_sample_reads_in_every_turn_mode_and_is_reproducible(tmp
     assert 3 * SFT_SAMPLE_ROWS <= counts["each"] <= 5 * SFT_SAMPLE_ROWS
 
 
-def test_the_readmes_example_rows_of_each_form_read_as_prompts(tmp_path):
-    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text()
-    block = readme.split("### Bring the dataset you have", 1)[1].split("```jsonl\n", 1)[1].split("```", 1)[0]
-    path = tmp_path / "readme.jsonl"
+def _example_rows(tmp_path, doc: str, section: str) -> list:
+    text = (Path(__file__).resolve().parents[4] / doc).read_text()
+    block = text.split(section, 1)[1].split("```jsonl\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.jsonl"
     path.write_text(block)
     rows = rows_of(str(path), Reading())
     assert all(isinstance(r, PromptRow) for r in rows), rows
+    return rows
+
+
+def test_the_docs_example_rows_of_each_form_read_as_prompts(tmp_path):
+    rows = _example_rows(tmp_path, "docs/usage.md", "## Bring the dataset you have")
     assert [r.id for r in rows] == ["a1", "b7", "c3", "42"]
     assert [r.messages[-1]["role"] for r in rows] == ["user", "tool", "tool", "user"]
 
@@ -335,3 +340,6 @@ def test_a_root_filled_before_readings_is_refused_where_its_rows_answered_other_
     _as_before_readings(other)
     assert bind_index(other, uri, "aws_default").n_prompt_rows == 5
     assert DatasetIndex.from_bytes(other.storage.get(DATASET_INDEX_KEY)).reading_recorded
+def test_the_readmes_example_rows_read_as_prompts(tmp_path):
+    rows = _example_rows(tmp_path, "README.md", "## An input row")
+    assert [r.id for r in rows] == ["a1", "42"]
