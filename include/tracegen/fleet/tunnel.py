@@ -18,6 +18,11 @@ event loop thread and a second SSH connection beside the paramiko one the fleet'
 This one waits with the platform's selector (epoll on Linux, no descriptor limit), keeps each forwarded
 connection in a dict by descriptor, and listens with a backlog for a whole fleet's worth of connects.
 Data is copied both ways in 64 KiB reads; a connection ends when either side closes, as HTTP needs.
+
+One thread serves every connection, so it never waits on one of them: a channel is read only when it holds
+data or has ended. paramiko wakes a selector through a pipe of its own, which can be readable while the
+channel holds nothing yet; a blocking read there stopped every connection of the tunnel (seen with real
+SGLang behind it: a run's requests waited until their 30-minute timeout, two runs in five).
 """
 
 from __future__ import annotations
@@ -129,6 +134,8 @@ class PortForward:
         if pair is None:
             return
         source, sink = pair
+        if not isinstance(source, socket.socket) and not _ready(source):
+            return  # woken with nothing to read yet: the data, or the channel's end, wakes it again
         try:
             data = source.recv(READ_BYTES)
             if data:
@@ -148,6 +155,11 @@ class PortForward:
                 self._selector.unregister(end)
             with contextlib.suppress(OSError):
                 end.close()
+
+
+def _ready(channel: Any) -> bool:
+    """Whether a paramiko channel's `recv` returns at once: it holds data, or the remote end has ended it."""
+    return bool(channel.recv_ready() or channel.eof_received or channel.closed)
 
 
 def _fileno(end: Any) -> int:

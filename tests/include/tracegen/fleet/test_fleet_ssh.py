@@ -1,5 +1,6 @@
 """The fleet over a real OpenSSH sshd on loopback: host-key checks, quoting, health timeouts, stop."""
 
+import asyncio
 import contextlib
 import json
 import os
@@ -30,6 +31,7 @@ from tracegen.fleet import (
 from tracegen.fleet import server as fleet_server
 from tracegen.fleet.command import server_config, server_paths
 from tracegen.fleet.server import served_context_length
+from tracegen.fleet.tunnel import PortForward
 from tracegen.run.run_spec import FleetRef
 
 
@@ -176,7 +178,6 @@ def test_a_tunnel_carries_hundreds_of_connections_past_descriptor_1024(sshd):
     loop stopped and every request through it hung (512 concurrent requests: all timed out). A chunk task
     reaching 7 servers holds that many. tracegen's forwarder waits on epoll: 600 concurrent connections,
     opened while the process already holds 1,100 descriptors, each echoed back whole."""
-    import asyncio
 
     held = [os.pipe() for _ in range(550)]  # 1,100 descriptors: every new one is numbered above 1024
 
@@ -385,3 +386,44 @@ def test_the_reference_fleet_validates_launches_over_ssh_and_sglang_starts_with_
         finally:
             results = teardown(spec, fleet)
     assert {r.result for r in results} <= {"stopped", "killed"}
+
+
+def test_a_channel_woken_with_nothing_to_read_stops_no_other_connection(sshd):
+    """paramiko wakes the forwarder through a pipe of its own, which can be readable while the channel holds
+    nothing yet; the one forwarding thread must not wait on that channel while other connections need it."""
+
+    async def main() -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        transport = SSHTransport(sshd.conn_id)
+        forward = PortForward(transport._client(), "127.0.0.1", port).__enter__()
+        try:
+            host, local_port = "127.0.0.1", forward.local_bind_port
+            idle_reader, idle_writer = await asyncio.open_connection(host, local_port)
+            idle_writer.write(b"hello")
+            await idle_writer.drain()
+            assert await asyncio.wait_for(idle_reader.readexactly(5), 10) == b"hello"
+            channel = next(end for end, _ in forward._pairs.values() if not isinstance(end, socket.socket))
+            channel._pipe.set()  # readable, with nothing in the channel: what paramiko's pipe can say
+            for i in range(5):  # every other connection still goes through
+                reader, writer = await asyncio.open_connection(host, local_port)
+                writer.write(f"ping {i}".encode())
+                await writer.drain()
+                assert await asyncio.wait_for(reader.readexactly(6), 10) == f"ping {i}".encode()
+                writer.close()
+            idle_writer.write(b"again")  # and the woken channel carries its next answer
+            await idle_writer.drain()
+            assert await asyncio.wait_for(idle_reader.readexactly(5), 10) == b"again"
+            idle_writer.close()
+        finally:
+            forward.__exit__(None, None, None)
+            transport.close()
+            server.close()
+
+    asyncio.run(main())
