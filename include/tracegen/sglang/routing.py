@@ -1,7 +1,8 @@
 """Which SGLang server gets the next request.
 
-Each server has an in-flight limit; a request goes to the healthy server with the fewest outstanding
-requests. A server that keeps failing (connect errors, timeouts, 5xx) or that stops producing
+Each server has an in-flight limit; a request goes to a healthy server with room: with `routing="prefix"`
+(the default) and a prefix key, the server its prefix prefers within the load bound (`affinity.PrefixRing`),
+else the one with the fewest outstanding requests. A server that keeps failing (connect errors, timeouts, 5xx) or that stops producing
 completions while `/health` still says 200 (wedged) is quarantined: it gets no new requests, and a
 background probe brings it back only once `/health` answers 200 AND a 1-token completion finishes —
 health alone lies both ways on SGLang. When every server has been quarantined for too long the pool
@@ -20,6 +21,7 @@ from typing import Any
 
 from tracegen.common.locations import shown_location
 from tracegen.common.tls import tls_for
+from tracegen.sglang.affinity import PrefixRing
 from tracegen.sglang.http import HttpFailure, HttpTimeout, ServerHttp
 from tracegen.sglang.retry import FatalClientError
 from tracegen.sglang.settings import ClientConfig
@@ -131,6 +133,8 @@ class ServerPool:
             raise ValueError(f"server urls must be distinct, repeated: {[shown_location(u) for u in duplicates]}")
         self.config = config
         self.servers = [ServerState(e, config) for e in endpoints]
+        self._ring = (PrefixRing(urls, config.routing_load_factor, config.routing_load_slack)
+                      if config.routing == "prefix" else None)  # fmt: skip
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._rotate = 0
         self._all_down_since: float | None = None
@@ -157,7 +161,12 @@ class ServerPool:
 
     # -- routing --------------------------------------------------------------------------------
 
-    def _pick(self, avoid: ServerState | None) -> ServerState | None:
+    def _pick(self, avoid: ServerState | None, key: str | None = None) -> ServerState | None:
+        if key is not None and self._ring is not None:
+            preferred = self._ring.choose(key, self.servers, lambda s: s.in_flight,
+                                          lambda s: not s.quarantined and s.in_flight < s.limit and s is not avoid)
+            if preferred is not None:
+                return preferred
         best: ServerState | None = None
         fallback: ServerState | None = None
         n = len(self.servers)
@@ -173,17 +182,18 @@ class ServerPool:
                 best = s
         return best or fallback
 
-    async def acquire(self, avoid: ServerState | None = None) -> ServerState:
+    async def acquire(self, avoid: ServerState | None = None, key: str | None = None) -> ServerState:
         """Reserve a slot on the best server, waiting while every server is full or quarantined; hand it back
         with `release`.
 
-        `avoid` (the server the previous attempt failed on) is used only when no other server has room.
+        `avoid` (the server the previous attempt failed on) is used only when no other server has room. `key`
+        names the prompt's prefix (`affinity.prefix_key`): the server that prefix prefers, if it has room.
         """
         loop = asyncio.get_running_loop()
         while True:
             if self._closed:
                 raise RuntimeError("the client is closed")
-            server = self._pick(avoid)
+            server = self._pick(avoid, key)
             if server is not None:
                 server.in_flight += 1
                 server.sent += 1

@@ -110,9 +110,8 @@ def prefix_cache(settings: SimSettings) -> RadixCache | None:
     return RadixCache(kv_capacity(settings), settings.args["page_size"] or 1)
 
 
-async def serve(settings: SimSettings) -> int:
-    """Run the server until drained after SIGTERM/SIGINT. Returns the process exit code."""
-    loop = asyncio.get_running_loop()
+def build_state(settings: SimSettings) -> State:
+    """A server's state on the running event loop: its engine (steps, prefill, prefix cache), faults, metrics."""
     a = settings.args
     step = StepModel(
         a["sim_step_base_ms"] / 1000.0, a["sim_step_per_req_ms"] / 1000.0, settings.accept_length
@@ -126,6 +125,14 @@ async def serve(settings: SimSettings) -> int:
         injector=FaultInjector(settings.faults),
     )
     state.sync_wedge()
+    return state
+
+
+async def serve(settings: SimSettings) -> int:
+    """Run the server until drained after SIGTERM/SIGINT. Returns the process exit code."""
+    loop = asyncio.get_running_loop()
+    a = settings.args
+    state = build_state(settings)
     # Hung (fault-injected) handlers never finish: do not let them hold shutdown for a minute.
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
