@@ -163,8 +163,13 @@ class ServerPool:
 
     def _pick(self, avoid: ServerState | None, key: str | None = None) -> ServerState | None:
         if key is not None and self._ring is not None:
-            preferred = self._ring.choose(key, self.servers, lambda s: s.in_flight,
-                                          lambda s: not s.quarantined and s.in_flight < s.limit and s is not avoid)
+            # A prefix's server may queue up to the slack past its limit (the limit is a batch and a queue: a
+            # deeper queue there keeps the prefix cached, and the load bound keeps every other server's batch
+            # within the slack of the busiest): waiting there costs less than computing the prefix elsewhere.
+            slack = self.config.routing_load_slack
+            preferred = self._ring.choose(
+                key, self.servers, lambda s: s.in_flight,
+                lambda s: not s.quarantined and s.in_flight < s.limit + slack and s is not avoid)
             if preferred is not None:
                 return preferred
         best: ServerState | None = None
