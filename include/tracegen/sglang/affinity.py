@@ -45,7 +45,7 @@ def prefix_key(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> s
 class PrefixRing:
     """The servers on a hash ring, by name; `choose` places a key under the load bound."""
 
-    def __init__(self, names: Sequence[str], load_factor: float = 1.25, slack: int = 32) -> None:
+    def __init__(self, names: Sequence[str], load_factor: float = 1.25, slack: int = 64) -> None:
         if load_factor < 1 or slack < 0:
             raise ValueError(f"load_factor must be >= 1 and slack >= 0, got {load_factor}, {slack}")
         self.load_factor = load_factor

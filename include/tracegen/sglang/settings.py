@@ -79,7 +79,7 @@ class ClientConfig:
     # fewest requests in flight, wherever the prompt's prefix is cached.
     routing: str = "prefix"
     routing_load_factor: float = 1.25
-    routing_load_slack: int = 32  # requests a server may carry past the least loaded, whatever the average
+    routing_load_slack: int = 64  # requests a server may carry past the least loaded, whatever the average
 
     def __post_init__(self) -> None:
         for name in (
