@@ -149,7 +149,7 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     if state.args["enable_priority_scheduling"]:
         # SGLang: the totals under priority="", one series per priority beside them.
         scheduler["priority"] = tokenizer["priority"] = ""
-        breakdown = {"num_running_reqs": _by_priority(state, e.running.values()),
+        breakdown = {"num_running_reqs": _by_priority(state, [*e.running.values(), *e.prefilling]),
                      "num_queue_reqs": _by_priority(state, e.waiting)}  # fmt: skip
         state.known_priorities.update(*breakdown.values())
     gauges = {
