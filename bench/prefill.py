@@ -1,19 +1,19 @@
-"""Prefill paid once: agentic sessions on one stand-in fleet, routed least-outstanding and by prefix affinity.
+"""Prefill paid once: agentic conversations on one stand-in fleet, routed least-outstanding and by prefix affinity.
 
 A fleet of SGLang stand-ins runs in this process (each with its prefill rate, chunked prefill and radix cache:
 `tracegen.simulator.batching`, `radix_cache`), started afresh for each routing so both begin with empty caches.
-The workload is `tracegen.simulator.workloads.agentic_sessions`: sessions sharing one system prompt and tool set,
+The workload is `tracegen.simulator.workloads.agentic_conversations`: conversations sharing one system prompt and tool set,
 each read one prompt row per assistant turn (`turns=each`), sent in row order as a chunk sends them, through
 tracegen's own client (`SGLangClient.generate`, its routing `ClientConfig.routing`), as many in flight as the
 fleet has slots. Measured:
 
 - prefill computed: prompt tokens the servers computed (their `prefill_tokens_computed`), against the distinct
   prefix tokens, the physical limit: every distinct prefix of the prompts computed once, and the prefix every
-  session shares once more on each other server that served a request;
+  conversation shares once more on each other server that served a request;
 - kept rows per fleet-second: rows that finished by themselves (not cut at the cap) per simulated second of the
   whole fleet, from the first request to the last answer.
 
-    PYTHONPATH=include .venv/bin/python bench/prefill.py [--servers 4] [--sessions 40] [--seed 0]
+    PYTHONPATH=include .venv/bin/python bench/prefill.py [--servers 4] [--conversations 40] [--seed 0]
 
 The last line: `prefill computed / distinct prefix tokens: X (least-outstanding routing: Y); kept rows per
 fleet-second: Z x` (Z: prefix routing's kept rows per fleet-second over least-outstanding's).
@@ -44,7 +44,7 @@ from tracegen.simulator.http_server import build_app, build_state  # noqa: E402
 from tracegen.simulator.launch_args import parse_args  # noqa: E402
 from tracegen.simulator.radix_cache import RadixCache  # noqa: E402
 from tracegen.simulator.state import State  # noqa: E402
-from tracegen.simulator.workloads import PromptRow, Workload, agentic_sessions, prompt_rows  # noqa: E402
+from tracegen.simulator.workloads import PromptRow, Workload, agentic_conversations, prompt_rows  # noqa: E402
 
 MODEL = "qwen3.6-27b-sim"
 
@@ -127,7 +127,7 @@ async def run(routing: str, rows: list[PromptRow], keys: dict[str, str], args: a
 
 
 def distinct_prefix_tokens(rows: list[PromptRow], shared: int, servers_used: int) -> int:
-    """Every distinct prefix of the prompts once, and the prefix all sessions share once per other server."""
+    """Every distinct prefix of the prompts once, and the prefix all conversations share once per other server."""
     trie = RadixCache(capacity=1 << 62)
     for row in rows:
         trie.insert(row.ids)
@@ -137,7 +137,7 @@ def distinct_prefix_tokens(rows: list[PromptRow], shared: int, servers_used: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--servers", type=int, default=4)
-    ap.add_argument("--sessions", type=int, default=40)
+    ap.add_argument("--conversations", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-running", type=int, default=32)
     ap.add_argument("--in-flight", type=int, default=None,
@@ -152,11 +152,11 @@ def main() -> None:
     args = ap.parse_args()
     args.in_flight = args.in_flight or 2 * args.max_running
 
-    workload: Workload = agentic_sessions(args.sessions, args.seed)
+    workload: Workload = agentic_conversations(args.conversations, args.seed)
     rows = list(prompt_rows(workload))
     keys = {row["id"]: prefix_key(row["messages"], row["tools"]) for row in workload.rows}
     prompt_tokens = sum(len(r.ids) for r in rows)
-    print(f"workload: {args.sessions} sessions (seed {args.seed}), {len(rows)} prompt rows, "
+    print(f"workload: {args.conversations} conversations (seed {args.seed}), {len(rows)} prompt rows, "
           f"{prompt_tokens:,} prompt tokens (mean {prompt_tokens / len(rows):,.0f}), shared prefix "
           f"{workload.shared_tokens:,} tokens; fleet: {args.servers} stand-ins x {args.max_running} slots "
           f"({args.in_flight} in flight), "

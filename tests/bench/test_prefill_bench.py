@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_prefill_benchmark_runs_and_prints_its_figures():
-    args = ["--servers", "2", "--sessions", "2", "--max-running", "8", "--time-scale", "200", "--cap", "256",
+    args = ["--servers", "2", "--conversations", "2", "--max-running", "8", "--time-scale", "200", "--cap", "256",
             "--length-model", "fixed:20"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "prefill.py"), *args], capture_output=True,
