@@ -144,7 +144,8 @@ def main() -> None:
                     help="requests in flight per server (default: twice --max-running, the full batch and the "
                     "queue behind it that tracegen's autotune keeps)")
     ap.add_argument("--load-factor", type=float, default=ClientConfig().routing_load_factor)
-    ap.add_argument("--slack", type=int, default=ClientConfig().routing_load_slack)
+    ap.add_argument("--slack", type=float, default=ClientConfig().routing_load_slack,
+                    help="routing_load_slack: a share of the servers' in-flight limit")
     ap.add_argument("--kv-tokens", type=int, default=1_000_000, help="each server's KV budget (--max-total-tokens)")
     ap.add_argument("--cap", type=int, default=4096)
     ap.add_argument("--length-model", default="lognormal:800:0.9", help="--sim-length-model of the servers")

@@ -45,16 +45,17 @@ def prefix_key(messages: Sequence[Any], tools: Sequence[Any] | None = None) -> s
 class PrefixRing:
     """The servers on a hash ring, by name; `choose` places a key under the load bound."""
 
-    def __init__(self, names: Sequence[str], load_factor: float = 1.25, slack: int = 64) -> None:
-        if load_factor < 1 or slack < 0:
-            raise ValueError(f"load_factor must be >= 1 and slack >= 0, got {load_factor}, {slack}")
+    def __init__(self, names: Sequence[str], load_factor: float = 1.25) -> None:
+        if load_factor < 1:
+            raise ValueError(f"load_factor must be >= 1, got {load_factor}")
         self.load_factor = load_factor
-        self.slack = slack
         ring = sorted((_point(f"{name}#{v}"), k) for k, name in enumerate(names) for v in range(VIRTUAL_NODES))
         self._points = [p for p, _ in ring]
         self._owners = [k for _, k in ring]
 
-    def choose(self, key: str, servers: Sequence[S], load: Callable[[S], int], usable: Callable[[S], bool]) -> S | None:
+    def choose(
+        self, key: str, servers: Sequence[S], load: Callable[[S], int], usable: Callable[[S], bool], slack: int = 0
+    ) -> S | None:
         """The first usable server clockwise from `key` whose load stays within the bound (the fleet's load with
         this request, averaged over the usable servers, times the load factor, rounded up; or the least load
         plus the slack, whichever is more); None if no usable server is under it."""
@@ -62,7 +63,7 @@ class PrefixRing:
         if not candidates:
             return None
         loads = [load(s) for s in candidates]
-        bound = max(math.ceil(self.load_factor * (sum(loads) + 1) / len(candidates)), min(loads) + self.slack)
+        bound = max(math.ceil(self.load_factor * (sum(loads) + 1) / len(candidates)), min(loads) + slack)
         start = bisect.bisect(self._points, _point(key))
         seen: set[int] = set()
         for i in range(len(self._points)):

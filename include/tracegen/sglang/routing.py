@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -133,8 +134,7 @@ class ServerPool:
             raise ValueError(f"server urls must be distinct, repeated: {[shown_location(u) for u in duplicates]}")
         self.config = config
         self.servers = [ServerState(e, config) for e in endpoints]
-        self._ring = (PrefixRing(urls, config.routing_load_factor, config.routing_load_slack)
-                      if config.routing == "prefix" else None)  # fmt: skip
+        self._ring = PrefixRing(urls, config.routing_load_factor) if config.routing == "prefix" else None
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._rotate = 0
         self._all_down_since: float | None = None
@@ -166,10 +166,10 @@ class ServerPool:
             # A prefix's server may queue up to the slack past its limit (the limit is a batch and a queue: a
             # deeper queue there keeps the prefix cached, and the load bound keeps every other server's batch
             # within the slack of the busiest): waiting there costs less than computing the prefix elsewhere.
-            slack = self.config.routing_load_slack
+            slack = math.ceil(self.config.routing_load_slack * sum(s.limit for s in self.servers) / len(self.servers))
             preferred = self._ring.choose(
                 key, self.servers, lambda s: s.in_flight,
-                lambda s: not s.quarantined and s.in_flight < s.limit + slack and s is not avoid)
+                lambda s: not s.quarantined and s.in_flight < s.limit + slack and s is not avoid, slack)
             if preferred is not None:
                 return preferred
         best: ServerState | None = None

@@ -79,7 +79,9 @@ class ClientConfig:
     # fewest requests in flight, wherever the prompt's prefix is cached.
     routing: str = "prefix"
     routing_load_factor: float = 1.25
-    routing_load_slack: int = 64  # requests a server may carry past the least loaded, whatever the average
+    # Requests a prefix's server may carry past the least loaded server, and past its own in-flight limit, as a
+    # share of the fleet's mean limit (the limit is a batch and a queue: 1.5 lets a server queue half a batch more).
+    routing_load_slack: float = 1.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -103,8 +105,8 @@ class ClientConfig:
             raise ValueError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
         if not self.routing_load_factor >= 1:
             raise ValueError(f"routing_load_factor must be >= 1, got {self.routing_load_factor!r}")
-        if type(self.routing_load_slack) is not int or self.routing_load_slack < 0:
-            raise ValueError(f"routing_load_slack must be an integer >= 0, got {self.routing_load_slack!r}")
+        if not self.routing_load_slack >= 0:
+            raise ValueError(f"routing_load_slack must be >= 0, got {self.routing_load_slack!r}")
         if self.backoff_max_s < self.backoff_base_s:
             raise ValueError(
                 f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"
