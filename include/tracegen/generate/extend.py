@@ -44,6 +44,7 @@ from tracegen.generate.watched import (
 )
 from tracegen.run.run_record import read_run_record
 from tracegen.run.run_spec import RunSpecError
+from tracegen.sglang.affinity import prefix_key
 from tracegen.sglang.client import ChatRequest, Outcome, Sampling, SGLangClient
 from tracegen.sglang.wire import Generated, ServerParsers
 from tracegen.store.entries import LedgerError
@@ -283,8 +284,11 @@ async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_id
     # Streamed and watched where the servers stream incrementally: a continuation that loops is stopped at
     # once instead of running to the cap (the watch starts with the ids before it, so an old loop shows too).
     watch = (lambda: LoopWatch(response_ids)) if streams_watched(parsers, stop_loops) else None
+    # The row's prompt and what it generated are cached where it was generated, if its prefix went there.
+    affinity = prefix_key(job.prompt.messages, job.prompt.tools) if job.prompt is not None else None
     generated = await client.generate(prompt_ids + response_ids, max_new_tokens=cap - len(response_ids),
-                                      sampling=same, require_reasoning=source.cut_in_reasoning, watch=watch)
+                                      sampling=same, require_reasoning=source.cut_in_reasoning, watch=watch,
+                                      affinity=affinity)
     new = step_value(generated, "/generate")
     whole, text_from = await _whole_text(client, source, response_ids, new, generated.server)
     tools = job.prompt.tools if job.prompt is not None else None

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from tracegen.audit.loop_stop import LoopWatch
+from tracegen.sglang.affinity import prefix_key
 from tracegen.sglang.client import ChatRequest, Outcome, SGLangClient
 from tracegen.sglang.stream import STOPPED
 from tracegen.sglang.wire import Generated, ServerParsers
@@ -108,7 +109,7 @@ async def watched_row(client: SGLangClient, request: ChatRequest, parsers: Serve
     try:
         prompt_ids: list[int] = step_value(await client.tokenize(request), "/v1/tokenize")
         generated = await client.generate(prompt_ids, max_new_tokens=cap, sampling=request.sampling,
-                                          watch=LoopWatch)
+                                          watch=LoopWatch, affinity=prefix_key(request.messages, request.tools))
         new: Generated = step_value(generated, "/generate")
         reasoning, content, tool_calls, finish = await split_output(client, parsers, new.text,
                                                                     new.finish_reason, request.tools)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from tracegen.sglang.affinity import prefix_key
 from tracegen.sglang.http import HttpFailure, HttpTimeout
 from tracegen.sglang.limits import ResponseLimits
 from tracegen.sglang.retry import (
@@ -207,11 +208,12 @@ class SGLangClient:
         # The response's counts are checked against its own token ids and this request's cap.
         max_tokens = request.sampling.max_tokens
         return await self._call("POST", PATH, body, lambda raw: _chat_result(raw, max_tokens),
-                                limits=ResponseLimits.for_request(len(body), max_tokens))
+                                limits=ResponseLimits.for_request(len(body), max_tokens),
+                                affinity=prefix_key(messages, tools))
 
     async def generate(
         self, input_ids: list[int], *, max_new_tokens: int, sampling: Sampling, require_reasoning: bool = False,
-        watch: Callable[[], TokenWatch] | None = None,
+        watch: Callable[[], TokenWatch] | None = None, affinity: str | None = None,
     ) -> Outcome[Generated]:
         """`/generate` continuing `input_ids` (a prompt's ids + the response so far) by up to
         `max_new_tokens`, with the row's sampling params (`require_reasoning`: the response so far ends
@@ -220,7 +222,8 @@ class SGLangClient:
         With `watch` (a factory: one watch per attempt) the output is streamed and fed to the watch as it
         arrives; once the watch returns a verdict the request is aborted (`POST /abort_request` with its rid,
         then the connection closed), which frees its slot on the server at once, and the answer is what it
-        had generated, finish `stream.STOPPED`, the verdict in `Generated.stopped`."""
+        had generated, finish `stream.STOPPED`, the verdict in `Generated.stopped`. `affinity`: the prompt's
+        prefix key (`affinity.prefix_key`), so the request goes where that prefix is likely cached."""
 
         def body(rid: str | None) -> bytes:
             return build_generate_body(input_ids, max_new_tokens=max_new_tokens, sampling=sampling,
@@ -231,9 +234,9 @@ class SGLangClient:
         limits = ResponseLimits.for_request(len(whole), max_new_tokens)
         if watch is None:
             return await self._call("POST", GENERATE_PATH, whole, lambda raw: _generate_result(raw, max_new_tokens),
-                                    limits=limits)
+                                    limits=limits, affinity=affinity)
         return await self._call("POST", GENERATE_PATH, None, _not_streamed, limits=limits,
-                                stream=_Stream(body, watch, max_new_tokens))
+                                stream=_Stream(body, watch, max_new_tokens), affinity=affinity)
 
     async def separate_reasoning(self, text: str, parser: str) -> Outcome[tuple[str, str]]:
         """SGLang's (reasoning, answer) split of raw model output, the chat route's own."""
@@ -285,12 +288,13 @@ class SGLangClient:
         generation: bool = True,
         optional: bool = False,
         stream: _Stream | None = None,
+        affinity: str | None = None,
     ) -> Outcome[T]:
         """One request with the client's routing, deadlines and retries. `generation`: a request that runs
         the model, whose success is the progress signal behind wedge detection (a wedged server still
         answers the tokenizer-side parsing routes, so those must not vouch for it). `optional`: the server may
         not have the route; a 404 or 405 is then `rejected`, not a fatal misconfiguration. `limits`: the largest
-        answer the request may get."""
+        answer the request may get. `affinity`: the prompt's prefix key, for routing."""
         if self._fatal is not None:
             raise self._fatal
         self._start_tuner()
@@ -301,7 +305,7 @@ class SGLangClient:
         attempt = 0
         while attempt < self.config.max_attempts:
             try:
-                server = await pool.acquire(avoid=previous)
+                server = await pool.acquire(avoid=previous, key=affinity)
             except FatalClientError as exc:
                 self._fatal = exc
                 raise

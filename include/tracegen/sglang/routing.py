@@ -1,7 +1,8 @@
 """Which SGLang server gets the next request.
 
-Each server has an in-flight limit; a request goes to the healthy server with the fewest outstanding
-requests. A server that keeps failing (connect errors, timeouts, 5xx) or that stops producing
+Each server has an in-flight limit; a request goes to a healthy server with room: with `routing="prefix"`
+(the default) and a prefix key, the server its prefix prefers within the load bound (`affinity.PrefixRing`),
+else the one with the fewest outstanding requests. A server that keeps failing (connect errors, timeouts, 5xx) or that stops producing
 completions while `/health` still says 200 (wedged) is quarantined: it gets no new requests, and a
 background probe brings it back only once `/health` answers 200 AND a 1-token completion finishes —
 health alone lies both ways on SGLang. When every server has been quarantined for too long the pool
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from typing import Any
 
 from tracegen.common.locations import shown_location
 from tracegen.common.tls import tls_for
+from tracegen.sglang.affinity import PrefixRing
 from tracegen.sglang.http import HttpFailure, HttpTimeout, ServerHttp
 from tracegen.sglang.retry import FatalClientError
 from tracegen.sglang.settings import ClientConfig
@@ -131,6 +134,7 @@ class ServerPool:
             raise ValueError(f"server urls must be distinct, repeated: {[shown_location(u) for u in duplicates]}")
         self.config = config
         self.servers = [ServerState(e, config) for e in endpoints]
+        self._ring = PrefixRing(urls, config.routing_load_factor) if config.routing == "prefix" else None
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._rotate = 0
         self._all_down_since: float | None = None
@@ -157,7 +161,17 @@ class ServerPool:
 
     # -- routing --------------------------------------------------------------------------------
 
-    def _pick(self, avoid: ServerState | None) -> ServerState | None:
+    def _pick(self, avoid: ServerState | None, key: str | None = None) -> ServerState | None:
+        if key is not None and self._ring is not None:
+            # A prefix's server may queue up to the slack past its limit (the limit is a batch and a queue: a
+            # deeper queue there keeps the prefix cached, and the load bound keeps every other server's batch
+            # within the slack of the busiest): waiting there costs less than computing the prefix elsewhere.
+            slack = math.ceil(self.config.routing_load_slack * sum(s.limit for s in self.servers) / len(self.servers))
+            preferred = self._ring.choose(
+                key, self.servers, lambda s: s.in_flight,
+                lambda s: not s.quarantined and s.in_flight < s.limit + slack and s is not avoid, slack)
+            if preferred is not None:
+                return preferred
         best: ServerState | None = None
         fallback: ServerState | None = None
         n = len(self.servers)
@@ -173,17 +187,18 @@ class ServerPool:
                 best = s
         return best or fallback
 
-    async def acquire(self, avoid: ServerState | None = None) -> ServerState:
+    async def acquire(self, avoid: ServerState | None = None, key: str | None = None) -> ServerState:
         """Reserve a slot on the best server, waiting while every server is full or quarantined; hand it back
         with `release`.
 
-        `avoid` (the server the previous attempt failed on) is used only when no other server has room.
+        `avoid` (the server the previous attempt failed on) is used only when no other server has room. `key`
+        names the prompt's prefix (`affinity.prefix_key`): the server that prefix prefers, if it has room.
         """
         loop = asyncio.get_running_loop()
         while True:
             if self._closed:
                 raise RuntimeError("the client is closed")
-            server = self._pick(avoid)
+            server = self._pick(avoid, key)
             if server is not None:
                 server.in_flight += 1
                 server.sent += 1

@@ -40,6 +40,9 @@ class Sampling:
                    **{name: getattr(config, name) for name in SAMPLING_FIELDS})
 
 
+ROUTINGS = ("prefix", "least_outstanding")
+
+
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
     """Timeouts, retry budget and quarantine policy. Defaults are for 8K-token generations on a busy GPU."""
@@ -70,6 +73,15 @@ class ClientConfig:
     autotune: bool = False
     autotune_interval_s: float = 1.0
     autotune_ceiling: int = 1024
+    # Which server a request goes to (tracegen.sglang.routing): "prefix" sends a conversation's prompts where
+    # its earlier ones went, so the server's radix cache holds their shared prefix, within `routing_load_factor`
+    # times the fleet's average load (tracegen.sglang.affinity); "least_outstanding" to the server with the
+    # fewest requests in flight, wherever the prompt's prefix is cached.
+    routing: str = "prefix"
+    routing_load_factor: float = 1.25
+    # Requests a prefix's server may carry past the least loaded server, and past its own in-flight limit, as a
+    # share of the fleet's mean limit (the limit is a batch and a queue: 1.5 lets a server queue half a batch more).
+    routing_load_slack: float = 1.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -89,6 +101,12 @@ class ClientConfig:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, got {self.routing!r}")
+        if not self.routing_load_factor >= 1:
+            raise ValueError(f"routing_load_factor must be >= 1, got {self.routing_load_factor!r}")
+        if not self.routing_load_slack >= 0:
+            raise ValueError(f"routing_load_slack must be >= 0, got {self.routing_load_slack!r}")
         if self.backoff_max_s < self.backoff_base_s:
             raise ValueError(
                 f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})"

@@ -58,6 +58,10 @@ class _Reply:
         parser = chat_tool_parser(self.state.args["tool_call_parser"])
         return parse_function_call(content, self.req.tools, parser)
 
+    def cached_report(self) -> int | None:
+        """The prompt's cached tokens, reported in usage only with --enable-cache-report."""
+        return self.job.cached_tokens if self.state.args["enable_cache_report"] else None
+
     def reasoning_tokens(self, n: int) -> int:
         return p.split(self.plan, n)[0] if self.count_reasoning else 0
 
@@ -90,7 +94,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state.active += 1
     try:
         try:
-            job = admit(state, plan, rid, fault, n_prompt, req.priority)
+            job = admit(state, plan, rid, fault, ids, req.priority)
         except QueueFull:
             return error_response(request, "The request queue is full.", 503)
         model = req.model if req.model is not None else state.args["served_model_name"]
@@ -141,7 +145,7 @@ async def _complete(r: _Reply) -> web.Response:
     body: dict[str, Any] = {
         "id": r.job.rid, "object": "chat.completion", "created": p.now(), "model": r.model,
         "choices": [choice],
-        "usage": p.usage(len(r.ids), n, r.reasoning_tokens(n)),
+        "usage": p.usage(len(r.ids), n, r.reasoning_tokens(n), r.cached_report()),
         "metadata": {"weight_version": version, "weight_versions": [{"version": version, "start": 0, "end": n}]},
     }  # fmt: skip
     if r.req.asks_sglext_ids and (ext := p.sglext_ids(r.req, r.ids, p.output_ids(r.plan, n))):
@@ -205,7 +209,7 @@ async def _stream_chat(request: web.Request, r: _Reply) -> web.StreamResponse:
         else:
             await send_event(resp, ids_chunk)
     if r.req.include_usage:
-        usage = p.usage(len(r.ids), job.tokens, r.reasoning_tokens(job.tokens))
+        usage = p.usage(len(r.ids), job.tokens, r.reasoning_tokens(job.tokens), r.cached_report())
         await send_event(resp, _chunk_without_choices(r, created, usage=usage))
     await send_event(resp, "[DONE]")
     await resp.write_eof()

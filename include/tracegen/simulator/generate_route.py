@@ -22,6 +22,7 @@ from tracegen.simulator.jobs import (
     abort_disconnected,
     admit,
     apply_fault,
+    cached_tokens_details,
     progress,
     record,
     refuse_if_draining,
@@ -60,7 +61,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     state.active += 1
     try:
         try:
-            job = admit(state, plan, rid, fault, n_prompt)
+            job = admit(state, plan, rid, fault, ids)
         except QueueFull:
             return error_response(request, "The request queue is full.", 503)
         except p.BadRequest as exc:  # a rid in flight: SGLang's tokenizer manager refuses it, on a stream too
@@ -106,9 +107,9 @@ def _meta(state: State, ids: list[int], plan: p.Plan, job: Job, n: int, done: bo
     if done:
         finish = "abort" if job.aborted else plan.finish
         meta["finish_reason"] = p.finish_reason_native(finish, plan.cap, job.abort_message, running=True)
-    # No prefix cache is modelled: cached_tokens is always 0, and SGLang's details of a hit are null without one.
     meta.update({
-        "prompt_tokens": len(ids), "completion_tokens": n, "cached_tokens": 0, "cached_tokens_details": None,
+        "prompt_tokens": len(ids), "completion_tokens": n, "cached_tokens": job.cached_tokens,
+        "cached_tokens_details": cached_tokens_details(job),
         "reasoning_tokens": p.split(plan, n)[0] if state.args["reasoning_parser"] else 0,
         "num_retractions": 0,
         "weight_version": version,

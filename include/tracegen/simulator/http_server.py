@@ -24,14 +24,22 @@ import sys
 from aiohttp import web
 
 from tracegen.simulator import protocol as p
-from tracegen.simulator.batching import AsyncBatcher, BatchEngine, StepModel
+from tracegen.simulator.batching import AsyncBatcher, BatchEngine, PrefillModel, StepModel
 from tracegen.simulator.chat_route import chat_completions
 from tracegen.simulator.control_routes import abort_request, get_faults, set_faults
 from tracegen.simulator.faults import FaultInjector
 from tracegen.simulator.generate_route import generate
-from tracegen.simulator.info_routes import health, metrics_endpoint, model_info, models, server_info
+from tracegen.simulator.info_routes import (
+    health,
+    kv_capacity,
+    metrics_endpoint,
+    model_info,
+    models,
+    server_info,
+)
 from tracegen.simulator.launch_args import SimSettings
 from tracegen.simulator.middleware import auth_middleware, error_middleware
+from tracegen.simulator.radix_cache import RadixCache
 from tracegen.simulator.state import STATE, State
 from tracegen.simulator.text_routes import (
     detokenize_endpoint,
@@ -81,20 +89,50 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING if level != "debug" else logging.DEBUG)
 
 
-async def serve(settings: SimSettings) -> int:
-    """Run the server until drained after SIGTERM/SIGINT. Returns the process exit code."""
-    loop = asyncio.get_running_loop()
+# SGLang's --chunked-prefill-size when not given, for an 80 GB GPU (its `_handle_gpu_memory_settings`).
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+
+
+def prefill_model(settings: SimSettings) -> PrefillModel:
+    """The prefill rate per GPU, chunked as SGLang chunks (-1: a prompt in one step, as unchunked SGLang)."""
+    a = settings.args
+    chunk = a["chunked_prefill_size"] or DEFAULT_CHUNKED_PREFILL_SIZE
+    if chunk < 0:
+        chunk = settings.context_length
+    return PrefillModel(a["sim_prefill_tokens_per_s"], chunk, bool(a["enable_mixed_chunk"]))
+
+
+def prefix_cache(settings: SimSettings) -> RadixCache | None:
+    """The server's radix cache over its KV budget, pages of --page-size (1, SGLang's default), none with
+    --disable-radix-cache."""
+    if settings.args["disable_radix_cache"]:
+        return None
+    return RadixCache(kv_capacity(settings), settings.args["page_size"] or 1)
+
+
+def build_state(settings: SimSettings) -> State:
+    """A server's state on the running event loop: its engine (steps, prefill, prefix cache), faults, metrics."""
     a = settings.args
     step = StepModel(
         a["sim_step_base_ms"] / 1000.0, a["sim_step_per_req_ms"] / 1000.0, settings.accept_length
     )
-    engine = BatchEngine(settings.max_running, step, a["max_queued_requests"])
+    engine = BatchEngine(
+        settings.max_running, step, a["max_queued_requests"], prefill_model(settings), prefix_cache(settings)
+    )
     state = State(
         settings=settings,
         batcher=AsyncBatcher(engine, a["sim_time_scale"]),
         injector=FaultInjector(settings.faults),
     )
     state.sync_wedge()
+    return state
+
+
+async def serve(settings: SimSettings) -> int:
+    """Run the server until drained after SIGTERM/SIGINT. Returns the process exit code."""
+    loop = asyncio.get_running_loop()
+    a = settings.args
+    state = build_state(settings)
     # Hung (fault-injected) handlers never finish: do not let them hold shutdown for a minute.
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()

@@ -62,8 +62,10 @@ def occupancy(state: State) -> dict[str, Any]:
         else 0.0,
         "time_scale": b.time_scale,
         "max_running_requests": e.max_running,
-        "num_running_reqs": len(e.running),
+        "num_running_reqs": e.slots_used(),
         "num_queue_reqs": len(e.waiting),
+        "prompt_tokens_cached": e.prompt_tokens_cached,
+        "prefill_tokens_computed": e.prompt_tokens_computed,
         "finished_requests": e.finished_count,
         "aborted_requests": e.aborted_count,
     }
@@ -147,14 +149,14 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     if state.args["enable_priority_scheduling"]:
         # SGLang: the totals under priority="", one series per priority beside them.
         scheduler["priority"] = tokenizer["priority"] = ""
-        breakdown = {"num_running_reqs": _by_priority(state, e.running.values()),
+        breakdown = {"num_running_reqs": _by_priority(state, [*e.running.values(), *e.prefilling]),
                      "num_queue_reqs": _by_priority(state, e.waiting)}  # fmt: skip
         state.known_priorities.update(*breakdown.values())
     gauges = {
         "num_running_reqs": occ["num_running_reqs"],
         "num_queue_reqs": occ["num_queue_reqs"],
         "gen_throughput": round(_gen_throughput(state), 3),
-        "token_usage": round(len(e.running) / e.max_running, 6),
+        "token_usage": round(e.slots_used() / e.max_running, 6),
         "spec_accept_length": state.settings.accept_length,
     }
     counters = {
@@ -169,6 +171,9 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
         "available_slot_seconds_total": occ["available_slot_sim_s"],
         "occupancy": occ["occupancy"],
         "generated_tokens_total": occ["tokens_generated"],
+        # What prompts cost: tokens the prefix cache held when a prefill started, and tokens computed.
+        "prompt_tokens_cached_total": occ["prompt_tokens_cached"],
+        "prefill_tokens_computed_total": occ["prefill_tokens_computed"],
     }
     body = prom.render(scheduler, tokenizer, m, gauges, counters, sim, breakdown)
     return web.Response(text=body, content_type="text/plain", charset="utf-8")

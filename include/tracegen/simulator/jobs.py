@@ -12,6 +12,8 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Sequence
+from functools import partial
 
 from aiohttp import web
 
@@ -59,12 +61,13 @@ def _priority(state: State, requested: int | None) -> str:
 
 
 def admit(
-    state: State, plan: p.Plan, rid: str, fault: str, prompt_tokens: int, priority: int | None = None
+    state: State, plan: p.Plan, rid: str, fault: str, prompt_ids: Sequence[int], priority: int | None = None
 ) -> Job:
-    """The request's job, queued in the batch; raises `batching.QueueFull` when the queue is full."""
-    job = Job(rid=rid, target=plan.target)
+    """The request's job, queued in the batch; raises `batching.QueueFull` when the queue is full. Its prompt
+    is prefilled, less what the server's prefix cache holds, and its prompt and output are cached after."""
+    job = Job(rid=rid, target=plan.target, prompt_ids=prompt_ids, output_ids_of=partial(p.output_ids, plan))
     job.meta["priority"] = _priority(state, priority)
-    job.meta["prompt_tokens"] = prompt_tokens
+    job.meta["prompt_tokens"] = len(prompt_ids)
     if fault == fault_kinds.ABORT:
         job.target = int(plan.target * state.injector.abort_fraction())
         job.aborted = True
@@ -95,6 +98,12 @@ def record(state: State, job: Job, prompt_toks: int) -> None:
     if not job.aborted or job.aborted_in == "running":
         m.num_requests_total += 1
         m.prompt_tokens_total += prompt_toks
+
+
+def cached_tokens_details(job: Job) -> dict[str, int] | None:
+    """SGLang's `meta_info.cached_tokens_details` (`OutputStreamer.get_cached_tokens_details`): null without a
+    hit, else where the hit was found; the stand-in's cache is all on the device (no hierarchical cache)."""
+    return {"device": job.cached_tokens, "host": 0} if job.cached_tokens > 0 else None
 
 
 def abort_disconnected(state: State, job: Job) -> None:

@@ -93,6 +93,13 @@ _SIM_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--sim-step-per-req-ms", {
         "type": float, "default": 0.15, "help": "extra step time per running request",
     }),
+    # A prompt's prefill on one GPU. The default is a ~27B dense model in BF16 on one H100 SXM: a token of
+    # prefill costs 2 x 27e9 FLOPs, and NVIDIA's H100 SXM datasheet gives 989 dense BF16 TFLOPS; at the ~40%
+    # model FLOPs utilisation prefill reaches at 8k-token chunks, 989e12 x 0.4 / 54e9 = 7,300 tokens a second.
+    ("--sim-prefill-tokens-per-s", {
+        "type": float, "default": 7300.0,
+        "help": "prompt tokens a GPU prefills a simulated second (default: a ~27B model on one H100)",
+    }),
     ("--sim-accept-length", {
         "type": float, "default": None,
         "help": f"tokens per step with --speculative-algorithm (default {DEFAULT_SPEC_ACCEPT_LENGTH})",
@@ -307,6 +314,11 @@ def _resolve_sglang_args(parser: argparse.ArgumentParser, a: dict[str, Any]) -> 
 
 def _check_sim_args(parser: argparse.ArgumentParser, a: dict[str, Any]) -> None:
     _check(parser, a["sim_time_scale"] > 0, f"--sim-time-scale must be > 0, got {a['sim_time_scale']}")
+    _check(
+        parser,
+        a["sim_prefill_tokens_per_s"] > 0,
+        f"--sim-prefill-tokens-per-s must be > 0, got {a['sim_prefill_tokens_per_s']}",
+    )
     _check(parser, a["sim_warmup_s"] >= 0, f"--sim-warmup-s must be >= 0, got {a['sim_warmup_s']}")
     _check(
         parser,

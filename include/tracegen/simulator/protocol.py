@@ -601,14 +601,15 @@ def tool_calls(plan: Plan, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     } for i, call in enumerate(calls)]  # fmt: skip
 
 
-def usage(prompt_tokens: int, completion: int, reasoning: int) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion: int, reasoning: int, cached: int | None = None) -> dict[str, Any]:
     """SGLang's UsageInfo as it serializes it: every field present, the OpenAI-style details null unless
-    there are reasoning tokens."""
+    there are reasoning tokens; the prompt's cached tokens only with --enable-cache-report (`cached` given),
+    then whatever their count, 0 included (`UsageProcessor.calculate_response_usage`)."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
         "reasoning_tokens": reasoning,
         "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning > 0 else None,
     }

@@ -84,9 +84,14 @@ def test_streamed_generate_incremental_and_cumulative_end_as_unstreamed(sim_serv
     assert all(b["text"].startswith(a["text"]) for a, b in zip(evs, evs[1:], strict=False))
     assert evs[-1]["output_ids"] == whole["output_ids"] and evs[-1]["text"] == whole["text"]
     assert all(e["meta_info"]["finish_reason"] is None for e in evs[:-1])
-    own = ("id", "e2e_latency")  # the request's own
+    # The request's own, and the cache: the second sending finds all but the prompt's last token cached.
+    own = ("id", "e2e_latency", "cached_tokens", "cached_tokens_details")
     assert {k: v for k, v in evs[-1]["meta_info"].items() if k not in own} == {
         k: v for k, v in whole["meta_info"].items() if k not in own}  # fmt: skip
+    prompt = whole["meta_info"]["prompt_tokens"]
+    assert whole["meta_info"]["cached_tokens"] == 0 and whole["meta_info"]["cached_tokens_details"] is None
+    assert evs[-1]["meta_info"]["cached_tokens"] == prompt - 1
+    assert evs[-1]["meta_info"]["cached_tokens_details"] == {"device": prompt - 1, "host": 0}
 
     evs, last = _stream(incremental.url, body)
     # At interval 7: the first token at once, then every 7, then the finish.
