@@ -239,6 +239,10 @@ class ChunkEngine:
         self.client_config = options.client_config or ClientConfig(
             request_deadline_s=config.request_deadline_s, max_attempts=config.max_attempts,
             autotune=config.autotune_in_flight,  # autotune hook: per-server limits follow the servers
+            # Prompt rows that are a conversation's turns share its prefix: each goes where the prefix is cached.
+            # Prompts of one row each share at most a system prompt, which every server caches anyway: affinity
+            # buys them nothing, and its load slack could leave one server's batch short while another's queues.
+            routing="prefix" if dataset.reading.expands else "least_outstanding",
         )
         self.sampling = Sampling.of_config(config)
         self.templates = TemplateChoice.of_config(config)

@@ -1,7 +1,7 @@
 """Which SGLang server gets the next request.
 
 Each server has an in-flight limit; a request goes to a healthy server with room: with `routing="prefix"`
-(the default) and a prefix key, the server its prefix prefers within the load bound (`affinity.PrefixRing`),
+(a chunk of a conversation's turns) and a prefix key, the server its prefix prefers within the load bound (`affinity.PrefixRing`),
 else the one with the fewest outstanding requests. A server that keeps failing (connect errors, timeouts, 5xx) or that stops producing
 completions while `/health` still says 200 (wedged) is quarantined: it gets no new requests, and a
 background probe brings it back only once `/health` answers 200 AND a 1-token completion finishes —

@@ -76,8 +76,9 @@ class ClientConfig:
     # Which server a request goes to (tracegen.sglang.routing): "prefix" sends a conversation's prompts where
     # its earlier ones went, so the server's radix cache holds their shared prefix, within `routing_load_factor`
     # times the fleet's average load (tracegen.sglang.affinity); "least_outstanding" to the server with the
-    # fewest requests in flight, wherever the prompt's prefix is cached.
-    routing: str = "prefix"
+    # fewest requests in flight, wherever the prompt's prefix is cached. A chunk chooses by its dataset's reading
+    # (`generate.engine`): prompts that share a conversation's prefix (turns=each) go by prefix.
+    routing: str = "least_outstanding"
     routing_load_factor: float = 1.25
     # Requests a prefix's server may carry past the least loaded server, and past its own in-flight limit, as a
     # share of the fleet's mean limit (the limit is a batch and a queue: 1.5 lets a server queue half a batch more).
