@@ -63,8 +63,7 @@ def data_files(path: str) -> tuple[str, list[str]]:
     if state.is_file():
         names = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
         return ARROW, [str(root / name) for name in _listed(path, state.read_text(), names)]
-    # A link out of the folder is not followed: only the folder's own files are its data.
-    names = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    names = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
     kind, files = _by_kind(path, names)
     return kind, [str(root / name) for name in files]
 
