@@ -22,7 +22,7 @@ Data is copied both ways in 64 KiB reads; a connection ends when either side clo
 One thread serves every connection, so it never waits on one of them: a channel is read only when it holds
 data or has ended. paramiko wakes a selector through a pipe of its own, which can be readable while the
 channel holds nothing yet; a blocking read there stopped every connection of the tunnel (seen with real
-SGLang behind it: a run's requests waited until their 30-minute timeout, two runs in five).
+SGLang behind it: a run's requests waited until their 30-minute timeout, two runs in six).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from tracegen.audit.loop_stop import LOOP_JUDGE
 from tracegen.audit.runaway_rows import score_of
 from tracegen.config import RunConfig
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
+from tracegen.dataset.row_ids import row_id
 from tracegen.generate.extend import (
     Extension,
     Superseded,
@@ -497,14 +498,14 @@ class ChunkEngine:
 
     async def _complete(self, client: SGLangClient, row: PromptRow | Extension) -> GeneratedRow:
         if isinstance(row, Extension):
-            row_id = row.prompt.id if row.prompt is not None else row.source.id
+            own_id = row.prompt.id if row.prompt is not None else row.source.id
             result = await extend_row(client, row, sampling=self.sampling, model=self.model,
                                       run_id=self.run_id, chunk=self.chunk, stop_loops=self.config.stop_loops,
-                                      template_kwargs=self.templates.for_row(row_id))
-            result.id = row_id
+                                      template_kwargs=self.templates.for_row(row_id(own_id, row.source.index)))
+            result.id = own_id
             return result
         request = ChatRequest(row.index, row.messages, model=self.model, sampling=self.sampling, tools=row.tools,
-                              template_kwargs=self.templates.for_row(row.id))
+                              template_kwargs=self.templates.for_row(row_id(row.id, row.index)))
         result = await complete_row(client, request, run_id=self.run_id, chunk=self.chunk, category=row.category,
                                     watch_with=self._watch_with)
         result.id = row.id

@@ -32,6 +32,7 @@ class TemplateChoice:
         return cls(parse_template_kwargs(config.chat_template_kwargs), config.thinking_off_pct)
 
     def for_row(self, row_id: str) -> dict[str, Any] | None:
+        """`row_id`: the id the row is named by (`dataset.row_ids.row_id`: its own, or index-<n>)."""
         if self.off_share > 0 and row_unit(row_id) < self.off_share:
             return {**self.kwargs, "enable_thinking": False}
         return dict(self.kwargs) or None

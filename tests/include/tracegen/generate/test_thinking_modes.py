@@ -4,6 +4,8 @@ and each row's provenance says which arguments its prompt was rendered with."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from engine_support.helpers import endpoints, make_config, prepare, root_of, run_engine, write_dataset
 
@@ -75,3 +77,21 @@ def test_bad_template_arguments_are_refused_naming_the_param(tmp_path, text, say
 def test_empty_template_arguments_are_the_templates_defaults(text):
     assert parse_template_kwargs(text) == {}
     assert TemplateChoice(parse_template_kwargs(text), 0.0).for_row("p1") is None
+
+
+def test_rows_without_ids_are_chosen_by_the_name_they_get(tmp_path, sim_server):
+    # A row without an id is named index-<n> everywhere (the export too): its mode is chosen by that name.
+    sim = sim_server(**SIM)
+    dataset = tmp_path / "no-ids.jsonl"
+    dataset.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"task {i}"}]}) + "\n"
+                               for i in range(N_ROWS)))
+    config = make_config(dataset, tmp_path / "out", max_tokens=400, thinking_off_pct=50.0)
+    prepare(config, "run-no-ids")
+    run_engine(config, "run-no-ids", endpoints(sim), tmp_path / "spool", range(N_ROWS))
+    root = root_of(config)
+    frame = root.snapshots.frame()
+    rows = [r for part in set(frame["part"]) for r in root.commits.read_part(part)]
+    assert len(rows) == N_ROWS and all(r.status == OK for r in rows)
+    for row in rows:
+        off = row_unit(f"index-{row.index}") < 0.5
+        assert (TEMPLATE_KWARGS in (row.provenance or {})) == off and _thinks(row) != off, row.index
