@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from engine_support.dags_test import DagsTest
+from engine_support.dags_test import DagsTest, migrated_env
 from fixtures.ports import free_port
 from fixtures.procs import is_alive
 
@@ -38,22 +36,8 @@ N_ROWS = 600
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory, sshd, s3):
     """A migrated SQLite metadata DB and the environment every `airflow` command of this module uses."""
-    home = tmp_path_factory.mktemp("airflow-home")
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "TRACEGEN_SPOOL_DIR": str(home / "spool"),
-        "TRACEGEN_STATE_DIR": str(home / "state"),
-        # The fleet files the tests' triggers name are written under pytest's temporary directory.
-        "TRACEGEN_FLEETS": str(tmp_path_factory.getbasetemp()),
-    }
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
-                   capture_output=True)
-    return env
+    # The fleet files the tests' triggers name are written under pytest's temporary directory.
+    return migrated_env(tmp_path_factory.mktemp("airflow-home"), ROOT, tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,24 @@ _FIXED_AT_IMPORT = ("AIRFLOW_HOME", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRF
                     "AIRFLOW__CORE__PLUGINS_FOLDER", "PYTHONPATH")
 
 
+def migrated_env(home: Path, project: Path, fleets: Path) -> dict[str, str]:
+    """The environment `airflow dags test` of `project`'s DAGs runs with, on a SQLite metadata DB under `home`,
+    migrated here; fleet files are allowed under `fleets`."""
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__DAGS_FOLDER": str(project / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(project / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "TRACEGEN_SPOOL_DIR": str(home / "spool"),
+        "TRACEGEN_STATE_DIR": str(home / "state"),
+        "TRACEGEN_FLEETS": str(fleets),
+    }
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True)
+    return env
+
+
 class DagsTest:
     """Runs `airflow dags test DAG_ID --dagfile-path dags/DAG_ID.py [--conf JSON]` with `env`, forked from a
     warm server; `run` answers as `subprocess.run(..., capture_output=True, text=True)` would (the output,

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from engine_support.dags_test import DagsTest
+from engine_support.dags_test import DagsTest, migrated_env
 
 from tracegen.audit.gate import STOP
 from tracegen.config import SAMPLE_DATASET
@@ -36,20 +33,8 @@ N_ROWS, CAP = 24, 48
 
 @pytest.fixture(scope="module")
 def dags(tmp_path_factory, sshd):
-    home = tmp_path_factory.mktemp("airflow-home")
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "TRACEGEN_SPOOL_DIR": str(home / "spool"),
-        "TRACEGEN_STATE_DIR": str(home / "state"),
-        # The real server's fleet file is written under pytest's temporary directory.
-        "TRACEGEN_FLEETS": str(tmp_path_factory.getbasetemp()),
-    }
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True, capture_output=True)
+    # The real server's fleet file is written under pytest's temporary directory.
+    env = migrated_env(tmp_path_factory.mktemp("airflow-home"), ROOT, tmp_path_factory.getbasetemp())
     with DagsTest(env, ROOT / "dags") as runner:
         yield runner
 

@@ -173,6 +173,14 @@ def test_client_urls_tunnel_loopback_and_go_direct_otherwise(sshd):
     assert LocalTransport().url("127.0.0.1", 6) == "http://127.0.0.1:6"
 
 
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A server that sends back whatever it reads, until the peer closes."""
+    while data := await reader.read(65536):
+        writer.write(data)
+        await writer.drain()
+    writer.close()
+
+
 def test_a_tunnel_carries_hundreds_of_connections_past_descriptor_1024(sshd):
     """The provider's tunnel waits on select(), which fails for a descriptor numbered 1024 or above: its
     loop stopped and every request through it hung (512 concurrent requests: all timed out). A chunk task
@@ -182,13 +190,7 @@ def test_a_tunnel_carries_hundreds_of_connections_past_descriptor_1024(sshd):
     held = [os.pipe() for _ in range(550)]  # 1,100 descriptors: every new one is numbered above 1024
 
     async def scenario(url_port_of) -> tuple[int, int]:
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        server = await asyncio.start_server(_echo, "127.0.0.1", 0)
         port = url_port_of(server.sockets[0].getsockname()[1])
 
         async def one(i: int) -> bool:
@@ -393,13 +395,7 @@ def test_a_channel_woken_with_nothing_to_read_stops_no_other_connection(sshd):
     nothing yet; the one forwarding thread must not wait on that channel while other connections need it."""
 
     async def main() -> None:
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        server = await asyncio.start_server(_echo, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         transport = SSHTransport(sshd.conn_id)
         forward = PortForward(transport._client(), "127.0.0.1", port).__enter__()
