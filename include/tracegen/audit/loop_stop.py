@@ -216,28 +216,27 @@ class LoopWatch:
         if not ids:
             return
         try:
-            new = np.frombuffer(array("Q", ids), dtype=np.uint64)
+            # array("I") refuses what is not an integer in 0..2**32-1 in C, without a pass over the ids in Python.
+            new = np.frombuffer(array("I", ids), dtype=np.uint32)
         except OverflowError:
-            raise ValueError("token ids must be non-negative 64-bit integers") from None
+            raise ValueError("token ids must be integers in 0..2**32-1") from None
         except TypeError as exc:
             raise ValueError(f"token ids must be integers: {exc}") from None
-        if new.size and int(new.max()) >= 1 << 32:
-            raise ValueError("token ids must be below 2**32")
-        joined = np.concatenate([self._ids[-(NGRAM - 1):] if self._ids.size else self._ids, new.astype(np.uint32)])
+        joined = np.concatenate([self._ids[-(NGRAM - 1):], new]) if self._ids.size else new
         keys = gram_keys(joined, NGRAM)
         if keys.size:
             found = np.searchsorted(self._keys, keys)
             inside = found < self._keys.size
             known = np.zeros(keys.size, dtype=bool)
             known[inside] = self._keys[found[inside]] == keys[inside]
-            _, first = np.unique(keys, return_index=True)
-            repeated_here = np.ones(keys.size, dtype=bool)
-            repeated_here[first] = False
+            order = np.argsort(keys, kind="stable")  # equal keys in position order: the first one leads
+            ranked = keys[order]
+            repeated_here = np.zeros(keys.size, dtype=bool)
+            repeated_here[order[1:][ranked[1:] == ranked[:-1]]] = True
             novel = ~known & ~repeated_here
             self._novel = np.concatenate([self._novel, novel])[-RECENT:]
-            order = np.argsort(keys, kind="stable")  # equal insertion points take their keys in sorted order
-            self._keys = np.insert(self._keys, found[order], keys[order])
-        self._ids = np.concatenate([self._ids, new.astype(np.uint32)])
+            self._keys = np.insert(self._keys, found[order], ranked)  # equal insertion points in sorted order
+        self._ids = np.concatenate([self._ids, new])
         history = self.rule.history
         if self._ids.size > history + history // 4:
             self._ids = self._ids[-history:].copy()
