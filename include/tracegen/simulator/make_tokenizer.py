@@ -28,6 +28,7 @@ import json
 import re
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 from tracegen.simulator.bpe import (
     ADDED_TOKENS,
@@ -176,16 +177,15 @@ def file_text(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-def write_streams(tok: Tokenizer) -> None:
+def write_streams(tok: Tokenizer, path: Path = STREAMS_FILE) -> None:
     import numpy as np
 
     from tracegen.simulator import corpus
 
     arrays = {name: np.asarray(tok.encode(corpus.text(name, chars, seed=STREAM_SEED)), dtype=np.uint16)
               for name, chars in STREAM_CHARS.items()}
-    np.savez_compressed(STREAMS_FILE, **arrays)
-    print(f"wrote {STREAMS_FILE} ({', '.join(f'{k}: {v.size:,} tokens' for k, v in arrays.items())})",
-          file=sys.stderr)
+    np.savez_compressed(path, **arrays)
+    print(f"wrote {path} ({', '.join(f'{k}: {v.size:,} tokens' for k, v in arrays.items())})", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,12 @@
 """The tokenizer folder's builder (`make_tokenizer`): it writes the shipped `tokenizer.json` byte for byte
-from the shipped merges, and a tokenizer it trains is one the stand-in loads, with Qwen3's added tokens at
-their ids."""
+from the shipped merges and the shipped streams from the shipped tokenizer, and a tokenizer it trains is one
+the stand-in loads, with Qwen3's added tokens at their ids."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 from fixtures.tokenizer_texts import ADDED, RUNS, texts
 
 from tracegen.simulator import bpe, make_tokenizer
@@ -35,3 +36,12 @@ def test_a_trained_tokenizer_loads_as_the_stand_ins(tmp_path):
         assert tok.decode(ids, skip_special_tokens=False) == text
         assert all(i < len(vocab) or i in ADDED.values() for i in ids)
     assert len(tok.encode(corpus[0])) < len(corpus[0].encode())  # the merges merge
+
+
+def test_the_shipped_streams_are_what_the_builder_writes(tmp_path):
+    path = tmp_path / "streams.npz"
+    make_tokenizer.write_streams(bpe.tokenizer(), path)
+    written, shipped = np.load(path), np.load(bpe.STREAMS_FILE)
+    assert sorted(written.files) == sorted(shipped.files) == sorted(bpe.STREAM_CHARS)
+    for name in bpe.STREAM_CHARS:
+        assert written[name].dtype == shipped[name].dtype and np.array_equal(written[name], shipped[name]), name
