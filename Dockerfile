@@ -1,17 +1,24 @@
-# tracegen's Airflow image: the official Airflow 3.3.2 image plus requirements.txt, with the project's
-# dags/, plugins/ and include/ baked in (docker-compose.yaml also mounts them, so edits need no rebuild).
-ARG AIRFLOW_IMAGE=apache/airflow:3.3.2
+# tracegen's Airflow image: the official Airflow 3.3.2 image (its Python 3.11 build, the Python the project
+# declares and constraints.txt was resolved on) plus requirements.txt, with the project's dags/, plugins/ and
+# include/ baked in and tracegen installed from them (docker-compose.yaml also mounts them, so edits need no
+# rebuild).
+ARG AIRFLOW_IMAGE=apache/airflow:3.3.2-python3.11
 FROM ${AIRFLOW_IMAGE} AS airflow
 
 # Pinning apache-airflow to the base image's version keeps pip from up- or downgrading Airflow itself
-# while resolving the providers (the official image's documented way to add packages).
+# while resolving the providers (the official image's documented way to add packages); constraints.txt pins
+# everything they pull in to the versions the suite passed with.
 COPY requirements.txt /requirements.txt
-RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /requirements.txt
+COPY constraints.txt /constraints.txt
+RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -c /constraints.txt -r /requirements.txt
 
 COPY --chown=airflow:0 dags/ /opt/airflow/dags/
 COPY --chown=airflow:0 plugins/ /opt/airflow/plugins/
 COPY --chown=airflow:0 include/ /opt/airflow/include/
-ENV PYTHONPATH=/opt/airflow/include
+# tracegen as a distribution (pyproject.toml reads its dependencies from the requirements files, installed
+# above), editable: the image's Python imports it from /opt/airflow/include, which compose mounts over.
+COPY --chown=airflow:0 pyproject.toml README.md requirements*.txt /opt/airflow/
+RUN pip install --no-cache-dir --no-deps -e /opt/airflow
 
 # A simulated GPU host (docker compose --profile gpu-sim): sshd + tracegen's SGLang stand-in, which the
 # fleet launches over SSH exactly as it launches SGLang on a real host. No GPU, no model weights.

@@ -35,7 +35,8 @@ DEFAULT_MIN_SAMPLE = 300
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for k successes out of n (exact 0 / 1 bounds at k = 0 / k = n)."""
+    """Wilson score interval for k successes out of n (exact 0 / 1 bounds at k = 0 / k = n): scipy's
+    `binomtest(k, n).proportion_ci(method="wilson")` in closed form, without importing scipy.stats."""
     if n <= 0:
         return 0.0, 1.0
     z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import tenacity
+
 from tracegen.fleet.spec import LOCAL, is_loopback
 from tracegen.fleet.tunnel import PortForward
 
@@ -209,19 +211,24 @@ class SSHTransport:
         self._connect_lock = threading.Lock()
 
     def _client(self) -> Any:
+        # sshd's MaxStartups throttling and restarts are short-lived: back off (1, 2, 4, 8, 8 ... s) and retry.
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.connect_attempts),
+            wait=tenacity.wait_exponential(multiplier=1.0, max=8.0),
+            retry=tenacity.retry_if_exception_type(_Transient),
+            reraise=True,
+        )
+        try:
+            return retrying(self._connect_locked)
+        except _Transient as exc:
+            raise FleetError(
+                f"connection {self.name}: cannot reach SSH server after {self.connect_attempts} attempts: "
+                f"{exc.__cause__}"
+            ) from None
 
-        for attempt in range(1, self.connect_attempts + 1):
-            try:
-                with self._connect_lock:
-                    return self._connect_once()
-            except _Transient as exc:
-                if attempt == self.connect_attempts:
-                    raise FleetError(
-                        f"connection {self.name}: cannot reach SSH server after {attempt} attempts: {exc.__cause__}"
-                    ) from None
-                # sshd's MaxStartups throttling and restarts are short-lived: back off and retry.
-                time.sleep(min(8.0, 1.0 * 2 ** (attempt - 1)))
-        raise AssertionError("unreachable")
+    def _connect_locked(self) -> Any:
+        with self._connect_lock:
+            return self._connect_once()
 
     def _connect_once(self) -> Any:
         import paramiko

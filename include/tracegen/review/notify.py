@@ -22,6 +22,13 @@ to the server's last byte: a server that answers one byte at a time never trips 
 would otherwise keep the question from being posed. The task log names a server by `shown_location` (no
 login, password, path or token of a webhook URL).
 
+Airflow's own notifiers (the SMTP provider's SmtpNotifier, the HTTP provider's HttpNotifier) send through
+their hooks, which would change what is sent and kept: SmtpHook reads other connection extras (implicit TLS
+unless `disable_ssl`, STARTTLS unless `disable_tls`), reconnects up to 5 times on a disconnect, bounds each
+read but not the whole, and SmtpNotifier mails HTML; HttpHook sends the connection's extras as request
+headers, follows redirects, and debug-logs the whole URL, a webhook's secret. So the sending here is
+smtplib's and httpx's, bounded by the deadline.
+
 TRACEGEN_QUESTION_ASSIGNED_USERS (comma-separated user ids, each optionally `id:display name`) limits who
 may answer (HITL's `assigned_users`); unset, anyone who may act on the DAG's runs may answer.
 """

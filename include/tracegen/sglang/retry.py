@@ -50,7 +50,10 @@ def backoff_delay(attempt: int, base_s: float, cap_s: float, rng: random.Random)
 
     Half fixed, half random ("equal jitter"): the fixed half guarantees a real pause after a burst of
     failures, the random half spreads the hundreds of requests that failed together (a crashed server)
-    so they do not hit the surviving servers in one wave.
+    so they do not hit the surviving servers in one wave. Not a tenacity wait: its jitter is added to the
+    exponential (`wait_exponential_jitter`) rather than half of it, and it draws from the global `random`
+    where this draws from the client's seeded `rng` (`jitter_seed`); the request loop also moves to another
+    server between attempts.
     """
     if attempt < 1:
         raise ValueError(f"attempt must be >= 1, got {attempt}")

@@ -13,7 +13,7 @@ tokenization of the text generated here:
 
 Everything is drawn from `random.Random` with fixed seeds: the text, and so the streams, are the same on
 every server of a fleet and across releases of the stand-in unless this module changes (then the shipped
-tokenizer is retrained with it: `python -m tracegen.simulator.bpe`).
+streams are tokenized again: `python -m tracegen.simulator.make_tokenizer`).
 """
 
 from __future__ import annotations

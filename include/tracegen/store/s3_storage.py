@@ -150,7 +150,9 @@ class S3Storage(Storage):
 
         `until` (time.monotonic()) makes it a guarded write: each attempt goes out on `_guarded_client`
         (one send, timeouts within the time left) and none starts past `until`. A guarded write whose last
-        attempt went unanswered may have landed, but only as sent, before the deadline."""
+        attempt went unanswered may have landed, but only as sent, before the deadline. A loop of its own, not
+        tenacity's: each attempt's client is built for the time left before `until`, and running out of it
+        is `Fenced`, not the retry deadline's StorageError."""
         deadline = time.monotonic() + self.retry_deadline_s
         if until is not None:
             deadline = min(deadline, until)

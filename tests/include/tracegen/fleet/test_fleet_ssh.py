@@ -157,6 +157,24 @@ def test_unreachable_ssh_server_is_retried_then_named(sshd):
         SSHTransport(conn_id, connect_attempts=2).run("true", timeout=10)
 
 
+def test_a_transient_connect_failure_is_retried_after_1_2_4_8_8_s(monkeypatch):
+    from tracegen.fleet import transport as transport_module
+
+    monkeypatch.setenv("AIRFLOW_CONN_FLEET_SSH_FLAKY", json.dumps({"conn_type": "ssh", "host": "127.0.0.1"}))
+    transport = SSHTransport("fleet_ssh_flaky", connect_attempts=6)
+    tries, waits = [], []
+
+    def refused():
+        tries.append(1)
+        raise transport_module._Transient() from ConnectionRefusedError("refused")
+
+    monkeypatch.setattr(transport, "_connect_once", refused)
+    monkeypatch.setattr(time, "sleep", waits.append)  # the waits asked for, none taken
+    with pytest.raises(FleetError, match="cannot reach SSH server after 6 attempts: refused"):
+        transport.run("true", timeout=10)
+    assert len(tries) == 6 and waits == [1, 2, 4, 8, 8]
+
+
 def test_client_urls_tunnel_loopback_and_go_direct_otherwise(sshd):
     transport = SSHTransport(sshd.conn_id)
     try:

@@ -278,7 +278,10 @@ def exported(root, dest) -> dict[int, dict]:
 
 def cut_inside_a_character(row: GeneratedRow) -> bool:
     """The row's response ids end inside a UTF-8 character (its text ends in U+FFFD)."""
-    data = tokenizer().to_bytes(unpack_token_ids(row.response_token_ids))
+    tok = tokenizer()
+    # The ids' bytes: an added token's are its content (ASCII, whole characters).
+    data = b"".join(tok.token_bytes[i] if i < tok.size else tok.library.id_to_token(i).encode()
+                    for i in unpack_token_ids(row.response_token_ids))
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -3,11 +3,7 @@
 Qwen3's added tokens at Qwen3's ids. A trainer that tokenizes with it (SpecForge, speculators) gets the ids
 the stand-in generated and counted.
 
-The texts are drawn at random (a fixed seed) from what the pre-tokenizer's classes and the added tokens
-make hard: ASCII prose and code, CJK, kana and hangul, emoji with joiners and modifiers, arrows and
-dashes, runs of every kind of whitespace (`\\x1c`, NBSP, U+3000, U+2028), combining marks, digits and
-numerals of other scripts, contractions in both cases (and `'ſ`, which Python's `(?i)` folds to `'s`),
-added tokens' strings inside words, code points from every plane, and windows of the stand-in's own text.
+The texts are `fixtures.tokenizer_texts`: what the pre-tokenizer's classes and the added tokens make hard.
 """
 
 from __future__ import annotations
@@ -15,55 +11,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from fixtures.tokenizer_texts import ADDED, texts
 
-from tracegen.simulator import bpe, corpus
+from tracegen.simulator import bpe
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
-
-ADDED = {content: i for i, content, _ in bpe.ADDED_TOKENS}
-POOLS = {
-    "ascii": ["the", " test", " fails", "def f(x):", "    return x + 1", "I'm", " we'll", "DON'T", "x_y",
-              "__init__", "3.14159", "2026-07-01", "{\"a\": [1, 2]}", "$ ls -la", "#!/bin/sh", "a+b=c", "_"],
-    "cjk": ["请修复失败的测试", "テスト", "ひらがな", "한국어", "漢字", "㐀", "䶵", "中文，标点。", "（括号）", "ｶﾀｶﾅ"],
-    "emoji": ["🧪", "👍🏽", "👨‍👩‍👧", "🇯🇵", "❤️", "✅", "❌", "✓", "🙏", "🫠"],
-    "symbols": ["→", "⇒", "←", "—", "–", "…", "≤", "≥", "±", "·", "•", "©", "€", "∑", "√", "°C", "“quoted”"],
-    "space": [" ", "  ", "\t", "\n", "\n\n", "\r\n", "   \n", "\u00a0", "\u3000", "\x1c", "\x1f", "\u2028",
-              "\x85", "\u200b", "\u200d", " \t \n ", "\x0b\x0c"],
-    "marks": ["e\u0301", "a\u0308", "n\u0303", "ह\u093f", "हिन्दी", "ก\u0e34", "\u0301", "a\u20dd", "ﬁ", "ß"],
-    "digits": ["0", "42", "٣", "１２", "²", "½", "Ⅻ", "①", "𝟙", "௧"],
-    "contractions": ["'s", "'S", "'ll", "'LL", "'Re", "'ve", "'d", "'m", "'t", "'ſ", "'K", "''", "'"],
-    "added": list(ADDED),
-}
-
-
-def _random_code_point(r: random.Random) -> str:
-    while True:
-        cp = r.choice([r.randrange(0x20, 0x7F), r.randrange(0x80, 0x800), r.randrange(0x800, 0x10000),
-                       r.randrange(0x10000, 0x110000), r.randrange(0, 0x20)])
-        if not 0xD800 <= cp <= 0xDFFF:
-            return chr(cp)
-
-
-def texts(n: int, seed: int = 20260701) -> list[str]:
-    r = random.Random(seed)
-    streams = {name: corpus.text(name, 40_000, seed=seed) for name in ("en", "intl")}
-    out = []
-    for _ in range(n):
-        parts = []
-        for _ in range(r.randrange(1, 12)):
-            kind = r.random()
-            if kind < 0.7:
-                parts.append(r.choice(POOLS[r.choice(list(POOLS))]))
-            elif kind < 0.85:
-                parts.append("".join(_random_code_point(r) for _ in range(r.randrange(1, 6))))
-            else:
-                s = streams[r.choice(("en", "intl"))]
-                at = r.randrange(len(s) - 300)
-                parts.append(s[at : at + r.randrange(1, 300)])
-        out.append("".join(parts))
-    return out
-
 
 TEXTS = texts(1500)
 
