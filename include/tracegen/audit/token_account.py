@@ -105,6 +105,7 @@ def prefill_line(doc: dict[str, Any]) -> str | None:
     p = doc.get("prefill")
     if not p or not p["rows"]:
         return None
+
     def rows(n: int) -> str:
         return f"{n:,} row" + ("" if n == 1 else "s")
 

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 # What a report reads of each ledger row (the lean read: strings as codes, never the whole frame): the audit's
 # columns, the runaway judgement's (the score the ledger keeps, and the part a row without one is judged from),
-# the while-asking account's flag, and the commit time supersession orders by. `attempt` no figure reads.
+# the while-asking account's flag, the commit time supersession orders by, and the prompt tokens found cached
+# (what prefill cost, `audit.token_account.prefill_account`). `attempt` no figure reads.
 REPORT_COLUMNS = (*AUDIT_COLUMNS, "runaway_score", "part", "while_asking", "committed_at", "cached_tokens")
 
 
