@@ -11,7 +11,10 @@ fleet has slots. Measured:
   prefix tokens, the physical limit: every distinct prefix of the prompts computed once, and the prefix every
   conversation shares once more on each other server that served a request;
 - kept rows per fleet-second: rows that finished by themselves (not cut at the cap) per simulated second of the
-  whole fleet, from the first request to the last answer.
+  whole fleet, from the first request to the last answer;
+- what prefill cost as the report and `status` say it: the answers' prompt tokens sent, found cached (each
+  answer's `cached_tokens`) and computed, summed by the report's own account (`audit.token_account.prefill_account`),
+  beside the servers' own count of the tokens they computed: the two agree when no request failed.
 
     PYTHONPATH=include .venv/bin/python bench/prefill.py [--servers 4] [--conversations 40] [--seed 0]
 
@@ -33,9 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "include"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import pandas as pd  # noqa: E402
 from aiohttp import web  # noqa: E402
 from fixtures.ports import free_port  # noqa: E402
 
+from tracegen.audit.token_account import prefill_account, prefill_line  # noqa: E402
 from tracegen.sglang.affinity import prefix_key  # noqa: E402
 from tracegen.sglang.client import SGLangClient  # noqa: E402
 from tracegen.sglang.routing import ServerEndpoint  # noqa: E402
@@ -45,6 +50,7 @@ from tracegen.simulator.launch_args import parse_args  # noqa: E402
 from tracegen.simulator.radix_cache import RadixCache  # noqa: E402
 from tracegen.simulator.state import State  # noqa: E402
 from tracegen.simulator.workloads import PromptRow, Workload, agentic_conversations, prompt_rows  # noqa: E402
+from tracegen.store.records import OK  # noqa: E402
 
 MODEL = "qwen3.6-27b-sim"
 
@@ -60,6 +66,7 @@ class Result:
     cached: int
     servers_used: int
     cpu_share: float
+    prefill: dict  # the answers' prompt tokens as the report accounts for them (`prefill_account`)
 
     def kept_per_fleet_second(self, servers: int) -> float:
         return self.kept / (self.sim_seconds * servers)
@@ -93,6 +100,7 @@ async def run(routing: str, rows: list[PromptRow], keys: dict[str, str], args: a
     endpoints = [ServerEndpoint(url, max_in_flight=args.in_flight) for url in urls]
     sampling = Sampling(max_tokens=args.cap)
     kept = failed = 0
+    answers: list[tuple[int, int | None]] = []  # each answer's prompt tokens and those it found cached
     cpu0, loop = time.process_time(), asyncio.get_running_loop()
     t0 = loop.time()
     async with SGLangClient(endpoints, config) as client:
@@ -107,7 +115,9 @@ async def run(routing: str, rows: list[PromptRow], keys: dict[str, str], args: a
                 slots.release()
             if out.value is None:
                 failed += 1
-            elif out.value.finish_reason == "stop":
+                return
+            answers.append((out.value.prompt_tokens, out.value.cached_tokens))
+            if out.value.finish_reason == "stop":
                 kept += 1
 
         tasks = []
@@ -120,10 +130,18 @@ async def run(routing: str, rows: list[PromptRow], keys: dict[str, str], args: a
     engines = [s.batcher.engine for s in states]
     result = Result(routing, len(rows), kept, failed, wall * args.time_scale,
                     sum(e.prompt_tokens_computed for e in engines), sum(e.prompt_tokens_cached for e in engines),
-                    sum(1 for e in engines if e.finished_count), cpu / wall)  # fmt: skip
+                    sum(1 for e in engines if e.finished_count), cpu / wall, prefill_of(answers))  # fmt: skip
     for runner in runners:
         await runner.cleanup()
     return result
+
+
+def prefill_of(answers: list[tuple[int, int | None]]) -> dict:
+    """The answers as the ledger would hold them (each its own row, no prefix of an earlier row), accounted
+    for as the report accounts for the ledger."""
+    sent, cached = zip(*answers, strict=True) if answers else ((), ())
+    return prefill_account(pd.DataFrame({"status": OK, "prompt_tokens": list(sent), "prefix_tokens": 0,
+                                         "cached_tokens": pd.Series(cached, dtype="float64")}))
 
 
 def distinct_prefix_tokens(rows: list[PromptRow], shared: int, servers_used: int) -> int:
@@ -173,6 +191,8 @@ def main() -> None:
               f"{r.computed / distinct:.2f} (distinct {distinct:,}); kept rows per fleet-second "
               f"{r.kept_per_fleet_second(args.servers):.4f}; this process's CPU {r.cpu_share:.0%} of wall "
               f"(peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)")  # fmt: skip
+        print(f"{'':>17}  prefill as the report says it: {prefill_line({'prefill': r.prefill})}; the servers "
+              f"computed {r.computed:,}")  # fmt: skip
     old, new = results["least_outstanding"], results["prefix"]
     x = new.computed / distinct_prefix_tokens(rows, workload.shared_tokens, new.servers_used)
     y = old.computed / distinct_prefix_tokens(rows, workload.shared_tokens, old.servers_used)

@@ -293,8 +293,9 @@ def _tell_outcome(run: Path, decision: dict, cap: int) -> None:
 
 
 def _tell_loops(report: dict, cap: int) -> None:
-    """The rows that loop: how many, what stopping them saved, and where every generated token went."""
-    from tracegen.audit.token_account import account_lines
+    """The rows that loop: how many, what stopping them saved, where every generated token went, and what
+    prefill cost."""
+    from tracegen.audit.token_account import account_lines, prefill_line
 
     runaway = ((report.get("measurement") or {}).get("runaway") or {})
     account = (report.get("run") or {}).get("token_account") or {}
@@ -309,6 +310,8 @@ def _tell_loops(report: dict, cap: int) -> None:
     if account:
         _say("  where the tokens went: " + "; ".join(f"{n:,} {what} ({share})"
                                                   for what, n, share in account_lines(account)))
+        if (prefill := prefill_line(account)) is not None:
+            _say(f"  prefill: {prefill}")
 
 
 def _tell_where(output: Path, run: Path, logs: Path, demo: Path) -> None:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from tracegen.audit.figures import figures_from_ledger, figures_text
 from tracegen.audit.pivot import pivot_summary, pivot_text
-from tracegen.audit.token_account import account_lines, stopped_line, token_account
+from tracegen.audit.token_account import account_lines, prefill_line, stopped_line, token_account
 from tracegen.run import FINAL_REPORT, PILOT_REPORT, plan
 from tracegen.run.run_record import GOING, latest_run, read_run_record, stage_of
 from tracegen.run.run_spec import RunSpecError
@@ -29,10 +29,11 @@ RATE_WINDOW_S = 600.0  # rate and ETA from the last ten minutes of commits of th
 SPREAD_SLICES = 5  # the rate window in this many slices: the ETA's range runs from the fastest to the slowest
 # What status and the progress view read of each ledger row: "done" (`plan`) and supersession, the counts and
 # rates, the truncation figures, and the pivot's (`audit.pivot`, which `chunk` tells the tail measurement's
-# rows from the pivot's); the server, for the progress view's timeline (`audit.timeline`).
+# rows from the pivot's); the server, for the progress view's timeline (`audit.timeline`); the prompt tokens
+# found cached, for what prefill cost (`audit.token_account.prefill_account`).
 STATUS_COLUMNS = ("index", "max_tokens", "prompt_tokens", "completion_tokens", "chunk", "prefix_tokens", "text_joined",
                   "status", "finish_reason", "run_id", "pivot", "part", "committed_at", "runaway_score", "while_asking",
-                  "server")
+                  "server", "cached_tokens")
 
 
 def dataset_status(output_uri: str, aws_conn_id: str = "aws_default", now: float | None = None) -> dict[str, Any]:
@@ -269,6 +270,7 @@ def format_status(s: dict[str, Any]) -> str:
         "pivot:       " + (pivot_text(s["pivot"]) or "none (no row replaced one truncated under a lower cap)"),
         "generated:   " + "; ".join(f"{n:,} {what} ({share})" for what, n, share in account_lines(s["token_account"])),
         *(["loops:       " + line] if (line := stopped_line(s["token_account"])) else []),
+        *(["prefill:     " + line] if (line := prefill_line(s["token_account"])) else []),
         "rate:        " + (f"{s['rows_per_s']:.2f} rows/s over the last {RATE_WINDOW_S / 60:.0f} min"
                            if s["rows_per_s"] else "idle (no commits in the last 10 min)"),
         "ETA:         " + (f"{s['eta_s'] / 3600:.1f} h" if s["eta_s"] else ("done" if s["left"] == 0 else "-")),

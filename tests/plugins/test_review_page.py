@@ -7,6 +7,7 @@ project's dags/ and plugins/) serves an output root built here with the real led
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import secrets
@@ -253,6 +254,10 @@ def test_run_list_json(server: Server) -> None:
     assert account["generated_per_kept"] == round(account["generated"] / account["kept"], 4)
     page = _get(server.url + "/tracegen/", headers=server.auth).text
     assert "tokens generated / kept" in page and f">{account['generated_per_kept']:.2f}<" in page
+    # And what prefill cost: the prompt tokens sent, found cached and computed, in the cell's title.
+    from tracegen.audit.token_account import prefill_line
+
+    assert account["prefill"]["rows"] > 0 and html.escape(prefill_line(account)) in page
     assert runs[BROKEN_RUN]["problem"].startswith("report.json is not valid JSON")
     # Newest first.
     assert [r["run_id"] for r in roots[str(server.output)]["runs"]][:3] == [

@@ -15,6 +15,7 @@ from tracegen.audit import measure_report
 from tracegen.audit.formats import num, pct
 from tracegen.audit.pivot import pivot_text
 from tracegen.audit.report_html import render_html
+from tracegen.audit.token_account import prefill_line
 
 SCHEMA_VERSION = 1
 EXAMPLE_OUTCOMES = ("truncated_in_thinking", "truncated_in_answer", "error")
@@ -139,8 +140,9 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def summary_text(audit: Any, capfit: Any = None, gate: Any = None, measurement: Any = None) -> str:
-    """A few lines for the task log."""
+def summary_text(audit: Any, capfit: Any = None, gate: Any = None, measurement: Any = None,
+                 account: Mapping[str, Any] | None = None) -> str:
+    """A few lines for the task log; `account`: the run's token account (`audit.token_account`), when kept."""
     a = audit.to_json() if hasattr(audit, "to_json") else audit
     t, tok, r = a["truncation"], a["tokens"], a["rows"]
     lines = []
@@ -169,6 +171,8 @@ def summary_text(audit: Any, capfit: Any = None, gate: Any = None, measurement: 
     flagged = [s for s in a["by_server"] if s["flags"]]
     for s in flagged:
         lines.append(f"server {s['server']}: " + "; ".join(s["flags"]))
+    if account and (prefill := prefill_line(account)) is not None:
+        lines.append(f"prefill: {prefill}")
     lines.extend(measure_report.summary_lines(measurement))
     return "\n".join(lines)
 
@@ -199,7 +203,7 @@ def render_report(
         "audit": _jsonable(a),
         "cap_table": _jsonable(cap_json) if cap_json is not None else None,
         "examples": ex,
-        "summary": summary_text(a, capfit, gate, measurement),
+        "summary": summary_text(a, capfit, gate, measurement, (run_meta or {}).get("token_account")),
         "decisions": [_jsonable(dict(d)) for d in decisions],
         "measurement": _jsonable(dict(measurement)) if measurement is not None else None,
     }

@@ -20,7 +20,7 @@ from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, fig
 from tracegen.audit.formats import duration_fine, gpu_hours, num, pct
 from tracegen.audit.pivot import pivot_text
 from tracegen.audit.rendering import render
-from tracegen.audit.token_account import account_lines, stopped_line
+from tracegen.audit.token_account import account_lines, prefill_line, stopped_line
 
 VERDICT_CLASSES = ("pass", "stop", "warn", "damaged")
 # What to do about a stop verdict when the run asks its reviewer: the gate's own action is advice for a run
@@ -57,6 +57,7 @@ def render_html(report: dict[str, Any], example_outcomes: tuple[str, ...]) -> st
         token_rows=[(what, num(n), share) for what, n, share in account_lines(run["token_account"])]
         if run.get("token_account") else None,
         stopped_loops=stopped_line(run["token_account"]) if run.get("token_account") else None,
+        prefill=prefill_line(run["token_account"]) if run.get("token_account") else None,
         run_rows=[(k, _run_value(k, v, report["decisions"])) for k, v in run.items()
                   if k not in ("while_asking", "token_account")],
     )

@@ -15,6 +15,13 @@ tokens generated split without overlap into:
 
 and the tokens of **failed attempts**, which no ledger row holds: a failed request returns no usage, so they
 are not counted, and the table says so.
+
+What prefill cost (`prefill`), over every ok row, each for its own requests as the generated tokens are: the
+prompt tokens sent to the servers (`records.prompt_sent`: an extended row's continuation sends the prompt and
+the kept ids), those the servers found in their prefix cache (`cached_tokens`), and the rest, computed. A
+server that does not report its cache (the chat route without --enable-cache-report, an older SGLang) leaves a
+row's cached count unknown: the cached share is taken over the rows where it is known, and the rows where it
+is not are counted apart, never as 0.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import pandas as pd
 
 from tracegen.audit.runaway import scored_runaway
 from tracegen.store.current import current_mask
-from tracegen.store.records import COMPLETE, EXTENDED, LOOP, OK, RESAMPLED
+from tracegen.store.records import COMPLETE, EXTENDED, LOOP, OK, RESAMPLED, prompt_sent
 
 KEPT, TRUNCATED, RUNAWAY, SUPERSEDED = "kept", "truncated_left_out", "runaway", "superseded"
 SUPERSEDED_BY = ("generated_again", "resampled", "while_asking", "other")
@@ -37,7 +44,7 @@ def token_account(frame: pd.DataFrame) -> dict[str, Any]:
     empty = {"generated": 0, KEPT: 0, TRUNCATED: 0, RUNAWAY: 0, SUPERSEDED: 0,
              "superseded_by": dict.fromkeys(SUPERSEDED_BY, 0), "stopped_rows": 0, "stopped_tokens": 0,
              "stopped_saved": 0,
-             "failed_attempts": None}
+             "failed_attempts": None, "prefill": prefill_account(frame)}
     if len(frame) == 0:
         return empty
     ok = (frame["status"] == OK).to_numpy(bool)
@@ -64,10 +71,54 @@ def token_account(frame: pd.DataFrame) -> dict[str, Any]:
         "stopped_saved": int(np.maximum(frame["max_tokens"].to_numpy(np.int64) - tokens, 0)[
             cur & np.isin(finish, (LOOP,))].sum()),
         "failed_attempts": None,  # a failed request returns no usage: not in the ledger
+        "prefill": prefill_account(frame),
     }
     kept = doc[KEPT]
     doc["generated_per_kept"] = round(doc["generated"] / kept, 4) if kept else None
     return doc
+
+
+def prefill_account(frame: pd.DataFrame) -> dict[str, Any]:
+    """The prompt tokens the ok rows sent, found cached and computed (see the module docstring): `sent` over
+    all `rows`; `cached`, `computed` (sent - cached) and `cached_share` over the `known_rows` whose server
+    reported its cache (`known_sent` of the tokens sent); `unknown_rows` did not say. A frame without the
+    column (rows committed before it) knows none."""
+    if len(frame) == 0:
+        return {"rows": 0, "sent": 0, "known_rows": 0, "known_sent": 0, "cached": 0, "computed": 0,
+                "cached_share": None, "unknown_rows": 0}
+    ok = (frame["status"] == OK).to_numpy(bool)
+    sent = prompt_sent(frame["prompt_tokens"].fillna(0).to_numpy(np.int64),
+                       frame["prefix_tokens"].fillna(0).to_numpy(np.int64))
+    cached = (frame["cached_tokens"].to_numpy(np.float64) if "cached_tokens" in frame.columns
+              else np.full(len(frame), np.nan))
+    known = ok & ~np.isnan(cached)
+    known_sent, found = int(sent[known].sum()), int(cached[known].sum())
+    return {"rows": int(ok.sum()), "sent": int(sent[ok].sum()), "known_rows": int(known.sum()),
+            "known_sent": known_sent, "cached": found, "computed": known_sent - found,
+            "cached_share": round(found / known_sent, 4) if known_sent else None,
+            "unknown_rows": int((ok & ~known).sum())}
+
+
+def prefill_line(doc: dict[str, Any]) -> str | None:
+    """What prefill cost, in words, for the report, `status` and the review pages (None: no ok row, or an
+    account from before it was kept)."""
+    p = doc.get("prefill")
+    if not p or not p["rows"]:
+        return None
+
+    def rows(n: int) -> str:
+        return f"{n:,} row" + ("" if n == 1 else "s")
+
+    sent = f"{p['sent']:,} prompt tokens sent over {rows(p['rows'])}"
+    unknown = f"cache not reported for {rows(p['unknown_rows'])}"
+    if not p["known_rows"]:
+        return f"{sent}; {unknown}"
+    share = f"{p['cached_share']:.1%}" if p["cached_share"] is not None else "-"
+    figures = f"{p['cached']:,} found cached ({share}), {p['computed']:,} computed"
+    if not p["unknown_rows"]:
+        return f"{sent}: {figures}"
+    return (f"{sent}; of the {p['known_sent']:,} sent by the {rows(p['known_rows'])} whose server reported its "
+            f"cache, {figures}; {unknown}")
 
 
 def _in_current_chain(frame: pd.DataFrame, cur: np.ndarray, tokens: np.ndarray, prefix: np.ndarray) -> np.ndarray:

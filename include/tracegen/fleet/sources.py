@@ -93,6 +93,9 @@ def local_sim_fleet() -> dict[str, Any]:
             "--max-running-requests": 64,
             "--context-length": 40960,
             "--enable-metrics": True,
+            # The chat route's usage says how many prompt tokens the prefix cache held only with it
+            # (`/generate` always does): the report's prefill account is unknown for those rows otherwise.
+            "--enable-cache-report": True,
             # Streamed output, so that a generation that loops is stopped while it loops: each event only
             # its new ids, one every STREAM_INTERVAL tokens (docs/architecture.md, "Stopping a loop").
             "--incremental-streaming-output": True,

@@ -307,6 +307,9 @@ async def _continue(client: SGLangClient, job: Extension, rows: _Rows, prompt_id
         prompt_tokens=source.prompt_tokens,
         completion_tokens=total,
         reasoning_tokens=source.reasoning_tokens + new.reasoning_tokens,
+        # The continuation's own: it sent the prompt and the kept ids (`GeneratedRow.prompt_sent`), and what
+        # it found cached is what the prefix cache saved it; the source row keeps what its request found.
+        cached_tokens=new.cached_tokens,
         latency_s=time.monotonic() - started,
         prompt_token_ids=source.prompt_token_ids,
         response_token_ids=None if new.output_ids is None else pack_token_ids(response_ids + new.output_ids),

@@ -50,6 +50,7 @@ def chat_row(out: Outcome[Completion], request: ChatRequest, *, run_id: str, chu
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         reasoning_tokens=result.reasoning_tokens,
+        cached_tokens=result.cached_tokens,
         latency_s=out.latency_s,
         prompt_token_ids=pack_token_ids(prompt_ids) if both else None,
         response_token_ids=pack_token_ids(response_ids) if both else None,

@@ -132,6 +132,7 @@ async def watched_row(client: SGLangClient, request: ChatRequest, parsers: Serve
         prompt_tokens=len(prompt_ids),
         completion_tokens=new.completion_tokens,
         reasoning_tokens=new.reasoning_tokens,
+        cached_tokens=new.cached_tokens,
         latency_s=time.monotonic() - started,
         prompt_token_ids=pack_token_ids(prompt_ids) if new.output_ids is not None else None,
         response_token_ids=pack_token_ids(new.output_ids) if new.output_ids is not None else None,

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from tracegen.audit.figures import AT_CAP, AT_CAP_MEANS, STILL, STILL_MEANS, figure
-from tracegen.audit.token_account import account_lines, stopped_line
+from tracegen.audit.token_account import account_lines, prefill_line, stopped_line
 from tracegen.config import safe_run_id
 from tracegen.review.access import GENERATE_DAG, AirflowRun, airflow_run_path, require_dag_read
 from tracegen.review.page import file_url, html_response, progress_url, render_page
@@ -117,8 +117,8 @@ def _tokens_cell(account: dict[str, Any] | None) -> dict[str, str]:
     if not isinstance(ratio, int | float):
         return {"tokens": "–", "tokens_note": ""}
     lines = "; ".join(f"{n:,} {what} ({share})" for what, n, share in account_lines(account))
-    stopped = stopped_line(account)
-    return {"tokens": f"{ratio:.2f}", "tokens_note": lines + (f". {stopped}" if stopped else "")}
+    notes = [lines, *(line for line in (stopped_line(account), prefill_line(account)) if line)]
+    return {"tokens": f"{ratio:.2f}", "tokens_note": ". ".join(notes)}
 
 
 def render_index(request: Request, listings: list[RootListing], problems: list[str],

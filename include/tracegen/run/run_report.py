@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 # What a report reads of each ledger row (the lean read: strings as codes, never the whole frame): the audit's
 # columns, the runaway judgement's (the score the ledger keeps, and the part a row without one is judged from),
-# the while-asking account's flag, and the commit time supersession orders by. `attempt` no figure reads.
-REPORT_COLUMNS = (*AUDIT_COLUMNS, "runaway_score", "part", "while_asking", "committed_at")
+# the while-asking account's flag, the commit time supersession orders by, and the prompt tokens found cached
+# (what prefill cost, `audit.token_account.prefill_account`). `attempt` no figure reads.
+REPORT_COLUMNS = (*AUDIT_COLUMNS, "runaway_score", "part", "while_asking", "committed_at", "cached_tokens")
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def audit_and_report(
                                              decisions=[d.to_json() for d in spec.decisions], measurement=measured)
     json_uri = root.run_files.put(spec.run_id, f"{name}.json", json.dumps(report_json, indent=2).encode())
     html_uri = root.run_files.put(spec.run_id, f"{name}.html", html.encode())
-    summary = report.summary_text(result, table, decision, measured)
+    summary = report_json["summary"]
     log.info("%s report: %s\n%s", name, shown_location(html_uri), summary)
     return ReportOutcome(decision.verdict, decision.reason, decision.action, json_uri, html_uri, summary)
 

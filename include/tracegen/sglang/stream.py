@@ -6,8 +6,9 @@ What SGLang 0.5.23 sends (`http_server.serve_generate_request`, `TokenizerManage
   then `data: [DONE]`;
 - with `--incremental-streaming-output`, each event holds only the new `text` and `output_ids`; without it,
   each holds every `output_ids` so far and the text so far;
-- every event's `meta_info` carries `prompt_tokens` and the running `completion_tokens`; its
-  `finish_reason` is null until the last event, which sets it (`{"type": "stop" | "length" | "abort"}`);
+- every event's `meta_info` carries `prompt_tokens`, `cached_tokens` (what the prefix cache held of the prompt)
+  and the running `completion_tokens`; its `finish_reason` is null until the last event, which sets it
+  (`{"type": "stop" | "length" | "abort"}`);
 - a failure after the response started is an event `{"error": {"message", "code", ...}}`, then `[DONE]`.
 
 Stopping a request: the client closes the response and sends `POST /abort_request {"rid"}` (SGLang 0.5.23
@@ -30,7 +31,7 @@ import msgspec
 
 from tracegen.sglang.limits import too_large
 from tracegen.sglang.usage import InconsistentUsage, check_cap, check_usage
-from tracegen.sglang.wire import Generated, MalformedResponse, TokenId, int_field
+from tracegen.sglang.wire import Generated, MalformedResponse, TokenId, cached_count, int_field
 
 DONE = b"[DONE]"
 
@@ -166,10 +167,12 @@ class StreamAssembly:
             prompt_tokens=int_field(self.meta, "prompt_tokens", required=True),
             completion_tokens=int_field(self.meta, "completion_tokens", required=True),
             reasoning_tokens=int_field(self.meta, "reasoning_tokens", required=False),
+            cached_tokens=cached_count(self.meta, "cached_tokens", "meta_info."),
         )
         check_usage("meta_info.", prompt_tokens=generated.prompt_tokens,
                     completion_tokens=generated.completion_tokens, reasoning_tokens=generated.reasoning_tokens,
-                    prompt_ids=None, output_ids=generated.output_ids, cap=self.cap, cap_name="max_new_tokens")
+                    prompt_ids=None, output_ids=generated.output_ids, cap=self.cap, cap_name="max_new_tokens",
+                    cached_tokens=generated.cached_tokens)
         return generated
 
     def stopped(self, verdict: Any) -> Generated:
@@ -185,11 +188,13 @@ class StreamAssembly:
             completion_tokens=len(self.output_ids),
             reasoning_tokens=min(reasoning, len(self.output_ids)) if type(reasoning) is int and reasoning >= 0
             else 0,
+            cached_tokens=cached_count(self.meta, "cached_tokens", "meta_info."),
             stopped=verdict,
         )
         check_usage("meta_info.", prompt_tokens=generated.prompt_tokens,
                     completion_tokens=generated.completion_tokens, reasoning_tokens=generated.reasoning_tokens,
-                    prompt_ids=None, output_ids=generated.output_ids, cap=self.cap, cap_name="max_new_tokens")
+                    prompt_ids=None, output_ids=generated.output_ids, cap=self.cap, cap_name="max_new_tokens",
+                    cached_tokens=generated.cached_tokens)
         return generated
 
 

@@ -3,8 +3,9 @@ generation ended: a whole chat answer or `/generate` answer (`wire`), a finished
 stopped (`stream`), and so a continuation, which is a `/generate` under what is left of the row's cap.
 
 A server counting 10**12 tokens for a short answer, or 9,000 for two ids, or generating past the cap it was
-given, is broken: its row would corrupt every statistic built on the counts, so the answer is refused
-(`InconsistentUsage`, retried like any bad body, never committed).
+given, or finding more of the prompt cached than the prompt holds, is broken: its row would corrupt every
+statistic built on the counts, so the answer is refused (`InconsistentUsage`, retried like any bad body, never
+committed).
 """
 
 from __future__ import annotations
@@ -28,15 +29,21 @@ def check_usage(
     output_ids: list[int] | None,
     cap: int | None,
     cap_name: str,
+    cached_tokens: int | None = None,
+    cached_name: str = "cached_tokens",
 ) -> None:
     """Counts the row is recorded with must agree with the ids returned beside them (when there are) and
-    with the request's cap (when known)."""
+    with the request's cap (when known); the prompt tokens the server found cached (`cached_tokens`, None: it
+    did not say; `cached_name` is its field under `where`) are some of the prompt's, never more."""
     if output_ids is not None and completion_tokens != len(output_ids):
         raise InconsistentUsage(f"{where}completion_tokens is {completion_tokens:,} but the response returned "
                                 f"{len(output_ids):,} output token ids")
     if prompt_ids is not None and prompt_tokens != len(prompt_ids):
         raise InconsistentUsage(f"{where}prompt_tokens is {prompt_tokens:,} but the response returned "
                                 f"{len(prompt_ids):,} prompt token ids")
+    if cached_tokens is not None and cached_tokens > prompt_tokens:
+        raise InconsistentUsage(f"{where}{cached_name} is {cached_tokens:,}, above prompt_tokens "
+                                f"({prompt_tokens:,})")
     check_cap(where, completion_tokens, cap, cap_name)
     if reasoning_tokens > completion_tokens:
         raise InconsistentUsage(f"{where}reasoning_tokens is {reasoning_tokens:,}, above completion_tokens "

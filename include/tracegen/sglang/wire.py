@@ -60,6 +60,8 @@ class Completion:
     # With `return_token_ids`: what the server generated from (the templated prompt) and generated.
     prompt_token_ids: list[int] | None = None
     response_token_ids: list[int] | None = None
+    # Prompt tokens the server found in its prefix cache (`cached_count`); None: it did not say.
+    cached_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -72,6 +74,8 @@ class Generated:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    # Prompt tokens the server found in its prefix cache (`cached_count`); None: it did not say.
+    cached_tokens: int | None = None
     # Why the client stopped a streamed request (its watch's verdict, `stream.TokenWatch`); None otherwise.
     stopped: Any = None
 
@@ -219,6 +223,19 @@ def int_field(usage: dict[str, Any], key: str, *, required: bool) -> int:
     return value
 
 
+def cached_count(container: dict[str, Any] | None, key: str, where: str) -> int | None:
+    """The prompt tokens a server says it found cached, where SGLang 0.5.23 says it: `meta_info.cached_tokens`
+    of every /generate answer and streamed event; on the chat route `usage.prompt_tokens_details.cached_tokens`,
+    only when the server runs with --enable-cache-report (`prompt_tokens_details` is null without). None where
+    the server did not say (an older server, the chat route without the flag): unknown, never 0."""
+    value = None if container is None else container.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise MalformedResponse(f"{where}{key} must be a non-negative integer or absent, got {value!r:.80}")
+    return value
+
+
 def _opt_str(message: dict[str, Any], key: str) -> str | None:
     value = message.get(key)
     if value is not None and not isinstance(value, str):
@@ -281,6 +298,9 @@ def parse_completion(raw: bytes, *, max_tokens: int | None = None) -> Completion
         reasoning_tokens = details.get("reasoning_tokens") if isinstance(details, dict) else None
     if reasoning_tokens is not None and (type(reasoning_tokens) is not int or reasoning_tokens < 0):
         raise MalformedResponse(f"usage.reasoning_tokens must be a non-negative integer, got {reasoning_tokens!r}")
+    prompt_details = usage.get("prompt_tokens_details")
+    if prompt_details is not None and not isinstance(prompt_details, dict):
+        raise MalformedResponse(f"usage.prompt_tokens_details must be an object or null, got {prompt_details!r:.80}")
     response_id = data.get("id")
     completion = Completion(
         id=response_id if isinstance(response_id, str) else None,
@@ -293,10 +313,12 @@ def parse_completion(raw: bytes, *, max_tokens: int | None = None) -> Completion
         reasoning_tokens=reasoning_tokens or 0,
         prompt_token_ids=token_ids(choice, "prompt_token_ids", "choices[0]."),
         response_token_ids=token_ids(choice, "response_token_ids", "choices[0]."),
+        cached_tokens=cached_count(prompt_details, "cached_tokens", "usage.prompt_tokens_details."),
     )
     check_usage("usage.", prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
                  reasoning_tokens=completion.reasoning_tokens, prompt_ids=completion.prompt_token_ids,
-                 output_ids=completion.response_token_ids, cap=max_tokens, cap_name="max_tokens")
+                 output_ids=completion.response_token_ids, cap=max_tokens, cap_name="max_tokens",
+                 cached_tokens=completion.cached_tokens, cached_name="prompt_tokens_details.cached_tokens")
     return completion
 
 
@@ -323,10 +345,11 @@ def parse_generate(raw: bytes, *, max_new_tokens: int | None = None) -> Generate
         prompt_tokens=int_field(meta, "prompt_tokens", required=True),
         completion_tokens=int_field(meta, "completion_tokens", required=True),
         reasoning_tokens=int_field(meta, "reasoning_tokens", required=False),
+        cached_tokens=cached_count(meta, "cached_tokens", "meta_info."),
     )
     check_usage("meta_info.", prompt_tokens=generated.prompt_tokens, completion_tokens=generated.completion_tokens,
                  reasoning_tokens=generated.reasoning_tokens, prompt_ids=None, output_ids=generated.output_ids,
-                 cap=max_new_tokens, cap_name="max_new_tokens")
+                 cap=max_new_tokens, cap_name="max_new_tokens", cached_tokens=generated.cached_tokens)
     return generated
 
 

@@ -45,7 +45,8 @@ INT_COLS = ("index", "prompt_tokens", "completion_tokens", "reasoning_tokens", "
 # The JSON types a column's values may have (`type(...) is`, so a bool never passes for an int).
 _VALUE_TYPES: dict[str, tuple[type, ...]] = {
     c: (int,) if c in INT_COLS else (bool,) if c in BOOL_COLS else (int, float) if c == "latency_s"
-    else (int, float, type(None)) if c in FLOAT_COLS else (str, type(None))
+    else (int, type(None)) if c == "cached_tokens" else (int, float, type(None)) if c in FLOAT_COLS
+    else (str, type(None))
     for c in LEDGER_COLUMNS
 }  # fmt: skip
 

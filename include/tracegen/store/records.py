@@ -63,15 +63,17 @@ LEDGER_COLUMNS = (
     "while_asking",  # bool: generated while the gate's question waited, at the cap it recommended (`run.while_asking`)
     "runaway_score",  # float | None: how much a truncated row's tail loops (`audit.runaway`), when it was generated
     "loop_judge",  # int: the loop judge that scored it (`audit.loop_stop.LOOP_JUDGE`); 0: an earlier rule, not trusted
+    "cached_tokens",  # int | None: prompt tokens its requests found in the server's prefix cache; None: not reported
 )
 # Columns added after the first ledger entries were written, with the value those older entries (and
 # snapshots) mean: they hold no pivot rows.
 LEDGER_DEFAULTS: dict[str, Any] = {"pivot": None, "prefix_tokens": 0, "text_joined": False, "while_asking": False,
-                                   "runaway_score": None, "loop_judge": 0}
+                                   "runaway_score": None, "loop_judge": 0, "cached_tokens": None}
 # Columns of booleans.
 BOOL_COLS = ("cut_in_reasoning", "text_joined", "while_asking")
-# Columns of floats; None (a row not judged, or an entry from before the column) reads as NaN.
-FLOAT_COLS = ("latency_s", "runaway_score")
+# Columns read as floats; None (a row not judged, a count the server did not report, or an entry from before
+# the column) reads as NaN. `cached_tokens` is a count: an entry holds it as an int or null.
+FLOAT_COLS = ("latency_s", "runaway_score", "cached_tokens")
 
 
 def duplicate_key(index: int, max_tokens: int, status: str, pivot: str | None) -> tuple[int, int, bool] | None:
@@ -86,6 +88,14 @@ def duplicate_key(index: int, max_tokens: int, status: str, pivot: str | None) -
 
 # The columns "done" is decided from (tracegen.run.plan), read without the rest by planning and resume.
 PLAN_COLUMNS = ("index", "status", "finish_reason", "max_tokens", "runaway_score", "loop_judge")
+
+
+def prompt_sent(prompt_tokens: Any, prefix_tokens: Any) -> Any:
+    """The prompt tokens a row's own requests sent the server to prefill, from two ledger columns (ints or
+    arrays alike): its prompt, and for an extended row the response ids it kept, which its continuation sends
+    after the prompt (`prefix_tokens`; 0 for any other row). What a row's requests found cached
+    (`cached_tokens`) is a part of this, so sent - cached is what the server computed for it."""
+    return prompt_tokens + prefix_tokens
 
 
 def pack_token_ids(ids: Sequence[int]) -> str:
@@ -148,6 +158,12 @@ class GeneratedRow:
     # Which loop judge gave `runaway_score` (`audit.loop_stop.LOOP_JUDGE`): a score of an earlier rule (0) is
     # judged again, never trusted.
     loop_judge: int = 0
+    # Of the `prompt_sent` tokens, those the server found in its prefix cache and did not compute again, as it
+    # reported them: counted per request and summed over the row's own requests (a first generation's one; an
+    # extended row's continuation, whose prompt is the original prompt plus the kept ids, so what it finds
+    # cached is exactly what the prefix cache saves it; the row it extends keeps its own count). None where a
+    # server did not say (`sglang.wire.cached_count`): unknown, never 0.
+    cached_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -182,6 +198,11 @@ class GeneratedRow:
         return self.completion_tokens - self.prefix_tokens
 
     @property
+    def prompt_sent(self) -> int:
+        """Prompt tokens this row's own requests sent the server to prefill (`prompt_sent`)."""
+        return prompt_sent(self.prompt_tokens, self.prefix_tokens)
+
+    @property
     def has_token_ids(self) -> bool:
         return self.prompt_token_ids is not None and self.response_token_ids is not None
 
@@ -209,6 +230,7 @@ class GeneratedRow:
             "while_asking": self.while_asking,
             "runaway_score": self.runaway_score,
             "loop_judge": self.loop_judge,
+            "cached_tokens": self.cached_tokens,
         }
 
     def to_json(self) -> dict[str, Any]:

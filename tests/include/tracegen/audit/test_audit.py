@@ -17,7 +17,7 @@ from tracegen.store.records import LEDGER_COLUMNS, GeneratedRow
 
 def row(index, status="ok", finish="stop", tokens=100, cap=4096, *, reasoning=None, cut=False, run="r1", chunk=0,
         server="http://127.0.0.1:30000", latency=1.0, category=None, error=None, prompt=500, at="2026-05-01T00:00:00",
-        pivot=None, prefix=0, joined=False, asking=False, score=None):
+        pivot=None, prefix=0, joined=False, asking=False, score=None, cached=None):
     values = {
         "index": index, "status": status, "finish_reason": finish if status == "ok" else None,
         "prompt_tokens": prompt, "completion_tokens": tokens if status == "ok" else 0,
@@ -25,7 +25,7 @@ def row(index, status="ok", finish="stop", tokens=100, cap=4096, *, reasoning=No
         "cut_in_reasoning": cut, "max_tokens": cap, "run_id": run, "chunk": chunk, "attempt": 1,
         "server": server, "latency_s": latency, "category": category, "error": error,
         "pivot": pivot, "prefix_tokens": prefix, "text_joined": joined, "while_asking": asking,
-        "runaway_score": score, "loop_judge": LOOP_JUDGE,
+        "runaway_score": score, "loop_judge": LOOP_JUDGE, "cached_tokens": cached,
     }
     assert set(values) == set(LEDGER_COLUMNS)
     return values | {"part": f"parts/{run}/c{chunk:05d}", "committed_at": at}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracegen.audit.token_account import account_lines, token_account
+from tracegen.audit.token_account import account_lines, prefill_line, token_account
 
 
-def _frame(rows):
+def _frame(rows, prompt=50, cached=None):
     cols = ["index", "status", "finish_reason", "completion_tokens", "prefix_tokens", "max_tokens", "pivot",
             "runaway_score", "while_asking", "committed_at"]
-    return pd.DataFrame([dict(zip(cols, r, strict=True)) for r in rows])
+    frame = pd.DataFrame([dict(zip(cols, r, strict=True)) for r in rows], columns=cols)
+    return frame.assign(prompt_tokens=prompt, cached_tokens=cached)
 
 
 def test_each_generated_token_is_counted_once_by_what_became_of_it():
@@ -56,3 +57,31 @@ def test_a_chain_of_three_caps_is_one_row_s_tokens():
 def test_an_empty_ledger_has_nothing_to_account_for():
     a = token_account(_frame([]))
     assert a["generated"] == 0 and a["superseded_by"]["other"] == 0
+
+
+def test_prefill_counts_what_each_row_s_requests_sent_found_cached_and_computed():
+    frame = _frame([
+        (0, "ok", "stop", 100, 0, 128, None, None, False, "2026-01-01T00:00:00"),
+        # The same prompt again, on the server that holds it: all but its last token found cached.
+        (1, "ok", "length", 128, 0, 128, None, 0.01, False, "2026-01-01T00:00:00"),
+        # Row 1's continuation sends its prompt and the 128 ids it keeps: the cache held all but one of them.
+        (1, "ok", "stop", 300, 128, 8192, "extended", None, False, "2026-01-01T01:00:00"),
+        # A server that did not report its cache: unknown, not 0; a failed attempt reports nothing.
+        (2, "ok", "stop", 90, 0, 128, None, None, False, "2026-01-01T00:00:00"),
+        (3, "failed", None, 0, 0, 128, None, None, False, "2026-01-01T00:00:00"),
+    ], prompt=[1000, 1000, 1000, 500, 700], cached=[0, 999, 1127, None, None])
+    p = token_account(frame)["prefill"]
+    assert p == {"rows": 4, "sent": 1000 + 1000 + 1128 + 500, "known_rows": 3, "known_sent": 3128,
+                 "cached": 999 + 1127, "computed": 3128 - 2126, "cached_share": round(2126 / 3128, 4),
+                 "unknown_rows": 1}
+    assert prefill_line({"prefill": p}) == (
+        "3,628 prompt tokens sent over 4 rows; of the 3,128 sent by the 3 rows whose server reported its cache, "
+        "2,126 found cached (68.0%), 1,002 computed; cache not reported for 1 row")
+
+
+def test_rows_committed_before_the_cache_was_recorded_are_unknown_not_uncached():
+    frame = _frame([(0, "ok", "stop", 100, 0, 128, None, None, False, "2026-01-01T00:00:00")], prompt=[800])
+    p = token_account(frame.drop(columns=["cached_tokens"]))["prefill"]
+    assert (p["sent"], p["known_rows"], p["cached"], p["unknown_rows"], p["cached_share"]) == (800, 0, 0, 1, None)
+    assert prefill_line({"prefill": p}) == "800 prompt tokens sent over 1 row; cache not reported for 1 row"
+    assert token_account(_frame([]))["prefill"]["rows"] == 0 and prefill_line(token_account(_frame([]))) is None

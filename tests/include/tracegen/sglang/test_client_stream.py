@@ -15,6 +15,7 @@ import pytest
 from tracegen.sglang.client import ClientConfig, ServerEndpoint, SGLangClient
 from tracegen.sglang.settings import Sampling
 from tracegen.sglang.stream import STOPPED, EventReader, StreamAssembly, StreamFailed, StreamRejected
+from tracegen.sglang.wire import MalformedResponse
 
 FAST = dict(backoff_base_s=0.01, backoff_max_s=0.02, request_deadline_s=30.0)
 SAMPLING = Sampling(max_tokens=250, temperature=0.7, top_p=0.95, seed=7)
@@ -147,3 +148,27 @@ def test_events_split_anywhere_are_read_whole():
     for cut in range(1, len(body)):
         reader = EventReader(line_limit=1 << 20)
         assert reader.feed(body[:cut]) + reader.feed(body[cut:]) == [b'{"a": 1}', b"[DONE]"]
+
+
+def test_a_stream_s_cached_count_is_its_meta_info_s_and_held_to_its_prompt():
+    def ev(ids, count, cached, finish=None):
+        meta = {"prompt_tokens": 3, "completion_tokens": count, "finish_reason": finish}
+        if cached is not None:
+            meta["cached_tokens"] = cached
+        return json.dumps({"text": "x", "output_ids": ids, "meta_info": meta}).encode()
+
+    whole = StreamAssembly(cap=4)
+    whole.feed_event(ev([1, 2], 2, 2))
+    whole.feed_event(ev([3], 3, 2, {"type": "stop"}))
+    assert whole.result().cached_tokens == 2
+    stopped = StreamAssembly(cap=4)
+    stopped.feed_event(ev([1], 1, 1))
+    assert stopped.stopped({"loop": True}).cached_tokens == 1
+    # A server that does not say: unknown, never 0.
+    silent = StreamAssembly(cap=4)
+    silent.feed_event(ev([1], 1, None, {"type": "stop"}))
+    assert silent.result().cached_tokens is None
+    lying = StreamAssembly(cap=4)
+    lying.feed_event(ev([1], 1, 7, {"type": "stop"}))
+    with pytest.raises(MalformedResponse, match=r"meta_info.cached_tokens is 7, above prompt_tokens \(3\)"):
+        lying.result()

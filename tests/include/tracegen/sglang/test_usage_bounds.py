@@ -24,7 +24,7 @@ FAST = dict(backoff_base_s=0.01, backoff_max_s=0.02, probe_interval_s=0.05, prob
 
 
 def chat(completion_tokens: int, *, ids: list[int] | None = None, finish: str = "stop", reasoning: int = 0,
-         prompt_ids: list[int] | None = None, prompt_tokens: int = 3) -> dict[str, Any]:
+         prompt_ids: list[int] | None = None, prompt_tokens: int = 3, cached: Any = None) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish,
                               "message": {"role": "assistant", "content": "42", "reasoning_content": None}}
     if ids is not None:
@@ -32,12 +32,16 @@ def chat(completion_tokens: int, *, ids: list[int] | None = None, finish: str = 
         choice["prompt_token_ids"] = prompt_ids if prompt_ids is not None else [7] * prompt_tokens
     return {"id": "cmpl-1", "object": "chat.completion", "choices": [choice],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens, "reasoning_tokens": reasoning}}
+                      "total_tokens": prompt_tokens + completion_tokens, "reasoning_tokens": reasoning,
+                      # As SGLang 0.5.23 reports it: null without --enable-cache-report.
+                      "prompt_tokens_details": None if cached is None else {"cached_tokens": cached}}}
 
 
-def generated(completion_tokens: int, ids: list[int] | None, finish: str = "stop") -> dict[str, Any]:
+def generated(completion_tokens: int, ids: list[int] | None, finish: str = "stop", cached: Any = 0) -> dict[str, Any]:
     meta = {"finish_reason": {"type": finish}, "prompt_tokens": 5, "completion_tokens": completion_tokens,
             "reasoning_tokens": 0}
+    if cached is not None:  # every /generate answer of SGLang 0.5.23 says it; an older server may not
+        meta["cached_tokens"] = cached
     return {"text": "more", "output_ids": ids, "meta_info": meta}
 
 
@@ -106,7 +110,9 @@ def test_counts_beyond_the_cap_or_the_ids_are_retried_and_the_honest_answer_is_k
     (chat(17, finish="length"), "usage.completion_tokens is 17, above the request's max_tokens of 16"),
     (chat(2, ids=[11, 12], prompt_ids=[1]), "usage.prompt_tokens is 3 but the response returned 1 prompt token ids"),
     (chat(2, reasoning=5), "usage.reasoning_tokens is 5, above completion_tokens (2)"),
-], ids=["10^12-stop", "9000-for-2-ids", "over-the-cap", "prompt-ids", "reasoning-over-completion"])
+    (chat(2, cached=4), "usage.prompt_tokens_details.cached_tokens is 4, above prompt_tokens (3)"),
+], ids=["10^12-stop", "9000-for-2-ids", "over-the-cap", "prompt-ids", "reasoning-over-completion",
+        "cached-over-prompt"])
 def test_a_server_that_keeps_miscounting_leaves_a_failed_row_naming_it(reply, needle) -> None:
     row, seen = complete([reply], max_tokens=16, attempts=2)
     assert len(seen) == 2  # retried like any bad body
@@ -120,6 +126,24 @@ def test_a_continuation_is_held_to_its_max_new_tokens_and_its_output_ids() -> No
     assert out.value is not None and (out.value.completion_tokens, out.value.output_ids, out.attempt) == (2, [11, 12], 3)
     out, _ = continue_row([generated(9, None, "length")], attempts=2)
     assert out.value is None and "meta_info.completion_tokens is 9, above the request's max_new_tokens of 8" in out.failed
+
+
+def test_a_continuation_finding_more_cached_than_it_sent_is_refused() -> None:
+    out, seen = continue_row([generated(2, [11, 12], cached=6)], attempts=2)
+    assert len(seen) == 2 and out.value is None
+    assert "usage inconsistent with the response: meta_info.cached_tokens is 6, above prompt_tokens (5)" in out.failed
+
+
+def test_the_cached_count_is_kept_where_reported_and_unknown_where_not() -> None:
+    row, _ = complete([chat(2, ids=[11, 12], cached=2)])
+    assert (row.status, row.prompt_tokens, row.cached_tokens, row.ledger_values()["cached_tokens"]) == ("ok", 3, 2, 2)
+    # The chat route without --enable-cache-report: unknown, never 0.
+    row, _ = complete([chat(2, ids=[11, 12])])
+    assert row.status == "ok" and row.cached_tokens is None and row.ledger_values()["cached_tokens"] is None
+    out, _ = continue_row([generated(2, [11, 12], cached=4)])
+    assert out.value is not None and out.value.cached_tokens == 4
+    out, _ = continue_row([generated(2, [11, 12], cached=None)])
+    assert out.value is not None and out.value.cached_tokens is None
 
 
 # ---- the parsers -----------------------------------------------------------------------------------
@@ -155,3 +179,15 @@ def test_ids_that_are_not_token_ids_are_a_malformed_answer(bad):
     with pytest.raises(MalformedResponse, match="prompt_token_ids must be a list of token ids"):
         parse_completion(json.dumps(body).encode())
     assert parse_completion(json.dumps(chat(2, ids=[0, (1 << 32) - 1])).encode()).response_token_ids == [0, (1 << 32) - 1]
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.0, "2", [2]])
+def test_a_cached_count_that_is_no_count_is_a_malformed_answer_naming_its_field(bad):
+    with pytest.raises(MalformedResponse, match="usage.prompt_tokens_details.cached_tokens must be a non-negative"):
+        parse_completion(json.dumps(chat(2, cached=bad)).encode())
+    with pytest.raises(MalformedResponse, match="meta_info.cached_tokens must be a non-negative"):
+        parse_generate(json.dumps(generated(2, [1, 2], cached=bad)).encode())
+    body = chat(2)
+    body["usage"]["prompt_tokens_details"] = [bad]
+    with pytest.raises(MalformedResponse, match="usage.prompt_tokens_details must be an object or null"):
+        parse_completion(json.dumps(body).encode())

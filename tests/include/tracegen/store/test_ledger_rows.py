@@ -31,6 +31,7 @@ def _varied(start: int, run: str = RUN, cap: int = 4096) -> list:
         r.error = None if status == "ok" else f"error {i} on port {30000 + k}"
         r.latency_s = 0.5 + k / 8
         r.while_asking = k % 5 == 0
+        r.cached_tokens = None if k % 3 == 0 else 7 * k
         if k in (1, 5, 9):
             r.content, r.reasoning_content = ("" if k != 9 else "partial answer"), "thinking " * 4
             r.runaway_score = 0.25 * (k % 4) if k != 5 else None
@@ -71,6 +72,7 @@ def test_every_column_reads_as_the_whole_frame_reads_it(store: Storage) -> None:
     assert lean["prompt_tokens"].dtype == np.int32 and lean["index"].dtype == np.int64
     assert lean["text_joined"].dtype == bool and lean["text_joined"].sum() == 4
     assert lean["runaway_score"].isna().sum() == len(lean) - 4 * 2
+    assert lean["cached_tokens"].isna().sum() == 4 * 4 and lean["cached_tokens"].max() == 7 * 11
     # A reader names its columns: only those, in its order.
     some = ("part", "index", "server", "while_asking")
     _same(ledger_rows(root, some), whole, some)
@@ -85,11 +87,13 @@ def test_a_snapshot_from_before_a_column_reads_its_default(store: Storage) -> No
     snap = root.snapshots.latest()
     table = pd.read_parquet(io.BytesIO(store.get(snap["parquet"])))
     buf = io.BytesIO()
-    table.drop(columns=["pivot", "text_joined", "while_asking", "runaway_score"]).to_parquet(buf, index=False)
+    table.drop(columns=["pivot", "text_joined", "while_asking", "runaway_score", "cached_tokens"]).to_parquet(
+        buf, index=False)
     store.put(snap["parquet"], buf.getvalue())
-    lean = ledger_rows(root, ("index", "pivot", "text_joined", "while_asking", "runaway_score"))
+    lean = ledger_rows(root, ("index", "pivot", "text_joined", "while_asking", "runaway_score", "cached_tokens"))
     assert len(lean) == 12 and lean["pivot"].isna().all() and not lean["text_joined"].any()
     assert not lean["while_asking"].any() and lean["runaway_score"].isna().all()
+    assert lean["cached_tokens"].isna().all()  # unknown, never 0
     _same(lean, root.snapshots.frame(), lean.columns)
 
 

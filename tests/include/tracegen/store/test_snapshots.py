@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from engine_support.store_rows import RUN, row
@@ -140,6 +141,38 @@ def test_entries_snapshots_and_parts_from_before_the_pivot_columns_read_as_no_pi
     store.put(snap["parquet"], buf.getvalue())
     again = root.snapshots.frame()
     assert again["pivot"].isna().all() and (again["prefix_tokens"] == 0).all() and len(again) == 2
+
+
+def test_rows_from_before_the_cached_tokens_column_read_as_unknown(tmp_path: Path) -> None:
+    store = LocalStorage(tmp_path / "out")
+    root = OutputRoot(store)
+    known = row(2)
+    known.cached_tokens = 49
+    root.commits.commit([known], RUN, 0, "seg-new")
+    old = root.commits.commit([row(0), row(1)], RUN, 0, "seg-old")
+    # Written as the ledger wrote them before: no cached_tokens in the entry's columns nor in the part's rows.
+    entry = json.loads(store.get(old.entry))
+    del entry["columns"]["cached_tokens"]
+    rows = [{k: v for k, v in r.to_json().items() if k != "cached_tokens"} for r in root.commits.read_part(old.part)]
+    data = gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0)
+    store.put(old.part, data)
+    entry.update(part_size=len(data), part_sha256=hashlib.sha256(data).hexdigest())
+    store.put(old.entry, json.dumps(entry).encode())
+
+    def cached(frame: pd.DataFrame) -> dict[int, float | None]:
+        return {int(i): None if np.isnan(c) else c for i, c in zip(frame["index"], frame["cached_tokens"], strict=True)}
+
+    assert cached(root.snapshots.frame()) == {0: None, 1: None, 2: 49}
+    assert root.repair.check_invariants() == [] and root.repair.verify_parts() == []
+    assert [r.cached_tokens for r in root.commits.read_part(old.part)] == [None, None]
+    # A snapshot from before the column existed reads the same.
+    root.snapshots.compact()
+    snap = root.snapshots.latest()
+    table = pd.read_parquet(io.BytesIO(store.get(snap["parquet"]))).drop(columns=["cached_tokens"])
+    buf = io.BytesIO()
+    table.to_parquet(buf, index=False)
+    store.put(snap["parquet"], buf.getvalue())
+    assert cached(root.snapshots.frame()) == {0: None, 1: None, 2: None}
 
 
 @pytest.mark.parametrize(
