@@ -28,7 +28,7 @@ AUTO = "auto"
 FORMS = tuple(f for f in DATASET_FORMATS if f != AUTO)
 
 # Which assistant turns of a conversation are generated.
-LAST, FIRST, EACH = TURN_MODES
+LAST, FIRST, EACH, CHAIN = TURN_MODES
 
 # The field each form is known by.
 FORM_FIELD = {MESSAGES: "messages", SHAREGPT: "conversations", PROMPT: "prompt"}
@@ -64,7 +64,13 @@ class Reading:
     @property
     def expands(self) -> bool:
         """Whether one conversation may become several prompt rows (then the index holds each one's turns)."""
-        return self.turns == EACH
+        return self.turns in (EACH, CHAIN)
+
+    @property
+    def chained(self) -> bool:
+        """Whether a conversation's turns are generated in order, each after the model's own earlier answers
+        (`dataset.turns`): its prompt rows are one unit for the plan and the chunk."""
+        return self.turns == CHAIN
 
     def to_json(self) -> dict[str, Any]:
         return {"form": self.form, "fields": dict(sorted(self.fields.items())), "turns": self.turns}
