@@ -67,6 +67,11 @@ def turn_id(conversation_id: str, turn: int) -> str:
     return f"{conversation_id}{TURN_MARK}{turn}"
 
 
+def conversation_id(prompt_row_id: str) -> str:
+    """The conversation's id of a prompt row's id under `each` and `chain` (`turn_id`'s inverse)."""
+    return prompt_row_id.rsplit(TURN_MARK, 1)[0]
+
+
 def chained_messages(messages: list[dict[str, Any]], answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Turn k's prompt under `chain`: its dataset prompt (`prompt_messages`, which holds the k-1 earlier
     assistant turns) with the j-th assistant message replaced by `answers[j]`, the model's own answer to turn
