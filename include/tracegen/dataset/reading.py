@@ -1,7 +1,7 @@
 """How a dataset's rows become prompt rows: which input form a row is in, which of its fields hold what, and
 which assistant turns of a conversation are generated (`turns`).
 
-A `Reading` is part of what an output root's row indices mean: under `turns=each` row 7 may be the second
+A `Reading` is part of what an output root's row indices mean: under `turns=each` (or `chain`) row 7 may be the second
 turn of conversation 3, under `last` it is conversation 7. So it is recorded in the stored index, and a run
 that would read the same file another way is refused by the root (`dataset.stored.bind_index`) instead of
 pairing committed completions with other prompts.
