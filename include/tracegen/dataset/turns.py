@@ -72,10 +72,10 @@ def conversation_id(prompt_row_id: str) -> str:
     return prompt_row_id.rsplit(TURN_MARK, 1)[0]
 
 
-def chained_messages(messages: list[dict[str, Any]], answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def chained_messages(messages: list[dict[str, Any]], answers: list[str | None]) -> list[dict[str, Any]]:
     """Turn k's prompt under `chain`: its dataset prompt (`prompt_messages`, which holds the k-1 earlier
-    assistant turns) with the j-th assistant message replaced by `answers[j]`, the model's own answer to turn
-    j+1. `answers` is one message per earlier turn, in order.
+    assistant turns) with the j-th assistant message replaced by the model's own answer to turn j+1,
+    `answers[j]` (its committed row's `content`). `answers` is one per earlier turn, in order.
 
     An answer is written as its content only, without its `reasoning_content`: SpecForge's regeneration sends
     the history so (`build_query_kwargs` drops an assistant message's `reasoning_content` from the request,
@@ -87,5 +87,5 @@ def chained_messages(messages: list[dict[str, Any]], answers: list[dict[str, Any
         raise ValueError(f"the prompt holds {len(earlier)} earlier assistant turns, {len(answers)} answers given")
     out = list(messages)
     for k, answer in zip(earlier, answers, strict=True):
-        out[k] = {"role": "assistant", "content": answer.get("content") or ""}
+        out[k] = {"role": "assistant", "content": answer or ""}
     return out

@@ -154,8 +154,7 @@ def conversations_row(prompt: Any, row: GeneratedRow) -> Shaped:
 def chained_prompt(prompt: Any, earlier: list[GeneratedRow]) -> Any:
     """A chain turn's prompt as the model was sent it: `earlier` are the committed rows of the turns before
     it, in order (`generate.chain` sent it with their answers)."""
-    answers = [{"role": "assistant", "content": r.content or ""} for r in earlier]
-    return replace(prompt, messages=chained_messages(prompt.messages, answers))
+    return replace(prompt, messages=chained_messages(prompt.messages, [r.content for r in earlier]))
 
 
 def chain_turns(rows: list[GeneratedRow]) -> list[GeneratedRow]:

@@ -58,12 +58,6 @@ def complete_mask(frame: Any) -> np.ndarray:
     return ok & ~plan.runaways(frame)
 
 
-def answer_message(row: GeneratedRow) -> dict[str, Any]:
-    """The assistant message a complete turn is in a later turn's history: its answer; `chained_messages`
-    says why without its thinking."""
-    return {"role": "assistant", "content": row.content or ""}
-
-
 class ChainSchedule:
     """Which turns of a chunk's scope go when, and the chained prompt each goes with.
 
@@ -80,7 +74,7 @@ class ChainSchedule:
         self._ready: deque[PromptRow | InvalidRow | Extension] = deque()
         self._waiting: dict[int, int] = {}  # a turn sent or waiting -> its next turn, waiting on it
         self._prompts: dict[int, PromptRow | InvalidRow] = {}  # the dataset prompt of each waiting turn
-        self._answers: dict[int, dict[str, Any]] = {}  # committed answers of the scope's conversations
+        self._answers: dict[int, str | None] = {}  # committed answers of the scope's conversations
         self._awaiting: dict[int, GeneratedRow] = {}  # finished complete, waiting for their commit
         self._extensions: dict[int, Extension] = {}
         self._held: set[int] = set()
@@ -145,15 +139,15 @@ class ChainSchedule:
             log.info("turns=chain: %d turns wait for an earlier turn of their conversation that is not complete "
                      "(truncated and kept, a runaway, invalid or failed); they stay pending", len(self._held))
 
-    def _committed_answers(self, complete: Any, needed: set[int]) -> dict[int, dict[str, Any]]:
+    def _committed_answers(self, complete: Any, needed: set[int]) -> dict[int, str | None]:
         """The committed complete rows' answers of `needed` turns, read from their parts (one read a part)."""
         wanted = complete[complete["index"].isin(sorted(needed))]
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, str | None] = {}
         for part, group in wanted.groupby("part"):
             indices = set(group["index"].to_numpy(np.int64).tolist())
             for row in self.root.commits.read_part(str(part)):
                 if row.index in indices and is_complete(row):
-                    out[row.index] = answer_message(row)
+                    out[row.index] = row.content
         missing = needed - set(out)
         if missing:
             raise RuntimeError(f"turns=chain: the ledger lists complete rows for turns {sorted(missing)[:5]} but "
@@ -204,7 +198,7 @@ class ChainSchedule:
             row = self._awaiting.pop(index, None)
             if row is None:
                 continue
-            self._answers[index] = answer_message(row)
+            self._answers[index] = row.content
             self._outstanding -= 1
             nxt = self._waiting.pop(index)
             self._ready.append(self._item(self._prompts.pop(nxt)))

@@ -85,8 +85,7 @@ def test_the_bundled_chat_sample_chains_whole():
 def test_a_chained_prompt_holds_the_model_s_answers_content_only():
     prompt = sft_row(0)["messages"][:5]  # system, q0, a0, q1, a1 ... cut before a1: turn 2's prompt is [:4]
     prompt = prompt[:4]
-    mine = {"role": "assistant", "content": "my own answer", "reasoning_content": "thinking"}
-    got = chained_messages(prompt, [mine])
+    got = chained_messages(prompt, ["my own answer"])
     assert got[2] == {"role": "assistant", "content": "my own answer"}
     assert got[:2] == prompt[:2] and got[3] == prompt[3] and prompt[2]["content"] == "answer 0 of 0"
     with pytest.raises(ValueError, match="1 earlier assistant turns, 0 answers"):
