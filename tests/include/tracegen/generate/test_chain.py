@@ -87,26 +87,47 @@ def test_each_turn_is_sent_with_the_model_s_own_earlier_answers(tmp_path, sim_se
 
 def test_a_truncated_turn_holds_the_later_ones_pending_until_a_raised_cap_completes_it(tmp_path, sim_server, chat):
     sim = sim_server(**SIM)
-    low = make_config(chat, tmp_path / "out", turns="chain", max_tokens=4, truncated_policy="keep")
-    prepare(low, "run-4")
-    summary = run_engine(low, "run-4", endpoints(sim), tmp_path / "spool", range(CHAT_SAMPLE_TURNS))
+    # At 60 tokens about half the answers are cut: a conversation goes on until one of its turns is.
+    low = make_config(chat, tmp_path / "out", turns="chain", max_tokens=60, truncated_policy="keep")
+    prepare(low, "run-60")
+    summary = run_engine(low, "run-60", endpoints(sim), tmp_path / "spool", range(CHAT_SAMPLE_TURNS))
     index = load_index(root_of(low))
-    firsts = {index.first_prompt_row(c) for c in range(index.n_rows)}
     rows = _rows(low)
-    # Every first turn is cut at 4 tokens; no later turn was sent, and none is recorded (pending, not invalid).
-    assert set(rows) == firsts and all(r.finish_reason == "length" for r in rows.values())
-    assert summary.held == CHAT_SAMPLE_TURNS - len(firsts)
-    # The cap raised: the first turns are continued from their tokens, and the later turns go on from them.
+    truncated = {i for i, r in rows.items() if r.finish_reason == "length"}
+    for c in range(index.n_rows):
+        turns = list(_turns(index, c))
+        present = [i for i in turns if i in rows]
+        assert present == turns[: len(present)] and present, c  # the first turns, in order, never a gap
+        assert all(rows[i].finish_reason == "stop" for i in present[:-1]), c
+        if len(present) < len(turns):  # ended early: by a cut turn, the later ones pending (no ledger row)
+            assert present[-1] in truncated, c
+    assert summary.held == CHAT_SAMPLE_TURNS - len(rows) > 0
+    later = {i for i in truncated if i not in _firsts(index)}
+    assert later  # cut turns after a first: their prompts hold the model's earlier answers
+    # The cap raised: the cut turns are continued from their tokens, and the later turns go on from them.
     high = make_config(chat, tmp_path / "out", turns="chain", max_tokens=4096, truncated_policy="extend")
     prepare(high, "run-4096")
     summary = run_engine(high, "run-4096", endpoints(sim), tmp_path / "spool", range(CHAT_SAMPLE_TURNS))
-    assert summary.extended == len(firsts) and summary.held == 0
-    rows = _rows(high)
-    assert len(rows) == CHAT_SAMPLE_TURNS and all(r.finish_reason == "stop" for r in rows.values())
-    for first in firsts:
-        assert rows[first].pivot == "extended"
-        assert rows[first].content in _prompt_text(sim, rows[first + 1])
+    assert summary.extended == len(truncated) and summary.held == 0
+    done = _rows(high)
+    assert len(done) == CHAT_SAMPLE_TURNS and all(r.finish_reason == "stop" for r in done.values())
+    for i in truncated:
+        assert done[i].pivot == "extended"
+        assert unpack_token_ids(done[i].prompt_token_ids) == unpack_token_ids(rows[i].prompt_token_ids)
+        if i in later:
+            assert done[i - 1].content in _prompt_text(sim, done[i])
+        if i + 1 in done and i + 1 not in _firsts(index):
+            assert done[i].content in _prompt_text(sim, done[i + 1])  # the next turn follows the whole answer
     assert_healthy(root_of(high), CHAT_SAMPLE_TURNS, high)
+
+
+def _firsts(index) -> set[int]:
+    return {index.first_prompt_row(c) for c in range(index.n_rows)}
+
+
+def _turns(index, c: int) -> range:
+    first = index.first_prompt_row(c)
+    return range(first, first + index.prompt_rows_of(c))
 
 
 def test_a_resumed_chunk_generates_nothing_twice_and_builds_turns_from_the_ledger(tmp_path, sim_server, chat):
