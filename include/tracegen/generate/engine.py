@@ -13,6 +13,10 @@ early instead of holding its end, and the servers stay full around them. Under `
 they are continued from their committed tokens (`tracegen.generate.extend`), under `regenerate` generated
 again; either way the new row goes through the same spool and commit, so a crash during it loses and
 duplicates nothing, and a resume starts again from the committed truncated row.
+
+Under `turns=chain` the rows go as `generate.chain` says: a conversation's turn once the one before is
+committed complete, with the model's own answers in its history; the commit then comes as soon as a turn
+waits on it.
 """
 
 from __future__ import annotations
