@@ -42,20 +42,10 @@ from tracegen.store.root import OutputRoot
 
 log = logging.getLogger(__name__)
 
-COMPLETE_FINISH = "stop"  # the one finish a later turn can follow: a tool call's answer would need its result
-
-
 def is_complete(row: GeneratedRow) -> bool:
-    """Whether a later turn can follow this turn's row (an `ok` row that stopped on its own)."""
-    return row.status == OK and row.finish_reason == COMPLETE_FINISH
-
-
-def complete_mask(frame: Any) -> np.ndarray:
-    """Per ledger row: one a later turn can follow (`is_complete`, and not a standing runaway)."""
-    if len(frame) == 0:
-        return np.zeros(0, dtype=bool)
-    ok = (frame["status"] == OK).to_numpy(bool) & (frame["finish_reason"] == COMPLETE_FINISH).to_numpy(bool)
-    return ok & ~plan.runaways(frame)
+    """Whether a later turn can follow this turn's row, just generated (`plan.chain_complete` of a committed
+    one: a row that stopped on its own is no runaway)."""
+    return row.status == OK and row.finish_reason == plan.CHAIN_COMPLETE
 
 
 class ChainSchedule:
@@ -95,7 +85,7 @@ class ChainSchedule:
                                          dataset.first_prompt_row(int(c)) + dataset.prompt_rows_of(int(c)))
                                for c in convs])
         frame = self.root.snapshots.plan_frame(rows)
-        complete = frame.loc[complete_mask(frame), ["index", "part"]]
+        complete = frame.loc[plan.chain_complete(frame), ["index", "part"]]
         complete_idx = set(complete["index"].to_numpy(np.int64).tolist())
         ready: list[int] = []
         needed: set[int] = set()  # committed answers the ready turns are built on

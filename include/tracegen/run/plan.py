@@ -145,6 +145,41 @@ def runaways(frame: pd.DataFrame) -> np.ndarray:
     return scored
 
 
+# The one finish a later turn of a conversation can follow under turns=chain: a tool call's answer would need
+# the call's result.
+CHAIN_COMPLETE = "stop"
+
+
+def chain_complete(frame: pd.DataFrame) -> np.ndarray:
+    """Per ledger row: one a later turn can follow under `turns=chain` (`ok`, finish `stop`, not a standing
+    runaway)."""
+    if len(frame) == 0:
+        return np.zeros(0, dtype=bool)
+    ok = (frame["status"] == OK).to_numpy(bool) & (frame["finish_reason"] == CHAIN_COMPLETE).to_numpy(bool)
+    return ok & ~runaways(frame)
+
+
+def held_turns(frame: pd.DataFrame, n_rows: int, turn_starts: np.ndarray, max_tokens: int,
+               truncated_policy: str) -> np.ndarray:
+    """Boolean array over prompt rows [0, n_rows): under `turns=chain`, the turns no chunk can generate at this
+    cap and policy, as an earlier turn of their conversation is done without being complete (truncated and
+    kept, a runaway, invalid, rejected): `generate.chain` holds them, so they are not work for a chunk. A
+    raised cap that makes that turn work again, or its fresh sample (runaway_policy=resample), frees them."""
+    n_rows = _check_int("n_rows", n_rows, 0)
+    idx = frame["index"].to_numpy(np.int64) if "index" in frame.columns else np.empty(0, np.int64)
+    stuck = np.zeros(n_rows, dtype=bool)
+    stuck[idx[done_rows(frame, max_tokens, truncated_policy)]] = True
+    complete = np.zeros(n_rows, dtype=bool)
+    complete[idx[chain_complete(frame)]] = True
+    stuck &= ~complete
+    # Stuck turns counted up to each row, and up to the start of its conversation: a row is held when its
+    # conversation has a stuck turn before it.
+    before = np.concatenate(([0], np.cumsum(stuck, dtype=np.int64)))  # before[i]: stuck among rows [0, i)
+    conv = np.searchsorted(np.asarray(turn_starts, dtype=np.int64), np.arange(n_rows), side="right") - 1
+    start = np.asarray(turn_starts, dtype=np.int64)[conv]
+    return before[:-1] - before[start] > 0
+
+
 def done_rows(frame: pd.DataFrame, max_tokens: int, truncated_policy: str) -> np.ndarray:
     """Per ledger row: does this row make its index done for a run with cap `max_tokens`?"""
     _check_frame(frame)
@@ -363,9 +398,15 @@ def choose_layout(config: RunConfig, n_rows: int, fleet_slots: int | None, stagg
     return ChunkLayout(size, stagger, max(size, 2 * pilot))
 
 
-def chunks_with_work(frame: pd.DataFrame, n_rows: int, layout: ChunkLayout, config: RunConfig) -> list[ChunkWork]:
-    """The chunks that still hold rows to generate for this config's cap and truncated-row policy."""
+def chunks_with_work(frame: pd.DataFrame, n_rows: int, layout: ChunkLayout, config: RunConfig,
+                     turn_starts: np.ndarray | None = None) -> list[ChunkWork]:
+    """The chunks that still hold rows to generate for this config's cap and truncated-row policy. Under
+    `turns=chain` (`turn_starts`: each conversation's first prompt row) a turn held by an earlier one that is
+    done without being complete is no work (`held_turns`): a chunk of such turns alone would start the fleet
+    to generate nothing."""
     done = done_mask(frame, n_rows, config.max_tokens, config.truncated_policy)
+    if turn_starts is not None:
+        done |= held_turns(frame, n_rows, turn_starts, config.max_tokens, config.truncated_policy)
     cut = layout.chunks(n_rows)
     left = remaining_per_chunk(done, cut)
     return [ChunkWork(c.index, c.start, c.stop, int(n)) for c, n in zip(cut, left, strict=True) if n]

@@ -52,7 +52,8 @@ def prepare_run(
         teardown=teardown, airflow_run_id=airflow_run_id,
     )
     create_run_record(root, spec)
-    work = plan.chunks_with_work(root.snapshots.frame(compact_over=COMPACT_OVER), index.n_prompt_rows, layout, config)
+    work = plan.chunks_with_work(root.snapshots.frame(compact_over=COMPACT_OVER), index.n_prompt_rows, layout, config,
+                                 index.turn_starts if index.reading.chained else None)
     log.info(
         "plan: %d rows, chunks of %d (the first %d of %s, then %d staggered), %d chunks with work left "
         "(%d rows to generate at max_tokens=%d)",

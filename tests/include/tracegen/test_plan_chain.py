@@ -45,3 +45,36 @@ def test_a_layout_without_conversations_is_cut_by_size_as_before():
     layout = ChunkLayout(20)
     assert layout.to_json() == {"chunk_size": 20, "chunk_stagger": 0, "first_chunk_size": None}
     assert [c.size for c in layout.chunks(50)] == [20, 20, 10]
+
+
+def _row(i: int, finish: str | None, cap: int = 60, status: str = "ok"):
+    from tracegen.store.records import GeneratedRow
+
+    return GeneratedRow(index=i, status=status, max_tokens=cap, run_id="r", chunk=0, finish_reason=finish,
+                        content="a", completion_tokens=cap if finish == "length" else 5)
+
+
+def test_turns_held_by_an_earlier_turn_done_without_completing_are_no_work_for_a_chunk():
+    from tracegen.run.plan import held_turns
+    from tracegen.store.records import INVALID
+    from tracegen.store.snapshots import rows_to_frame
+
+    # Conversations [0, 3), [3, 5), [5, 7), [7, 9): turn 1 cut at 60, turn 3 still to do; turn 3 left; a
+    # stopped loop (a runaway); an invalid first turn.
+    starts = np.asarray([0, 3, 5, 7])
+    frame = rows_to_frame([_row(0, "stop"), _row(1, "length"), _row(3, "stop"), _row(5, "loop"),
+                           _row(7, None, status=INVALID)], committed_at="2026-01-01T00:00:00+00:00")
+    kept = held_turns(frame, 9, starts, 60, "keep")
+    assert np.flatnonzero(kept).tolist() == [2, 6, 8]
+    # A raised cap makes the cut turn work again: what follows it is no longer held.
+    assert np.flatnonzero(held_turns(frame, 9, starts, 4096, "extend")).tolist() == [6, 8]
+    layout = ChunkLayout(2, stops=(3, 5, 7, 9))
+
+    class Config:
+        max_tokens, truncated_policy = 60, "keep"
+
+    from tracegen.run.plan import chunks_with_work
+
+    assert [(w.chunk, w.remaining) for w in chunks_with_work(frame, 9, layout, Config(), starts)] == [(1, 1)]
+    # Without the turn table every pending turn counts, held or not.
+    assert [w.chunk for w in chunks_with_work(frame, 9, layout, Config())] == [0, 1, 2, 3]
