@@ -37,10 +37,12 @@ from tracegen.dataset.turns import chained_messages
 from tracegen.generate.extend import Extension, Superseded, extension_jobs
 from tracegen.run import plan
 from tracegen.sglang.client import Sampling
+from tracegen.store.entries import LedgerError
 from tracegen.store.records import OK, GeneratedRow
 from tracegen.store.root import OutputRoot
 
 log = logging.getLogger(__name__)
+
 
 def is_complete(row: GeneratedRow) -> bool:
     """Whether a later turn can follow this turn's row, just generated (`plan.chain_complete` of a committed
@@ -140,8 +142,8 @@ class ChainSchedule:
                     out[row.index] = row.content
         missing = needed - set(out)
         if missing:
-            raise RuntimeError(f"turns=chain: the ledger lists complete rows for turns {sorted(missing)[:5]} but "
-                               "their parts do not hold them")
+            raise LedgerError(f"turns=chain: the ledger lists complete rows for turns {sorted(missing)[:5]} but "
+                              "their parts do not hold them")
         return out
 
     def _item(self, row: PromptRow | InvalidRow) -> PromptRow | InvalidRow | Extension:
