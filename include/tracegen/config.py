@@ -28,7 +28,7 @@ WHILE_ASKING_MODES = ("recommended", "current", "idle")
 # How a dataset's rows are read (`tracegen.dataset.reading`): the input form, told per row under `auto`; which
 # assistant turns are generated; the fields a dataset's own names may be mapped onto.
 DATASET_FORMATS = ("auto", "messages", "sharegpt", "prompt")
-TURN_MODES = ("last", "first", "each")
+TURN_MODES = ("last", "first", "each", "chain")
 MAPPABLE_FIELDS = ("messages", "conversations", "prompt", "system", "id", "tools", "category")
 
 # Airflow run ids contain ':' and '+'; storage keys and spool dirs want a tamer alphabet. A safe run id
@@ -382,7 +382,9 @@ class RunConfig:
         "with an assistant turn is the prompt up to it, and that turn is generated again (a row ending with a "
         "user or tool message is generated as it is); 'first': the conversation up to its first user message; "
         "'each': one row per assistant turn, its real history as the prompt (row ids name the conversation "
-        "and the turn: <id>#turn-<n>). No prompt ever ends with an assistant message."), "last")
+        "and the turn: <id>#turn-<n>); 'chain': the rows 'each' gives, each turn generated after the model's "
+        "own earlier answers, which replace the dataset's in its history (a conversation with tool calls or "
+        "results cannot be chained and is invalid). No prompt ever ends with an assistant message."), "last")
     max_invalid_pct: float = _rule(Float(
         0.0, 100.0, title="Most unusable rows (%)",
         description="The run's first task reads a sample of the dataset's rows and stops the run, before any "

@@ -28,7 +28,7 @@ none; the blocks are hashed again from the file when it is loaded, checked again
 The pass also reads every row's id and refuses a dataset where two rows share one (`dataset.row_ids`).
 
 Rows of the file are conversations; the run generates *prompt rows* (`dataset.turns`). Read one prompt row
-per conversation (`turns` last or first) they are the same rows. Under `turns=each` a conversation is one
+per conversation (`turns` last or first) they are the same rows. Under `turns=each` or `chain` a conversation is one
 prompt row per assistant turn: the pass decodes every row and records where each conversation's prompt rows
 start (`turn_starts`), so a prompt row's conversation is one binary search away and a chunk of prompt rows
 still reads only the blocks of its own conversations. The index records its `Reading`: the same file read

@@ -28,6 +28,7 @@ from tracegen.dataset.index import DatasetIndex, build_index
 from tracegen.dataset.reading import Reading
 from tracegen.dataset.request_rules import (
     as_sglang_reads,
+    check_chainable,
     check_content_part,
     check_prompt_end,
     check_tool,
@@ -143,7 +144,7 @@ def parse_row(index: int, item: bytes | str | dict[str, Any], *, columnar: bool 
     """Validate one raw row (a JSONL line or a Parquet row dict) as the prompt row `index`: a row read one
     prompt row per conversation (`turns` last or first). Never raises for what a row holds."""
     if reading.expands:
-        raise ValueError("parse_row reads one prompt row per conversation; use parse_conversation under turns=each")
+        raise ValueError("parse_row reads one prompt row per conversation; use parse_conversation under turns=each or chain")
     return parse_conversation(index, index, item, columnar=columnar, reading=reading)[0]
 
 
@@ -169,10 +170,19 @@ def parse_conversation(source_row: int, first_index: int, item: bytes | str | di
         messages = [as_sglang_reads({k: v for k, v in m.items() if k in _MESSAGE_KEYS})
                     if isinstance(m, dict) else m for m in messages]
     own_id = None if raw_id is None else str(raw_id)
+    unchainable = None
+    if reading.chained and isinstance(messages, list):
+        try:
+            check_chainable(messages)
+        except ValueError as exc:
+            unchainable = str(exc)
     out: list[PromptRow | InvalidRow] = []
     for t, prompt in enumerate(prompt_messages(messages, reading.turns)):
         index = first_index + t
         where = f"turn {t + 1} of row {source_row}: " if reading.expands else ""
+        if unchainable is not None:
+            out.append(InvalidRow(index, where + unchainable))
+            continue
         try:
             out.append(PromptRow(
                 index=index, messages=prompt, tools=conversation.tools,

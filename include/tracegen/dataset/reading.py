@@ -1,7 +1,7 @@
 """How a dataset's rows become prompt rows: which input form a row is in, which of its fields hold what, and
 which assistant turns of a conversation are generated (`turns`).
 
-A `Reading` is part of what an output root's row indices mean: under `turns=each` row 7 may be the second
+A `Reading` is part of what an output root's row indices mean: under `turns=each` (or `chain`) row 7 may be the second
 turn of conversation 3, under `last` it is conversation 7. So it is recorded in the stored index, and a run
 that would read the same file another way is refused by the root (`dataset.stored.bind_index`) instead of
 pairing committed completions with other prompts.
@@ -28,7 +28,7 @@ AUTO = "auto"
 FORMS = tuple(f for f in DATASET_FORMATS if f != AUTO)
 
 # Which assistant turns of a conversation are generated.
-LAST, FIRST, EACH = TURN_MODES
+LAST, FIRST, EACH, CHAIN = TURN_MODES
 
 # The field each form is known by.
 FORM_FIELD = {MESSAGES: "messages", SHAREGPT: "conversations", PROMPT: "prompt"}
@@ -64,7 +64,13 @@ class Reading:
     @property
     def expands(self) -> bool:
         """Whether one conversation may become several prompt rows (then the index holds each one's turns)."""
-        return self.turns == EACH
+        return self.turns in (EACH, CHAIN)
+
+    @property
+    def chained(self) -> bool:
+        """Whether a conversation's turns are generated in order, each after the model's own earlier answers
+        (`dataset.turns`): its prompt rows are one unit for the plan and the chunk."""
+        return self.turns == CHAIN
 
     def to_json(self) -> dict[str, Any]:
         return {"form": self.form, "fields": dict(sorted(self.fields.items())), "turns": self.turns}

@@ -161,6 +161,24 @@ def check_prompt_end(messages: list[Any]) -> None:
         )
 
 
+def check_chainable(messages: list[Any]) -> None:
+    """A conversation read with `turns=chain` holds no tool call and no tool result: its later turns answer
+    the original call's result, and the model's own answer would call something else, or nothing, so no
+    result would be true for it. Told on the whole conversation, as every one of its turns is refused (turn 1
+    of such a conversation is its first step towards that call). ShareGPT's function_call and observation
+    arrive here as an assistant's `tool_calls` and a `tool` message (`dataset.forms`)."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        role = str(message.get("role", "")).lower()
+        if role in ("tool", "function") or (role == "assistant" and message.get("tool_calls")):
+            what = "a tool result" if role != "assistant" else "an assistant tool call"
+            raise ValueError(
+                f"messages[{i}] is {what}: turns=chain cannot regenerate a conversation whose turns answer a "
+                "tool's result (the model's own call would get no result); read it with turns=each or last"
+            )
+
+
 def check_message(message: Any, where: str) -> None:
     """One chat message as SGLang's message models accept it (a user message, or another known role)."""
     if not isinstance(message, dict):

@@ -26,6 +26,16 @@ def load_index(root: OutputRoot, aws_conn_id: str = "aws_default") -> DatasetInd
     return with_block_hashes(_stored_index(root), aws_conn_id)
 
 
+def chain_turn_starts(root: OutputRoot) -> np.ndarray | None:
+    """Under `turns=chain`, each conversation's first prompt row of the root's stored index (the plan's
+    `held_turns`); None under any other reading, or before any run indexed the root."""
+    try:
+        index = _stored_index(root)
+    except StorageKeyError:
+        return None
+    return index.turn_starts if index.reading.chained else None
+
+
 def _stored_index(root: OutputRoot) -> DatasetIndex:
     return DatasetIndex.from_bytes(root.storage.get(DATASET_INDEX_KEY))
 

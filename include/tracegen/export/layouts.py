@@ -13,6 +13,16 @@
   column of varying JSON schemas does not load as one Arrow type). No other column: SpecForge passes every
   column besides these three to its chat-template call.
 
+Under `turns=chain` (`dataset.turns`) a turn's prompt is the one the model was sent: its dataset prompt with
+the model's own committed answers in place of the dataset's (`chained_prompt`), so no layout shows a turn
+the model did not see. `messages` is one row per turn, as under `each`. The trainer layouts are one row per
+conversation, its regenerated conversation (`chain_turns`: its complete turns, from the first up to the
+first that is not complete, which ends it): `conversations` holds every regenerated assistant turn with its
+thinking (as SpecForge's regeneration writes them; a chat template such as Qwen3's drops an earlier turn's
+thinking when it renders them), `tokens` the last turn's prompt ids then its response's, with 1 over every
+regenerated assistant turn's tokens (each earlier answer as the later prompts hold it, its stop token
+included) and 0 elsewhere (`chain_tokens_row`).
+
 The trainer layouts are one plain JSONL file in a folder of its own (`data-<export id>/`): SpecForge reads
 one file, and `speculators prepare-data --data DIR` reads every `.json`/`.jsonl` under DIR.
 """
@@ -20,11 +30,12 @@ one file, and `speculators prepare-data --data DIR` reads every `.json`/`.jsonl`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tracegen.dataset.row_ids import row_id as dataset_row_id
 from tracegen.dataset.template_input import served_roles, template_messages, template_tools
+from tracegen.dataset.turns import chained_messages, conversation_id
 from tracegen.store.records import EXTENDED, GeneratedRow, unpack_token_ids
 
 MESSAGES, TOKENS, CONVERSATIONS = "messages", "tokens", "conversations"
@@ -135,6 +146,115 @@ def conversations_row(prompt: Any, row: GeneratedRow) -> Shaped:
         ids = unpack_token_ids(row.response_token_ids)
         last = ids[-1] if ids else None
     return Shaped(doc, row.prompt_tokens, row.completion_tokens, last)
+
+
+# ---- turns=chain ----------------------------------------------------------------------------------
+
+
+def chained_prompt(prompt: Any, earlier: list[GeneratedRow]) -> Any:
+    """A chain turn's prompt as the model was sent it: `earlier` are the committed rows of the turns before
+    it, in order (`generate.chain` sent it with their answers)."""
+    return replace(prompt, messages=chained_messages(prompt.messages, [r.content for r in earlier]))
+
+
+def chain_turns(rows: list[GeneratedRow]) -> list[GeneratedRow]:
+    """A conversation's rows (its turns', in order, from its first) up to the first that is not complete:
+    the regenerated conversation. A later turn was never sent after an incomplete one."""
+    out: list[GeneratedRow] = []
+    for row in rows:
+        if row.finish_reason != "stop":
+            break
+        out.append(row)
+    return out
+
+
+def chain_conversations_row(last: Any, rows: list[GeneratedRow]) -> Shaped:
+    """The regenerated conversation of `rows` (`chain_turns`), `last` the prompt of its last turn."""
+    chained = chained_prompt(last, rows[:-1])
+    turns = prompt_turns(chained.messages)
+    regenerated = iter(rows[:-1])
+    conversation = [assistant_turn(next(regenerated)) if t.get("role") == "assistant" else t for t in turns]
+    tools = template_tools(last.tools)
+    doc = {
+        "id": conversation_id(row_id(last, rows[-1])),
+        "conversations": [*conversation, assistant_turn(rows[-1])],
+        "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
+    }
+    return Shaped(doc, rows[-1].prompt_tokens, sum(r.completion_tokens for r in rows), _last_id(rows[-1]))
+
+
+def chain_tokens_row(last: Any, rows: list[GeneratedRow]) -> Shaped | None:
+    """The last turn's prompt ids then its response's, 1 over every regenerated assistant turn's tokens.
+
+    A later turn's prompt holds the earlier one's whole and then its answer: turn j's answer, as every later
+    prompt holds it, is where turn j+1's prompt ids part from turn j's, up to and including turn j's stop token
+    (its response's last id). They part at most two ids early: the byte-level BPE may merge the generation
+    prompt's closing newline with the answer's first characters into one token, which is then the span's
+    first. None when a row has no ids or the prompts do not grow so (the row is left out, as one without ids)."""
+    if not all(r.has_token_ids for r in rows):
+        return None
+    prompts = [unpack_token_ids(r.prompt_token_ids) for r in rows]
+    response = unpack_token_ids(rows[-1].response_token_ids)
+    final = prompts[-1]
+    ids = final + response
+    mask = [0] * len(final) + [1] * len(response)
+    for j in range(len(rows) - 1):
+        before, after = prompts[j], prompts[j + 1]
+        stop = unpack_token_ids(rows[j].response_token_ids)[-1:]
+        start = _common_prefix(before, after)
+        if not stop or start < len(before) - _MERGED_AT_SEAM:
+            return None
+        try:
+            end = after.index(stop[0], start)
+        except ValueError:
+            return None
+        if final[: end + 1] != after[: end + 1]:
+            return None
+        mask[start : end + 1] = [1] * (end + 1 - start)
+    line = (f'{{"id":{json.dumps(conversation_id(row_id(last, rows[-1])))},'
+            f'"input_ids":{json.dumps(ids, separators=(",", ":"))},"loss_mask":{json.dumps(mask, separators=(",", ":"))}}}')
+    return Shaped(line, len(final), len(response), response[-1] if response else None)
+
+
+# How many of a prompt's last ids a longer prompt may render otherwise: the generation prompt's newline (and
+# the token before it) merged with what follows.
+_MERGED_AT_SEAM = 2
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def _last_id(row: GeneratedRow) -> int | None:
+    if not row.has_token_ids:
+        return None
+    ids = unpack_token_ids(row.response_token_ids)
+    return ids[-1] if ids else None
+
+
+def shape_chain(layout: str, prompts: list[Any], rows: list[GeneratedRow],
+                with_token_ids: bool) -> list[tuple[Any, GeneratedRow, Shaped | None]]:
+    """One conversation's exported rows under `turns=chain`: `prompts` and `rows` its chosen turns', in
+    order (the dataset prompt of each, its committed row). `messages`: one row per turn, each with the
+    history it was sent; the trainer layouts: one row of its regenerated conversation (none when its first
+    turn is not complete)."""
+    if layout == MESSAGES:
+        out = []
+        for k, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
+            sent = chained_prompt(prompt, rows[:k])
+            out.append((sent, row, messages_row(sent, row, with_token_ids)))
+        return out
+    turns = chain_turns(rows)
+    if not turns:
+        return []
+    last = prompts[len(turns) - 1]
+    sent = chained_prompt(last, turns[:-1])
+    shaped = chain_tokens_row(last, turns) if layout == TOKENS else chain_conversations_row(last, turns)
+    return [(sent, turns[-1], shaped)]
 
 
 def shape(layout: str, prompt: Any, row: GeneratedRow, with_token_ids: bool) -> Shaped | None:

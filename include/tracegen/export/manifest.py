@@ -110,8 +110,10 @@ def provenance(root: OutputRoot, record: Any, aws_conn_id: str) -> dict[str, Any
     }
 
 
-def trainer_settings(layout: str, file_uri: str, dir_uri: str, figures: dict[str, Any]) -> dict[str, Any]:
-    """The file each trainer reads and the settings that keep every row whole."""
+def trainer_settings(layout: str, file_uri: str, dir_uri: str, figures: dict[str, Any],
+                     chained: bool = False) -> dict[str, Any]:
+    """The file each trainer reads and the settings that keep every row whole. `chained`: the rows are
+    regenerated conversations (`turns=chain`), every assistant turn the model's own."""
     total = figures["lengths"]["total"].get("max", 0)
     if layout == TOKENS:
         return {
@@ -127,6 +129,26 @@ def trainer_settings(layout: str, file_uri: str, dir_uri: str, figures: dict[str
                 "--seq-length": total,
                 "note": "speculator-format rows pass through prepare-data without --render-endpoint; it cuts "
                         "at --seq-length (default 8192); --model still names the target (its processor is loaded)",
+            },
+        }
+    if layout == CONVERSATIONS and chained:
+        shape = figures["prompts"]
+        room = total + 64 + 8 * shape["max_turns"]
+        return {
+            "specforge": {
+                "data.train_data_path": file_uri,
+                "data.max_length": room,
+                "data.train_only_last_turn": False,
+                "rows_without_system_prompt": shape["rows_without_system_prompt"],
+                "note": f"{SPECFORGE_SYSTEM_NOTE}: {shape['rows_without_system_prompt']} rows here; every "
+                        "assistant turn is the target's own regenerated answer (turns=chain), so all are trained",
+            },
+            "speculators": {
+                "--data": dir_uri,
+                "--seq-length": room,
+                "--render-endpoint": "required: a vLLM server of the target model renders each conversation",
+                "note": "prepare-data makes one training row per assistant turn, each the target's own "
+                        "(turns=chain)",
             },
         }
     if layout == CONVERSATIONS:
@@ -173,6 +195,8 @@ def build(job: Any, choice: Any, export_id: str, figures: Any, shards: list[dict
         "newest_run": record.run_id,
         "max_tokens": record.config.max_tokens,
         "layout": layout,
+        # Under turns=chain a trainer layout's row is a conversation, its turns the model's own.
+        "turns": index.reading.turns,
         "format": job.fmt,
         "rows": figures.rows,
         "dataset_rows": index.n_prompt_rows,
@@ -204,7 +228,8 @@ def build(job: Any, choice: Any, export_id: str, figures: Any, shards: list[dict
         doc["data_file"] = shards[0]["name"]
         doc["data_dir"] = data_dir(export_id)
         file_uri = dest.uri_for(shards[0]["name"])
-        doc["trainers"] = trainer_settings(layout, file_uri, file_uri.rsplit("/", 1)[0] + "/", fig)
+        doc["trainers"] = trainer_settings(layout, file_uri, file_uri.rsplit("/", 1)[0] + "/", fig,
+                                           chained=index.reading.chained)
     return doc
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,3 +85,18 @@ def batches(best: pd.DataFrame, shard_rows: int, by_part: bool) -> Iterator[pd.D
     groups.sort(key=lambda g: int(best["index"].iat[g[0]]))
     for g in groups:
         yield best.iloc[g]
+
+
+def conversation_batches(best: pd.DataFrame, shard_rows: int, index: Any) -> Iterator[pd.DataFrame]:
+    """Under `turns=chain`: batches of about `shard_rows` chosen rows, each ending where a conversation does
+    (a conversation's turns are shaped together), in index order."""
+    if not len(best):
+        return
+    convs = index.conversations(best["index"].to_numpy(np.int64))
+    starts = np.flatnonzero(np.diff(convs)) + 1  # positions where a new conversation begins
+    begin = 0
+    while begin < len(best):
+        k = int(np.searchsorted(starts, begin + shard_rows, side="left"))
+        end = int(starts[k]) if k < len(starts) else len(best)
+        yield best.iloc[begin:end]
+        begin = end

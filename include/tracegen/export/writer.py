@@ -23,7 +23,7 @@ from tracegen.export import layouts as L
 from tracegen.export import manifest as M
 from tracegen.export.errors import ExportError
 from tracegen.export.replace import remove
-from tracegen.export.selection import batches
+from tracegen.export.selection import batches, conversation_batches
 from tracegen.export.sink import FileSink
 from tracegen.store.layout import MEASURE_CHUNK
 from tracegen.store.records import (
@@ -116,7 +116,11 @@ def write_rows(job: Any, best: pd.DataFrame, export_id: str) -> tuple[list[dict[
     refreshed = time.monotonic()
     source = open_data(index, job.record.config.aws_conn_id) if len(best) else None
     try:
-        for shard_no, batch in enumerate(batches(best, job.shard_rows, by_part=sink is not None)):
+        if index.reading.chained:  # a conversation's turns are shaped together: never split between batches
+            chunks = conversation_batches(best, job.shard_rows, index)
+        else:
+            chunks = batches(best, job.shard_rows, by_part=sink is not None)
+        for shard_no, batch in enumerate(chunks):
             # Each row encoded as it is shaped: a shard holds its compressed bytes, never its rows as dicts.
             encoder = Encoder(fmt if sink is None else "plain")
             for prompt, row, shaped in _shaped_batch(root, index, source, batch, layout, job.with_token_ids, dest):
@@ -183,11 +187,36 @@ def _shaped(root: OutputRoot, index: Any, source: Any, batch: pd.DataFrame, layo
         for row in root.repair.read_verified_part(str(part)):  # hashed as read: a damaged part raises
             if (row.index, row.run_id) in wanted:
                 generated[row.index] = row
+    if index.reading.chained:
+        yield from _shaped_chain(index, source, batch, generated, layout, with_token_ids)
+        return
     for prompt in read_indices(index, batch["index"].to_numpy(np.int64), source=source):
         row = generated.pop(prompt.index, None)
         if row is None or isinstance(prompt, InvalidRow):
             continue
         yield prompt, row, L.shape(layout, prompt, row, with_token_ids)
+
+
+def _shaped_chain(index: Any, source: Any, batch: pd.DataFrame, generated: dict[int, GeneratedRow], layout: str,
+                  with_token_ids: bool) -> Iterator[tuple[Any, GeneratedRow, L.Shaped | None]]:
+    """A batch of whole conversations under `turns=chain`, each shaped from its chosen turns (`L.shape_chain`):
+    those from its first turn on without a gap, as the model generated them one after the other (a turn
+    after a gap, whose earlier turn's row is not exported, cannot be shown with the history it was sent)."""
+    indices = batch["index"].to_numpy(np.int64)
+    convs = index.conversations(indices)
+    prompts = {p.index: p for p in read_indices(index, indices, source=source)}
+    for conv in pd.unique(convs):
+        first = index.first_prompt_row(int(conv))
+        turns: list[Any] = []
+        rows: list[GeneratedRow] = []
+        for i in range(first, first + index.prompt_rows_of(int(conv))):
+            prompt, row = prompts.get(i), generated.get(i)
+            if row is None or prompt is None or isinstance(prompt, InvalidRow):
+                break
+            turns.append(prompt)
+            rows.append(row)
+        if rows:
+            yield from L.shape_chain(layout, turns, rows, with_token_ids)
 
 
 class Encoder:

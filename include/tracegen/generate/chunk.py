@@ -117,7 +117,7 @@ def run_pilot(spec: RunSpec, *, fleet: FleetSpec | None = None, endpoints: Seque
     """Generate the run's pilot sample (None without one); its rows are committed like any other."""
     if spec.config.pilot_size == 0:
         return None
-    indices = plan.pilot_indices(spec.config, spec.dataset.n_rows)
+    indices = plan.pilot_indices(spec.config, spec.dataset.n_rows, spec.layout)
     root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
     return run_chunk(spec, root=root, chunk=PILOT_CHUNK, label=f"pilot ({indices.size:,} rows)",
                      indices=indices, fleet=fleet, endpoints=endpoints, options=ChunkOptions(attempt=attempt))
@@ -168,7 +168,7 @@ def generate_chunk_work(
             raise GateClosed(f"{work.label} not started: {closed}")
         if config.pilot_size:
             # The pilot task generates these at the same time; both would otherwise send them.
-            pilot = plan.pilot_indices(config, spec.dataset.n_rows)
+            pilot = plan.pilot_indices(config, spec.dataset.n_rows, spec.layout)
             indices = np.setdiff1d(indices, pilot, assume_unique=True)
     checks = [c for c in (watch, options.stop_check) if c is not None]
     closed: list[str] = []

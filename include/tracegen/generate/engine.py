@@ -13,6 +13,10 @@ early instead of holding its end, and the servers stay full around them. Under `
 they are continued from their committed tokens (`tracegen.generate.extend`), under `regenerate` generated
 again; either way the new row goes through the same spool and commit, so a crash during it loses and
 duplicates nothing, and a resume starts again from the committed truncated row.
+
+Under `turns=chain` the rows go as `generate.chain` says: a conversation's turn once the one before is
+committed complete, with the model's own answers in its history; the commit then comes as soon as a turn
+waits on it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,6 +39,7 @@ from tracegen.audit.runaway_rows import score_of
 from tracegen.config import RunConfig
 from tracegen.dataset.reader import DatasetIndex, InvalidRow, PromptRow, read_indices
 from tracegen.dataset.row_ids import row_id
+from tracegen.generate.chain import ChainSchedule
 from tracegen.generate.extend import (
     Extension,
     Superseded,
@@ -122,6 +127,7 @@ class ChunkSummary:
     extended: int = 0  # rows truncated under a lower cap, continued from their tokens
     prefix_tokens_reused: int = 0  # the tokens those rows already had: what regenerating would pay again
     regenerated: int = 0  # rows truncated under a lower cap, generated again (policy, or no token ids)
+    held: int = 0  # turns=chain: turns not sent, an earlier turn of theirs not complete (they stay pending)
     elapsed_s: float = 0.0
     interrupted: str | None = None
 
@@ -271,6 +277,11 @@ class ChunkEngine:
         self._known_long = np.empty(0, dtype=np.int64)  # rows of this chunk truncated under a lower cap
         self._superseded: dict[int, Superseded] = {}  # their committed truncated rows
         self._watch_with: ServerParsers | None = None  # set per chunk: `tracegen.generate.watched.watching`
+        # turns=chain: which turns go when (`generate.chain`), and the rows spooled or sealed since the last
+        # commit, whose waiting turns go once it lands.
+        self._chain: ChainSchedule | None = None
+        self._chain_unsealed: list[int] = []
+        self._chain_sealed: list[int] = []
 
     # ---- public ---------------------------------------------------------------------------------
 
@@ -312,6 +323,10 @@ class ChunkEngine:
             if todo.size:
                 await self._generate(todo)
             if self._not_spooled is None and not self.summary.interrupted:
+                held = self._chain.held() if self._chain is not None else set()
+                self.summary.held = len(held)
+                if held:
+                    todo = np.asarray(sorted(set(todo.tolist()) - held), dtype=np.int64)
                 await asyncio.to_thread(self._check_accounted, todo)
         finally:
             self.spool.close()
@@ -343,6 +358,8 @@ class ChunkEngine:
                         "and the chunk's claim, else they stay in the spool", self.label, reason)
             self.stop_requested = reason
             self.summary.interrupted = self.summary.interrupted or reason
+            if self._chain is not None:
+                self._chain.stop()
 
     # ---- steps ----------------------------------------------------------------------------------
 
@@ -430,7 +447,9 @@ class ChunkEngine:
                         self.request_stop(f"fatal client error: {exc}")
                         parsers = None
                     need_prompts = parsers is None or parsers.tool_call is not None
-                for item in self._rows_longest_first(todo, need_prompts):
+                if self.dataset.reading.chained:
+                    self._chain = await asyncio.to_thread(self._chain_schedule, todo)
+                async for item in self._work(todo, need_prompts):
                     if self.stop_requested:
                         break
                     if isinstance(item, InvalidRow):
@@ -469,6 +488,22 @@ class ChunkEngine:
                              "tokens of theirs reused, not paid again) and generated %d again", self.label,
                              self.summary.extended, f"{progress.tokens:,}", f"{progress.reused:,}",
                              self.summary.regenerated)
+
+    def _chain_schedule(self, todo: np.ndarray) -> ChainSchedule:
+        extend = self.config.truncated_policy == "extend"
+        return ChainSchedule(root=self.root, dataset=self.dataset, todo=todo, aws_conn_id=self.config.aws_conn_id,
+                             sampling=self.sampling, superseded=self._superseded if extend else None,
+                             known_long=self._known_long)
+
+    async def _work(self, todo: np.ndarray, need_prompts: bool) -> AsyncIterator[PromptRow | InvalidRow | Extension]:
+        """What to send, in order: under turns=chain as each turn's previous one is committed complete
+        (`generate.chain`), otherwise every row of `todo`, those known to be long first."""
+        if self._chain is not None:
+            async for item in self._chain.items():
+                yield item
+            return
+        for item in self._rows_longest_first(todo, need_prompts):
+            yield item
 
     def _rows_longest_first(
         self, todo: np.ndarray, need_prompts: bool
@@ -552,6 +587,9 @@ class ChunkEngine:
             return
         self._pending_rows += 1
         progress.add(row)
+        if self._chain is not None:
+            self._chain_unsealed.append(row.index)
+            self._chain.finished(row)
 
     async def _tick(self, progress: Progress) -> None:
         checked = time.monotonic()
@@ -578,6 +616,9 @@ class ChunkEngine:
         due = self._pending_rows >= self.config.part_rows or (
             self._pending_rows and time.monotonic() - self._segment_started >= self.config.part_seconds
         )
+        # A conversation's next turn waits for this one's commit: committed at once, many turns a part where
+        # many finish together (the ticker's beat gathers them), so the fleet does not idle on part_seconds.
+        due = due or (self._chain is not None and self._chain.awaiting_commit)
         if due:
             await self._commit_segment()
 
@@ -585,7 +626,7 @@ class ChunkEngine:
         async with self._commit_lock:
             # The final flush runs even with no new rows: a segment stranded by an earlier failed commit
             # must be committed (or the chunk must fail) before the chunk can report success.
-            if not self._pending_rows and not final:
+            if not self._pending_rows and not final and not self._chain_sealed:
                 return
             self._pending_rows = 0
             self._segment_started = time.monotonic()
@@ -594,6 +635,8 @@ class ChunkEngine:
             sealed = self.spool.seal()
             if sealed is not None:
                 self._sealed.add(sealed.id)
+            self._chain_sealed += self._chain_unsealed
+            self._chain_unsealed = []
             commit = asyncio.ensure_future(
                 asyncio.to_thread(recover, self.spool, self.root.commits, self._count_commit, fence=self._fence))
             try:
@@ -616,6 +659,9 @@ class ChunkEngine:
                     log.warning("%s: commit failed, will retry with the next part: %s", self.label, exc)
                     return
                 raise
+            if self._chain is not None:
+                committed, self._chain_sealed = self._chain_sealed, []
+                self._chain.committed(committed)
 
     def _count_commit(self, rows: int) -> None:
         # Called from the commit thread; the commit lock keeps it the only writer of these counters.

@@ -98,7 +98,7 @@ def write_measurement(root: OutputRoot, run_id: str, m: TailMeasurement) -> str:
 
 def pilot_frame(root: OutputRoot, spec: RunSpec) -> tuple[np.ndarray, pd.DataFrame]:
     """The pilot's indices and every ledger row at them."""
-    indices = plan.pilot_indices(spec.config, spec.dataset.n_rows)
+    indices = plan.pilot_indices(spec.config, spec.dataset.n_rows, spec.layout)
     full = root.snapshots.frame(compact_over=COMPACT_OVER)
     frame = full[np.isin(full["index"].to_numpy(np.int64), indices)].reset_index(drop=True)
     return indices, frame

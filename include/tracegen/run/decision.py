@@ -23,6 +23,7 @@ import pandas as pd
 from tracegen.audit import gate
 from tracegen.audit.cap_question import DRIFT, PILOT, CapDecision, CapQuestion, question_from_report
 from tracegen.common.cap_rule import highest_cap
+from tracegen.dataset.stored import chain_turn_starts
 from tracegen.run import QUESTION_FILE, plan, while_asking
 from tracegen.run.run_record import gate_verdict, pilot_report, write_run_record
 from tracegen.run.run_report import audit_and_report
@@ -103,7 +104,7 @@ def ask(
         report_url=report_url(f"{name}.html") if report_url else None,
         timeout_minutes=config.gate_question_timeout_minutes,
     )
-    work = while_asking.plan_work(spec, question, frame)
+    work = while_asking.plan_work(spec, question, frame, chain_turn_starts(root))
     if work is not None:
         question = replace(question, while_asking={**work.to_json(), "statement": work.statement()})
     root.run_files.put(spec.run_id, QUESTION_FILE, json.dumps(question.to_json(), indent=2).encode())
@@ -129,7 +130,8 @@ def apply(spec: RunSpec, decision: CapDecision) -> tuple[RunSpec, list[plan.Chun
              decision.summary())
     if not decision.continues:
         return decided, []
-    work = plan.chunks_with_work(frame, decided.dataset.n_rows, decided.layout, decided.config)
+    work = plan.chunks_with_work(frame, decided.dataset.n_rows, decided.layout, decided.config,
+                                 chain_turn_starts(root))
     log.info("%d chunks with %d rows left at max_tokens=%d", len(work), sum(w.remaining for w in work),
              decided.config.max_tokens)
     return decided, work

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -143,6 +143,41 @@ def runaways(frame: pd.DataFrame) -> np.ndarray:
         scored = scored.copy()
         scored[np.flatnonzero(scored)[replaced]] = False
     return scored
+
+
+# The one finish a later turn of a conversation can follow under turns=chain: a tool call's answer would need
+# the call's result.
+CHAIN_COMPLETE = "stop"
+
+
+def chain_complete(frame: pd.DataFrame) -> np.ndarray:
+    """Per ledger row: one a later turn can follow under `turns=chain` (`ok`, finish `stop`, not a standing
+    runaway)."""
+    if len(frame) == 0:
+        return np.zeros(0, dtype=bool)
+    ok = (frame["status"] == OK).to_numpy(bool) & (frame["finish_reason"] == CHAIN_COMPLETE).to_numpy(bool)
+    return ok & ~runaways(frame)
+
+
+def held_turns(frame: pd.DataFrame, n_rows: int, turn_starts: np.ndarray, max_tokens: int,
+               truncated_policy: str) -> np.ndarray:
+    """Boolean array over prompt rows [0, n_rows): under `turns=chain`, the turns no chunk can generate at this
+    cap and policy, as an earlier turn of their conversation is done without being complete (truncated and
+    kept, a runaway, invalid, rejected): `generate.chain` holds them, so they are not work for a chunk. A
+    raised cap that makes that turn work again, or its fresh sample (runaway_policy=resample), frees them."""
+    n_rows = _check_int("n_rows", n_rows, 0)
+    idx = frame["index"].to_numpy(np.int64) if "index" in frame.columns else np.empty(0, np.int64)
+    stuck = np.zeros(n_rows, dtype=bool)
+    stuck[idx[done_rows(frame, max_tokens, truncated_policy)]] = True
+    complete = np.zeros(n_rows, dtype=bool)
+    complete[idx[chain_complete(frame)]] = True
+    stuck &= ~complete
+    # Stuck turns counted up to each row, and up to the start of its conversation: a row is held when its
+    # conversation has a stuck turn before it.
+    before = np.concatenate(([0], np.cumsum(stuck, dtype=np.int64)))  # before[i]: stuck among rows [0, i)
+    conv = np.searchsorted(np.asarray(turn_starts, dtype=np.int64), np.arange(n_rows), side="right") - 1
+    start = np.asarray(turn_starts, dtype=np.int64)[conv]
+    return before[:-1] - before[start] > 0
 
 
 def done_rows(frame: pd.DataFrame, max_tokens: int, truncated_policy: str) -> np.ndarray:
@@ -285,22 +320,69 @@ class ChunkWork:
 @dataclass(frozen=True)
 class ChunkLayout:
     """How a run cuts the dataset into chunks (`chunks`). Part of the run's record, so the scheduled
-    rerun of a run's unfinished chunks finds the very chunks the run had."""
+    rerun of a run's unfinished chunks finds the very chunks the run had.
+
+    Under `turns=chain` a conversation's turns are generated in order, each after the one before is
+    committed, so they must be in one chunk (and in one pilot): `stops` holds each chunk's end, moved
+    forward to the next conversation's first turn (`whole_conversations`), and `pilot` the pilot's whole
+    conversations as [start, stop) prompt-row ranges. Both are fixed when the run is prepared, from the
+    index's turn table, so no later task needs the table to find them; at most MAX_MAPPED_CHUNKS stops."""
 
     size: int
     stagger: int = 0  # chunk tasks the run had in flight at once; 0: every chunk `size` rows
     first_size: int | None = None  # rows of each of the first `stagger` chunks (those beside the pilot)
+    stops: tuple[int, ...] | None = None  # each chunk's end; None: cut by size alone
+    pilot: tuple[tuple[int, int], ...] | None = None  # the pilot's conversations; None: `pilot_sample`'s rows
 
     def chunks(self, n_rows: int) -> list[Chunk]:
-        return chunks(n_rows, self.size, stagger=self.stagger, first_size=self.first_size)
+        if self.stops is None:
+            return chunks(n_rows, self.size, stagger=self.stagger, first_size=self.first_size)
+        if not self.stops or self.stops[-1] != n_rows:
+            raise ValueError(f"the run's chunk ends {list(self.stops[-1:])} do not end at its {n_rows} rows")
+        starts = (0, *self.stops[:-1])
+        return [Chunk(k, a, b) for k, (a, b) in enumerate(zip(starts, self.stops, strict=True))]
 
     def to_json(self) -> dict[str, Any]:
-        return {"chunk_size": self.size, "chunk_stagger": self.stagger, "first_chunk_size": self.first_size}
+        doc: dict[str, Any] = {"chunk_size": self.size, "chunk_stagger": self.stagger,
+                               "first_chunk_size": self.first_size}
+        if self.stops is not None:
+            doc["chunk_stops"] = list(self.stops)
+        if self.pilot is not None:
+            doc["pilot_conversations"] = [list(r) for r in self.pilot]
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ChunkLayout:
         first = doc.get("first_chunk_size")
-        return cls(int(doc["chunk_size"]), int(doc.get("chunk_stagger") or 0), None if first is None else int(first))
+        stops, pilot = doc.get("chunk_stops"), doc.get("pilot_conversations")
+        return cls(int(doc["chunk_size"]), int(doc.get("chunk_stagger") or 0), None if first is None else int(first),
+                   None if stops is None else tuple(int(s) for s in stops),
+                   None if pilot is None else tuple((int(a), int(b)) for a, b in pilot))
+
+
+def whole_conversations(layout: ChunkLayout, n_rows: int, starts: np.ndarray, pilot_size: int,
+                        pilot_seed: int) -> ChunkLayout:
+    """`layout` with every chunk ending where a conversation starts (`starts`: each conversation's first
+    prompt row, ascending, from 0), and its pilot made of whole conversations. A chunk's end moves forward to
+    the next conversation's start, so a conversation longer than a chunk makes its chunk larger; a chunk is
+    never empty. The pilot samples conversations with `pilot_seed` until their turns reach `pilot_size`."""
+    starts = np.asarray(starts, dtype=np.int64)
+    stops: list[int] = []
+    for chunk in layout.chunks(n_rows):
+        if stops and stops[-1] >= n_rows:
+            break
+        want = max(chunk.stop, (stops[-1] if stops else 0) + 1)
+        k = int(np.searchsorted(starts, want, side="left"))
+        stops.append(int(starts[k]) if k < len(starts) else n_rows)
+    ends = np.append(starts[1:], n_rows)
+    pilot: list[tuple[int, int]] = []
+    taken = 0
+    for conv in np.random.default_rng(pilot_seed).permutation(len(starts)).tolist():
+        if taken >= min(pilot_size, n_rows):
+            break
+        pilot.append((int(starts[conv]), int(ends[conv])))
+        taken += pilot[-1][1] - pilot[-1][0]
+    return replace(layout, stops=tuple(stops), pilot=tuple(sorted(pilot)))
 
 
 def choose_layout(config: RunConfig, n_rows: int, fleet_slots: int | None, stagger: int) -> ChunkLayout:
@@ -316,14 +398,25 @@ def choose_layout(config: RunConfig, n_rows: int, fleet_slots: int | None, stagg
     return ChunkLayout(size, stagger, max(size, 2 * pilot))
 
 
-def chunks_with_work(frame: pd.DataFrame, n_rows: int, layout: ChunkLayout, config: RunConfig) -> list[ChunkWork]:
-    """The chunks that still hold rows to generate for this config's cap and truncated-row policy."""
+def chunks_with_work(frame: pd.DataFrame, n_rows: int, layout: ChunkLayout, config: RunConfig,
+                     turn_starts: np.ndarray | None = None) -> list[ChunkWork]:
+    """The chunks that still hold rows to generate for this config's cap and truncated-row policy. Under
+    `turns=chain` (`turn_starts`: each conversation's first prompt row) a turn held by an earlier one that is
+    done without being complete is no work (`held_turns`): a chunk of such turns alone would start the fleet
+    to generate nothing."""
     done = done_mask(frame, n_rows, config.max_tokens, config.truncated_policy)
+    if turn_starts is not None:
+        done |= held_turns(frame, n_rows, turn_starts, config.max_tokens, config.truncated_policy)
     cut = layout.chunks(n_rows)
     left = remaining_per_chunk(done, cut)
     return [ChunkWork(c.index, c.start, c.stop, int(n)) for c, n in zip(cut, left, strict=True) if n]
 
 
-def pilot_indices(config: RunConfig, n_rows: int) -> np.ndarray:
-    """The run's pilot sample, the same in every task that asks."""
+def pilot_indices(config: RunConfig, n_rows: int, layout: ChunkLayout | None = None) -> np.ndarray:
+    """The run's pilot sample, the same in every task that asks: under `turns=chain` its whole conversations
+    (`layout.pilot`), otherwise `pilot_sample`'s rows."""
+    if layout is not None and layout.pilot is not None:
+        if not config.pilot_size:
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in layout.pilot] or [np.empty(0, np.int64)])
     return np.asarray(pilot_sample(n_rows, min(config.pilot_size, n_rows), config.pilot_seed), dtype=np.int64)

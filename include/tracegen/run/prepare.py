@@ -41,6 +41,10 @@ def prepare_run(
     check_usable(index, config.max_invalid_pct, config.pilot_seed, aws_conn_id=config.aws_conn_id)
     # Every count from here on is of prompt rows: under turns=each, one per assistant turn.
     layout = plan.choose_layout(config, index.n_prompt_rows, fleet.slots, stagger)
+    if index.reading.chained:  # a conversation's turns go in order: one chunk and one pilot hold it whole
+        assert index.turn_starts is not None
+        layout = plan.whole_conversations(layout, index.n_prompt_rows, index.turn_starts, config.pilot_size,
+                                          config.pilot_seed)
     spec = RunSpec(
         run_id=run_id, created_at=time.time(), config=config, fleet=fleet,
         dataset=DatasetIdentity(config.dataset_uri, index.fingerprint, index.n_prompt_rows, index.source_size,
@@ -48,7 +52,8 @@ def prepare_run(
         teardown=teardown, airflow_run_id=airflow_run_id,
     )
     create_run_record(root, spec)
-    work = plan.chunks_with_work(root.snapshots.frame(compact_over=COMPACT_OVER), index.n_prompt_rows, layout, config)
+    work = plan.chunks_with_work(root.snapshots.frame(compact_over=COMPACT_OVER), index.n_prompt_rows, layout, config,
+                                 index.turn_starts if index.reading.chained else None)
     log.info(
         "plan: %d rows, chunks of %d (the first %d of %s, then %d staggered), %d chunks with work left "
         "(%d rows to generate at max_tokens=%d)",

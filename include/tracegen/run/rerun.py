@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from tracegen.common import locations
+from tracegen.dataset.stored import chain_turn_starts
 from tracegen.run import plan
 from tracegen.run.run_record import recorded_airflow_run, stopped_at_gate
 from tracegen.run.run_spec import RunSpec
@@ -170,7 +171,7 @@ def unfinished_work(output_uri: str, airflow: AirflowRuns, aws_conn_id: str = "a
         log.warning("%s: retiring damaged part %s (%s)", output_uri, damage.part, damage.problem)
     root.repair.retire(damaged)
     frame = root.snapshots.frame(compact_over=COMPACT_OVER)
-    work = plan.chunks_with_work(frame, spec.dataset.n_rows, spec.layout, spec.config)
+    work = plan.chunks_with_work(frame, spec.dataset.n_rows, spec.layout, spec.config, chain_turn_starts(root))
     log.info("%s: run %s has %d chunks with %d rows left", output_uri, spec.run_id, len(work),
              sum(w.remaining for w in work))
     return [RerunWork(output_uri, spec.run_id, w) for w in work]

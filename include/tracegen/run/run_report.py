@@ -219,7 +219,7 @@ def _measured_basis(spec: RunSpec, frame: pd.DataFrame, table: Any, measurement:
     cap = int(table.recommended_cap)
     if cap > int(measurement["cap"]):
         return None
-    pilot = plan.pilot_indices(spec.config, spec.dataset.n_rows)
+    pilot = plan.pilot_indices(spec.config, spec.dataset.n_rows, spec.layout)
     truncated, judged = gate_counts(frame[np.isin(frame["index"].to_numpy(np.int64), pilot)], cap)
     if not judged:
         return None

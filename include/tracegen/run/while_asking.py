@@ -102,14 +102,16 @@ def provisional(spec: RunSpec, cap: int) -> RunSpec:
     return replace(spec, config=replace(spec.config, max_tokens=cap, gate_mode="warn"))
 
 
-def plan_work(spec: RunSpec, question: CapQuestion, frame: pd.DataFrame) -> WhileAsking | None:
-    """The work done while `question` waits, or None when the run idles (while_asking=idle, or no budget)."""
+def plan_work(spec: RunSpec, question: CapQuestion, frame: pd.DataFrame,
+              turn_starts: np.ndarray | None = None) -> WhileAsking | None:
+    """The work done while `question` waits, or None when the run idles (while_asking=idle, or no budget).
+    `turn_starts`: under turns=chain, each conversation's first prompt row (`plan.chunks_with_work`)."""
     config = spec.config
     cap = provisional_cap(question, config.while_asking)
     if cap is None or config.while_asking_budget_pct <= 0:
         return None
     at = provisional(spec, cap)
-    work = plan.chunks_with_work(frame, spec.dataset.n_rows, spec.layout, at.config)
+    work = plan.chunks_with_work(frame, spec.dataset.n_rows, spec.layout, at.config, turn_starts)
     budget = math.floor(spec.dataset.n_rows * config.while_asking_budget_pct / 100.0)
     chosen, planned = [], 0
     for w in work:  # in dataset order, every chunk that still fits: a large first chunk does not use it all up

@@ -40,7 +40,7 @@ def measure_tail(run: dict[str, Any], pilot: dict[str, Any], servers: list[dict[
     root = open_root(spec.config.output_uri, spec.config.aws_conn_id)
 
     def verdict_first() -> None:
-        audit_and_report(spec, name="pilot-report", indices=pilot_indices(spec.config, spec.dataset.n_rows),
+        audit_and_report(spec, name="pilot-report", indices=pilot_indices(spec.config, spec.dataset.n_rows, spec.layout),
                          tokens_per_s_per_gpu=tokens_per_s_per_gpu(pilot, spec.fleet.gpus),
                          context_length=context_length, root=root)
 
@@ -70,7 +70,7 @@ def audit_and_gate(run: dict[str, Any], pilot: dict[str, Any], chunks: list[dict
         log.info("no pilot (pilot_size=0): nothing to gate on; the continuous gate watches the fan-out")
         return chunks[lead:]
     outcome = audit_and_report(
-        spec, name="pilot-report", indices=pilot_indices(spec.config, spec.dataset.n_rows),
+        spec, name="pilot-report", indices=pilot_indices(spec.config, spec.dataset.n_rows, spec.layout),
         tokens_per_s_per_gpu=tokens_per_s_per_gpu(pilot, spec.fleet.gpus), context_length=served_context(servers),
     )
     if outcome.verdict == "stop":
