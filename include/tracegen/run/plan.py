@@ -323,8 +323,9 @@ class ChunkLayout:
     rerun of a run's unfinished chunks finds the very chunks the run had.
 
     Under `turns=chain` a conversation's turns are generated in order, each after the one before is
-    committed, so they must be in one chunk (and in one pilot): `stops` holds each chunk's end, moved
-    forward to the next conversation's first turn (`whole_conversations`), and `pilot` the pilot's whole
+    committed, so they must be in one chunk (and in one pilot); under `each` they share their history's
+    prefix, which one chunk's routing keeps on one server. `stops` holds each chunk's end, moved forward to
+    the next conversation's first turn (`whole_conversations`), and under `chain` `pilot` the pilot's whole
     conversations as [start, stop) prompt-row ranges. Both are fixed when the run is prepared, from the
     index's turn table, so no later task needs the table to find them; at most MAX_MAPPED_CHUNKS stops."""
 
@@ -361,11 +362,12 @@ class ChunkLayout:
 
 
 def whole_conversations(layout: ChunkLayout, n_rows: int, starts: np.ndarray, pilot_size: int,
-                        pilot_seed: int) -> ChunkLayout:
+                        pilot_seed: int, *, whole_pilot: bool = True) -> ChunkLayout:
     """`layout` with every chunk ending where a conversation starts (`starts`: each conversation's first
-    prompt row, ascending, from 0), and its pilot made of whole conversations. A chunk's end moves forward to
-    the next conversation's start, so a conversation longer than a chunk makes its chunk larger; a chunk is
-    never empty. The pilot samples conversations with `pilot_seed` until their turns reach `pilot_size`."""
+    prompt row, ascending, from 0), and, with `whole_pilot`, its pilot made of whole conversations. A chunk's
+    end moves forward to the next conversation's start, so a conversation longer than a chunk makes its chunk
+    larger; a chunk is never empty. The pilot samples conversations with `pilot_seed` until their turns reach
+    `pilot_size`; without `whole_pilot` it stays `pilot_sample`'s rows."""
     starts = np.asarray(starts, dtype=np.int64)
     stops: list[int] = []
     for chunk in layout.chunks(n_rows):
@@ -374,6 +376,8 @@ def whole_conversations(layout: ChunkLayout, n_rows: int, starts: np.ndarray, pi
         want = max(chunk.stop, (stops[-1] if stops else 0) + 1)
         k = int(np.searchsorted(starts, want, side="left"))
         stops.append(int(starts[k]) if k < len(starts) else n_rows)
+    if not whole_pilot:
+        return replace(layout, stops=tuple(stops))
     ends = np.append(starts[1:], n_rows)
     pilot: list[tuple[int, int]] = []
     taken = 0

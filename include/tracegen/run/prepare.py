@@ -41,10 +41,14 @@ def prepare_run(
     check_usable(index, config.max_invalid_pct, config.pilot_seed, aws_conn_id=config.aws_conn_id)
     # Every count from here on is of prompt rows: under turns=each, one per assistant turn.
     layout = plan.choose_layout(config, index.n_prompt_rows, fleet.slots, stagger)
-    if index.reading.chained:  # a conversation's turns go in order: one chunk and one pilot hold it whole
+    if index.reading.expands:
+        # A conversation's turns in one chunk: under turns=chain they go in order (one pilot holds them whole
+        # too); under each, the turns share their history's prefix, which the chunk's routing keeps on one
+        # server's cache (`sglang.affinity`) while they run side by side. The pilot of `each` stays a sample
+        # of rows: the gate's estimate is of rows, and whole conversations would cluster it.
         assert index.turn_starts is not None
         layout = plan.whole_conversations(layout, index.n_prompt_rows, index.turn_starts, config.pilot_size,
-                                          config.pilot_seed)
+                                          config.pilot_seed, whole_pilot=index.reading.chained)
     spec = RunSpec(
         run_id=run_id, created_at=time.time(), config=config, fleet=fleet,
         dataset=DatasetIdentity(config.dataset_uri, index.fingerprint, index.n_prompt_rows, index.source_size,

@@ -57,3 +57,24 @@ def test_a_layout_written_before_staggering_reads_as_equal_chunks() -> None:
     layout = ChunkLayout.from_json({"chunk_size": 300})
     assert layout == ChunkLayout(300)
     assert [(c.start, c.stop) for c in layout.chunks(1_000)] == [(0, 300), (300, 600), (600, 900), (900, 1000)]
+
+
+def test_under_each_a_conversation_s_turns_are_in_one_chunk_and_the_pilot_stays_a_sample_of_rows(tmp_path: Path):
+    # The bundled agentic sample read one row per assistant turn: 40 conversations, 156 prompt rows; chunks of 10
+    # would cut 15 of them in two, each half's turns sent to wherever the routing finds room.
+    from tracegen.dataset.index import build_index
+    from tracegen.dataset.reading import Reading
+    from tracegen.run.plan import pilot_indices
+    from tracegen.sample_data import SFT_SAMPLE_DATASET
+
+    config = make_config(SFT_SAMPLE_DATASET, tmp_path / "out", chunk_size=10, pilot_size=30, turns="each")
+    spec, planned = prepare_run(config, "run-1", fleet(64))
+    starts = set(build_index(str(SFT_SAMPLE_DATASET), reading=Reading(turns="each")).turn_starts.tolist())
+    cut = spec.layout.chunks(spec.dataset.n_rows)
+    assert spec.dataset.n_rows == 156 and cut[-1].stop == 156
+    # Every chunk starts a conversation; each end moved forward to the next conversation's first turn.
+    assert all(c.start in starts for c in cut) and len(cut) <= len(ChunkLayout(10).chunks(156))
+    assert all(c.stop >= planned_stop for c, planned_stop in zip(cut, range(10, 156, 10), strict=False))
+    assert [(w.start, w.stop) for w in planned] == [(c.start, c.stop) for c in cut]
+    # The pilot is drawn from rows, as for one row a conversation, not from whole conversations.
+    assert spec.layout.pilot is None and pilot_indices(config, 156, spec.layout).size == 30
