@@ -2,8 +2,9 @@
 
 Writes --conversations SFT conversations of --turns user/assistant exchanges each (JSONL), indexes them under
 `turns=each` (the pass decodes every conversation to count its turns), then measures what the run's tasks do
-with the expanded rows: planning and resume over all of them (`done_mask` and per-chunk work against a ledger
-frame with half the rows done, as `plan_resume.py` does for plain rows), the stored index's size and load, and
+with the expanded rows: planning and resume over all of them (chunk ends moved to conversation starts,
+`done_mask` and per-chunk work against a ledger frame with half the rows done, as `plan_resume.py` does for
+plain rows), the stored index's size and load, and
 one chunk's read through a byte-counting source (its bytes against its share of the file), with peak RSS
 before and after reading chunks of growing size.
 
@@ -71,6 +72,9 @@ def main() -> None:
                               "committed_at": 0.0})
         layout = plan.choose_layout(config, n, 512, 3)
         t0 = time.perf_counter()
+        # As `prepare_run` plans an expanded reading: each chunk ends where a conversation starts.
+        layout = plan.whole_conversations(layout, n, index.turn_starts, config.pilot_size, config.pilot_seed,
+                                          whole_pilot=False)
         work = plan.chunks_with_work(frame, n, layout, config)
         t_plan = time.perf_counter() - t0
         left = sum(w.remaining for w in work)
