@@ -96,6 +96,7 @@ class Result:
     cpu_share: float
     prefill: dict  # the answers' prompt tokens as the report accounts for them (`prefill_account`)
     router_cpu_share: float | None = None  # the router process's CPU over the arm's wall time
+    per_server: tuple[int, ...] = ()  # the requests each server finished: how evenly the routing spread them
 
     def kept_per_fleet_second(self, servers: int) -> float:
         return self.kept / (self.sim_seconds * servers)
@@ -219,7 +220,8 @@ async def run(routing: str, rows: list[PromptRow], keys: dict[str, str], args: a
     engines = [s.batcher.engine for s in states]
     result = Result(routing, len(rows), kept, failed, wall * args.time_scale,
                     sum(e.prompt_tokens_computed for e in engines), sum(e.prompt_tokens_cached for e in engines),
-                    sum(1 for e in engines if e.finished_count), cpu / wall, prefill_of(answers), router_cpu)  # fmt: skip
+                    sum(1 for e in engines if e.finished_count), cpu / wall, prefill_of(answers), router_cpu,
+                    tuple(e.finished_count for e in engines))  # fmt: skip
     if router is not None:
         router.terminate()
         await router.wait()
@@ -291,7 +293,8 @@ def main() -> None:
         distinct = distinct_prefix_tokens(rows, workload.shared_tokens, r.servers_used)
         label = "cache_aware (sglang-router)" if routing == ROUTER else routing
         router_cpu = "" if r.router_cpu_share is None else f", the router's {r.router_cpu_share:.0%}"
-        print(f"{label:>17}: {r.kept}/{r.rows} rows kept, {r.failed} failed, {r.sim_seconds:,.0f} simulated s; "
+        print(f"{label:>17}: {r.kept}/{r.rows} rows kept, {r.failed} failed, {r.sim_seconds:,.0f} simulated s, "
+              f"rows a server {'/'.join(map(str, r.per_server))}; "
               f"prompt tokens computed {r.computed:,}, found cached {r.cached:,}; computed / distinct "
               f"{r.computed / distinct:.2f} (distinct {distinct:,}); kept rows per fleet-second "
               f"{r.kept_per_fleet_second(args.servers):.4f}; this process's CPU {r.cpu_share:.0%} of wall"
