@@ -2,7 +2,7 @@
 (and, with --router, by sglang-router's cache_aware policy in front of the fleet).
 
 A fleet of SGLang stand-ins runs in this process (each with its prefill rate, chunked prefill and radix cache:
-`tracegen.simulator.batching`, `radix_cache`), started afresh for each routing so both begin with empty caches.
+`tracegen.simulator.batching`, `radix_cache`), started afresh for each routing so each begins with empty caches.
 The workload is `tracegen.simulator.workloads.agentic_conversations`: conversations sharing one system prompt and tool set,
 each read one prompt row per assistant turn (`turns=each`), sent in row order as a chunk sends them, through
 tracegen's own client (`SGLangClient.generate`, its routing `ClientConfig.routing`), as many in flight as the
