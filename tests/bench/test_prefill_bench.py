@@ -42,27 +42,3 @@ def test_the_router_arm_says_how_to_install_the_router_when_it_is_missing():
                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT / "include")})  # fmt: skip
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert "requirements-bench.txt" in out.stderr and "--router-python" in out.stderr, out.stderr
-
-
-@pytest.mark.skipif(not os.environ.get("TRACEGEN_ROUTER_PYTHON"),
-                    reason="TRACEGEN_ROUTER_PYTHON names no interpreter with sglang-router (requirements-bench.txt)")
-def test_the_router_arm_sends_the_same_prompts_and_prints_its_figures():
-    """With sglang-router installed elsewhere: the third arm's servers are charged the same prompt tokens as the
-    other arms' (the router forwards the same input_ids), and the last line carries the router's figures."""
-    args = ["--servers", "2", "--conversations", "2", "--max-running", "8", "--time-scale", "200", "--cap", "256",
-            "--length-model", "fixed:20", "--router", "--router-python", os.environ["TRACEGEN_ROUTER_PYTHON"]]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "include")}
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "prefill.py"), *args], capture_output=True,
-                         text=True, timeout=280, env=env)  # fmt: skip
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    lines = out.stdout.strip().splitlines()
-    assert "cache_aware (sglang-router):" in out.stdout
-    assert re.fullmatch(r"prefill computed / distinct prefix tokens: [\d.]+ \(least-outstanding routing: [\d.]+; "
-                        r"sglang-router cache_aware: [\d.]+\); kept rows per fleet-second: [\d.]+ x \(router: [\d.]+ x\)",
-                        lines[-1]), lines[-1]  # fmt: skip
-    total = int(re.search(r"([\d,]+) prompt tokens \(mean", out.stdout).group(1).replace(",", ""))
-    said = re.findall(r"prefill as the report says it: ([\d,]+) prompt tokens sent over \d+ rows: ([\d,]+) found "
-                      r"cached \([\d.]+%\), ([\d,]+) computed; the servers computed ([\d,]+)", out.stdout)
-    assert len(said) == 3 and re.findall(r"(\d+) failed", out.stdout) == ["0", "0", "0"], out.stdout
-    for sent, cached, computed, servers in ([int(n.replace(",", "")) for n in row] for row in said):
-        assert sent == total and computed == sent - cached == servers
