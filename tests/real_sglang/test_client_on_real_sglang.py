@@ -8,6 +8,7 @@ is the whole one, an abort frees the request on the server, and the refusals are
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -122,7 +123,13 @@ def test_a_streamed_generate_is_the_whole_one_and_a_watch_verdict_aborts_it_by_r
     # every id that arrived, far short of the 3,000 asked for.
     assert stopped.finish_reason == STOPPED and stopped.stopped == {"after": stopper.fed.__len__()}
     assert stopped.output_ids[: len(stopper.fed)] == stopper.fed and len(stopped.output_ids) < 3000
+    # SGLang sets its running-requests gauge when its scheduler next logs its stats, which can come a moment after
+    # the abort has freed the request: the gauge is read until it says so, within a deadline.
+    deadline = time.monotonic() + 10
     after = metrics(real_sglang.url)
+    while after["sglang:num_running_reqs"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        after = metrics(real_sglang.url)
     assert after["sglang:num_aborted_requests_total"] == before.get("sglang:num_aborted_requests_total", 0) + 1
     assert after["sglang:num_running_reqs"] == 0
 
