@@ -36,7 +36,7 @@ from typing import Any
 from tracegen.dataset.row_ids import row_id as dataset_row_id
 from tracegen.dataset.template_input import served_roles, template_messages, template_tools
 from tracegen.dataset.turns import chained_messages, conversation_id
-from tracegen.store.records import EXTENDED, GeneratedRow, unpack_token_ids
+from tracegen.store.records import EXTENDED, GeneratedRow, completes_chain_turn, unpack_token_ids
 
 MESSAGES, TOKENS, CONVERSATIONS = "messages", "tokens", "conversations"
 LAYOUTS = (MESSAGES, TOKENS, CONVERSATIONS)
@@ -162,7 +162,7 @@ def chain_turns(rows: list[GeneratedRow]) -> list[GeneratedRow]:
     the regenerated conversation. A later turn was never sent after an incomplete one."""
     out: list[GeneratedRow] = []
     for row in rows:
-        if row.finish_reason != "stop":
+        if not completes_chain_turn(row.status, row.finish_reason):
             break
         out.append(row)
     return out

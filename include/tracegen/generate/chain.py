@@ -38,7 +38,7 @@ from tracegen.generate.extend import Extension, Superseded, extension_jobs
 from tracegen.run import plan
 from tracegen.sglang.client import Sampling
 from tracegen.store.entries import LedgerError
-from tracegen.store.records import OK, GeneratedRow
+from tracegen.store.records import GeneratedRow, completes_chain_turn
 from tracegen.store.root import OutputRoot
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 def is_complete(row: GeneratedRow) -> bool:
     """Whether a later turn can follow this turn's row, just generated (`plan.chain_complete` of a committed
     one: a row that stopped on its own is no runaway)."""
-    return row.status == OK and row.finish_reason == plan.CHAIN_COMPLETE
+    return completes_chain_turn(row.status, row.finish_reason)
 
 
 class ChainSchedule:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from tracegen.audit.runaway import scored_runaway
-from tracegen.store.records import COMPLETE, INVALID, LOOP, OK, PLAN_COLUMNS, REJECTED
+from tracegen.store.records import CHAIN_COMPLETE, COMPLETE, INVALID, LOOP, OK, PLAN_COLUMNS, REJECTED
 
 if TYPE_CHECKING:
     from tracegen.config import RunConfig
@@ -147,9 +147,6 @@ def runaways(frame: pd.DataFrame) -> np.ndarray:
 
 # The one finish a later turn of a conversation can follow under turns=chain: a tool call's answer would need
 # the call's result.
-CHAIN_COMPLETE = "stop"
-
-
 def chain_complete(frame: pd.DataFrame) -> np.ndarray:
     """Per ledger row: one a later turn can follow under `turns=chain` (`ok`, finish `stop`, not a standing
     runaway)."""

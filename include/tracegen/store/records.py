@@ -76,6 +76,16 @@ BOOL_COLS = ("cut_in_reasoning", "text_joined", "while_asking")
 FLOAT_COLS = ("latency_s", "runaway_score", "cached_tokens")
 
 
+# Under `turns=chain`, the finish of a turn a later turn can follow: it ended on its own (a runaway never does).
+CHAIN_COMPLETE = "stop"
+
+
+def completes_chain_turn(status: str, finish_reason: str | None) -> bool:
+    """Whether a row lets its conversation's next turn go under `turns=chain`: the one rule the plan
+    (`run.plan.chain_complete`, over a ledger frame), the chunk (`generate.chain`) and the export apply."""
+    return status == OK and finish_reason == CHAIN_COMPLETE
+
+
 def duplicate_key(index: int, max_tokens: int, status: str, pivot: str | None) -> tuple[int, int, bool] | None:
     """The one rule for "an index committed twice under one cap": two non-failed rows with the same key are
     duplicated work. Failed rows have none (a retry after a failure is expected); a fresh sample of a
